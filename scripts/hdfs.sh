@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# A real single-node HDFS on 127.0.0.1 (NameNode + DataNode in one JVM, Hadoop's MiniDFSCluster).
+#
+#   scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR]
+#
+# Environment equivalents: SPARKTF_HDFS_PORT (8020), SPARKTF_WEBHDFS_PORT (9870),
+# SPARKTF_HDFS_DIR (.local/hdfs), SPARKTF_HDFS_CONF_DIR (conf/hadoop).
+# `start` returns once HDFS accepts writes and prints HDFS_URI=... and WEBHDFS_URL=...;
+# it writes core-site.xml and hdfs-site.xml into the conf dir. Several instances can run side
+# by side with different ports and directories. `stop` leaves no JVM behind.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cmd="${1:-}"; shift || true
+PORT="${SPARKTF_HDFS_PORT:-8020}"
+HTTP_PORT="${SPARKTF_WEBHDFS_PORT:-9870}"
+DIR="${SPARKTF_HDFS_DIR:-$ROOT/.local/hdfs}"
+CONF_DIR="${SPARKTF_HDFS_CONF_DIR:-$ROOT/conf/hadoop}"
+START_TIMEOUT="${SPARKTF_HDFS_START_TIMEOUT:-120}"
+JARS="${SPARKTF_HADOOP_JARS:-$ROOT/.local/hadoop/lib}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --port) PORT="$2"; shift 2 ;;
+    --http-port) HTTP_PORT="$2"; shift 2 ;;
+    --dir) DIR="$2"; shift 2 ;;
+    --conf-dir) CONF_DIR="$2"; shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "hdfs.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+PIDFILE="$DIR/hdfs.pid"
+READY="$DIR/ready.env"
+LOG="$DIR/hdfs.log"
+
+running_pid() {
+  [ -f "$PIDFILE" ] || return 1
+  local pid; pid="$(cat "$PIDFILE")"
+  kill -0 "$pid" 2>/dev/null && grep -q MiniHdfs "/proc/$pid/cmdline" 2>/dev/null || return 1
+  echo "$pid"
+}
+
+write_conf() {  # $1 = hdfs uri, $2 = webhdfs url
+  mkdir -p "$CONF_DIR"
+  cat > "$CONF_DIR/core-site.xml" <<XML
+<?xml version="1.0"?>
+<!-- Written by scripts/hdfs.sh start. -->
+<configuration>
+  <property><name>fs.defaultFS</name><value>$1</value></property>
+</configuration>
+XML
+  cat > "$CONF_DIR/hdfs-site.xml" <<XML
+<?xml version="1.0"?>
+<!-- Written by scripts/hdfs.sh start. sparktf reads dfs.namenode.http-address for WebHDFS. -->
+<configuration>
+  <property><name>dfs.namenode.http-address</name><value>${2#http://}</value></property>
+  <property><name>dfs.replication</name><value>1</value></property>
+  <property><name>dfs.client.use.datanode.hostname</name><value>false</value></property>
+</configuration>
+XML
+}
+
+probe_write() {  # $1 = webhdfs url: create, then delete, a small file through WebHDFS
+  local f="/tmp/.sparktf-probe-$$"
+  local loc
+  loc=$(curl -sS -m 10 -i -X PUT "$1/webhdfs/v1$f?op=CREATE&overwrite=true&user.name=${USER:-root}" \
+        | tr -d '\r' | awk 'tolower($1)=="location:"{print $2}') || return 1
+  [ -n "$loc" ] || return 1
+  curl -sS -m 10 -f -X PUT -T /dev/null "$loc" >/dev/null || return 1
+  curl -sS -m 10 -f -X DELETE "$1/webhdfs/v1$f?op=DELETE&user.name=${USER:-root}" >/dev/null
+}
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+case "$cmd" in
+  start)
+    if pid="$(running_pid)"; then
+      echo "hdfs.sh: already running (pid $pid)" >&2
+      cat "$READY"
+      exit 0
+    fi
+    command -v java >/dev/null || { echo "hdfs.sh: java not found; install Java 17" >&2; exit 1; }
+    ls "$JARS"/hadoop-*minicluster-*.jar >/dev/null 2>&1 \
+      || { echo "hdfs.sh: Hadoop jars missing in $JARS; run scripts/setup.sh" >&2; exit 1; }
+    for p in "$PORT" "$HTTP_PORT"; do
+      if port_busy "$p"; then echo "hdfs.sh: port $p on 127.0.0.1 is in use" >&2; exit 1; fi
+    done
+    rm -f "$READY"
+    nohup java -Xmx768m \
+      --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.util=ALL-UNNAMED \
+      --add-opens java.base/java.io=ALL-UNNAMED --add-opens java.base/java.net=ALL-UNNAMED \
+      --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/sun.nio.ch=ALL-UNNAMED \
+      --add-opens java.base/java.lang.reflect=ALL-UNNAMED \
+      -Dlog4j.configuration=file:/dev/null -Djava.net.preferIPv4Stack=true \
+      -cp "$JARS/*" "$ROOT/scripts/hdfs/MiniHdfs.java" \
+      --nn-port "$PORT" --http-port "$HTTP_PORT" --base-dir "$DIR/cluster" --ready-file "$READY" \
+      > "$LOG" 2>&1 < /dev/null &
+    echo $! > "$PIDFILE"
+    deadline=$((SECONDS + START_TIMEOUT))
+    until [ -f "$READY" ]; do
+      if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+        echo "hdfs.sh: HDFS failed to start; last lines of $LOG:" >&2; tail -20 "$LOG" >&2
+        rm -f "$PIDFILE"; exit 1
+      fi
+      if [ $SECONDS -ge $deadline ]; then
+        echo "hdfs.sh: HDFS not active after ${START_TIMEOUT}s; see $LOG" >&2
+        "$0" stop --dir "$DIR" >/dev/null; exit 1
+      fi
+      sleep 0.5
+    done
+    # shellcheck disable=SC1090
+    . "$READY"
+    until probe_write "$WEBHDFS_URL"; do
+      if [ $SECONDS -ge $deadline ]; then
+        echo "hdfs.sh: HDFS does not accept writes after ${START_TIMEOUT}s; see $LOG" >&2
+        "$0" stop --dir "$DIR" >/dev/null; exit 1
+      fi
+      sleep 0.5
+    done
+    write_conf "$HDFS_URI" "$WEBHDFS_URL"
+    echo "HDFS_URI=$HDFS_URI"
+    echo "WEBHDFS_URL=$WEBHDFS_URL"
+    ;;
+  stop)
+    if pid="$(running_pid)"; then
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; sleep 0.5; fi
+      echo "hdfs.sh: stopped (pid $pid)"
+    else
+      echo "hdfs.sh: not running"
+    fi
+    rm -f "$PIDFILE" "$READY"
+    ;;
+  status)
+    if pid="$(running_pid)"; then
+      echo "running (pid $pid)"; cat "$READY"
+    else
+      echo "not running"; exit 3
+    fi
+    ;;
+  *)
+    echo "usage: scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR]" >&2
+    exit 2 ;;
+esac

@@ -1,0 +1,109 @@
+"""What every job in ``jobs/`` shares: logging, config files plus flag overrides, exit codes.
+
+A job is a thin entry point::
+
+    def main(argv=None) -> int:
+        parser = cli.parser("Convert CIFAR-10 ...", config_section="convert_cifar10")
+        parser.add_argument("--input", required=True, help="...")
+        args = cli.parse(parser, argv)
+        ...                       # call the library
+        return 0
+
+    if __name__ == "__main__":
+        cli.run(main)
+
+``cli.run`` turns exceptions into a one-line error on stderr (the traceback at debug level)
+and a non-zero exit code, so that spark-submit and shell scripts see the failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+log = logging.getLogger("sparktf")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JOBS_CONF_DIR = REPO_ROOT / "conf" / "jobs"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class UsageError(Exception):
+    """A problem with the command line or the input that the user must fix (exit code 2)."""
+
+
+def setup_logging(level: str | int | None = None) -> None:
+    level = level or os.environ.get("SPARKTF_LOG_LEVEL", "INFO")
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    for noisy in ("py4j", "hdfs", "urllib3", "tensorflow", "absl"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def load_config(section: str, path: str | os.PathLike | None = None) -> dict:
+    """Defaults of one job: a JSON object of flag values (``conf/jobs/SECTION.json``)."""
+    default = JOBS_CONF_DIR / f"{section}.json"
+    path = Path(path) if path else default
+    if not path.is_file():
+        if path != default:
+            raise UsageError(f"config file {path} does not exist")
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"config file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a JSON object of flag values")
+    return data
+
+
+def parser(description: str, *, config_section: str | None = None) -> argparse.ArgumentParser:
+    """An ArgumentParser with the flags every job has (--config, --log-level, --profile)."""
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.set_defaults(_config_section=config_section)
+    p.add_argument("--config", default=None,
+                   help=f"JSON file with defaults for this job's flags; flags given on the "
+                        f"command line override it. Default: conf/jobs/{config_section}.json")
+    p.add_argument("--profile", default=os.environ.get("SPARKTF_PROFILE", "local"),
+                   help="Spark profile in conf/spark/ used when not run through spark-submit")
+    p.add_argument("--log-level", default=os.environ.get("SPARKTF_LOG_LEVEL", "INFO"),
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses flags with config-file defaults underneath them; sets up logging."""
+    pre, _ = p.parse_known_args(argv)
+    section = p.get_default("_config_section")
+    if section:
+        defaults = load_config(section, pre.config)
+        known = {a.dest for a in p._actions}
+        unknown = sorted(set(defaults) - known)
+        if unknown:
+            raise UsageError(f"unknown keys in the {section} config: {', '.join(unknown)}")
+        p.set_defaults(**defaults)
+    args = p.parse_args(argv)
+    setup_logging(args.log_level)
+    return args
+
+
+def run(main: Callable[[], int | None]) -> None:
+    """Runs a job's main and exits with its status; errors give a readable message."""
+    try:
+        code = main()
+    except UsageError as exc:
+        log.error("%s", exc)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # the job failed: say why in one line, keep the details at debug
+        log.debug("traceback", exc_info=True)
+        log.error("%s: %s", type(exc).__name__, exc)
+        sys.exit(1)
+    sys.exit(code or 0)

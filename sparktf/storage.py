@@ -1,0 +1,551 @@
+"""Paths and file systems: the one module through which sparktf reads and writes files.
+
+A path is a local path, a ``file://`` URI or an ``hdfs://host:port/path`` URI. HDFS is
+reached from Python through WebHDFS (the ``hdfs`` package); Spark reaches ``hdfs://``
+natively through its own Hadoop client.
+
+WebHDFS address of a NameNode, first match wins:
+
+1. ``SPARKTF_WEBHDFS_URL`` (``http://host:port``), for every ``hdfs://`` URI;
+2. ``dfs.namenode.http-address`` in ``$HADOOP_CONF_DIR/hdfs-site.xml`` (or ``conf/hadoop/``
+   of this checkout, which ``scripts/hdfs.sh start`` writes), for the NameNode named by
+   ``fs.defaultFS`` in the ``core-site.xml`` beside it;
+3. ``http://HOST:9870`` (Hadoop 3's default port) for ``hdfs://HOST:PORT``.
+
+The HDFS user is ``SPARKTF_HDFS_USER``, else ``HADOOP_USER_NAME``, else the login name.
+
+Reads and writes stream: files are read in ranges and written through a chunked upload,
+never buffered whole. ``publish`` gives an atomic publish: write under a temporary
+sibling name, rename into place when the block succeeds, delete the temporary otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import io
+import logging
+import os
+import posixpath
+import shutil
+import socket
+import threading
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, Iterator
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_TIMEOUT", "5"))
+READ_BLOCK = 4 << 20  # bytes fetched per WebHDFS read request
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class StorageError(OSError):
+    """Base class of the errors raised by this module."""
+
+
+class UnknownSchemeError(StorageError, ValueError):
+    """A URI whose scheme sparktf cannot read or write."""
+
+
+class NameNodeUnreachableError(StorageError, ConnectionError):
+    """The NameNode's WebHDFS endpoint did not answer."""
+
+
+class PathNotFoundError(StorageError, FileNotFoundError):
+    """The path does not exist."""
+
+
+class PathExistsError(StorageError, FileExistsError):
+    """The destination already exists."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The file system refused the operation."""
+
+
+SUPPORTED_SCHEMES = ("", "file", "hdfs")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed path: ``scheme`` is "file" or "hdfs"; ``path`` is absolute."""
+
+    scheme: str
+    netloc: str
+    path: str
+
+    @property
+    def uri(self) -> str:
+        if self.scheme == "file":
+            return self.path
+        return f"hdfs://{self.netloc}{self.path}"
+
+    def join(self, *parts: str) -> "Location":
+        return Location(self.scheme, self.netloc, posixpath.join(self.path, *parts))
+
+
+def parse(path: str | os.PathLike) -> Location:
+    """Parses a local path, ``file://`` or ``hdfs://`` URI; raises UnknownSchemeError else."""
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"empty or invalid path: {path!r}")
+    parsed = urlparse(text)
+    # A Windows-like "C:/x" is not a concern here; a single letter scheme would be odd anyway.
+    scheme = parsed.scheme.lower()
+    if scheme not in SUPPORTED_SCHEMES:
+        raise UnknownSchemeError(
+            f"unsupported URI scheme {parsed.scheme!r} in {text!r}: "
+            "use a local path, file:///abs/path or hdfs://host:port/path")
+    if scheme in ("", "file"):
+        local = parsed.path if scheme == "file" else text
+        return Location("file", "", os.path.abspath(local))
+    if not parsed.netloc:
+        raise UnknownSchemeError(
+            f"hdfs URI without a NameNode address: {text!r} (expected hdfs://host:port/path)")
+    return Location("hdfs", parsed.netloc, posixpath.normpath(parsed.path or "/"))
+
+
+def join(base: str, *parts: str) -> str:
+    """Joins path parts onto a path or URI, keeping its scheme."""
+    return parse(base).join(*parts).uri if "://" in str(base) else os.path.join(base, *parts)
+
+
+def is_hdfs(path: str) -> bool:
+    return parse(path).scheme == "hdfs"
+
+
+# ----------------------------------------------------------------------------- HDFS config
+
+def _conf_dir() -> Path | None:
+    for candidate in (os.environ.get("HADOOP_CONF_DIR"), REPO_ROOT / "conf" / "hadoop"):
+        if candidate and (Path(candidate) / "hdfs-site.xml").is_file():
+            return Path(candidate)
+    return None
+
+
+def _xml_props(path: Path) -> dict[str, str]:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as exc:
+        log.warning("cannot read Hadoop configuration %s: %s", path, exc)
+        return {}
+    props = {}
+    for prop in root.iter("property"):
+        name, value = prop.findtext("name"), prop.findtext("value")
+        if name and value is not None:
+            props[name.strip()] = value.strip()
+    return props
+
+
+def webhdfs_url(netloc: str) -> str:
+    """The WebHDFS base URL (``http://host:port``) of the NameNode at ``netloc``."""
+    explicit = os.environ.get("SPARKTF_WEBHDFS_URL")
+    if explicit:
+        return explicit.rstrip("/")
+    conf = _conf_dir()
+    if conf is not None:
+        core = _xml_props(conf / "core-site.xml") if (conf / "core-site.xml").is_file() else {}
+        default_fs = urlparse(core.get("fs.defaultFS", "")).netloc
+        http = _xml_props(conf / "hdfs-site.xml").get("dfs.namenode.http-address")
+        if http and (not default_fs or default_fs == netloc):
+            return "http://" + http
+    host = netloc.split(":")[0]
+    return f"http://{host}:9870"
+
+
+def hdfs_user() -> str:
+    return (os.environ.get("SPARKTF_HDFS_USER") or os.environ.get("HADOOP_USER_NAME")
+            or getpass.getuser())
+
+
+@lru_cache(maxsize=16)
+def _client(url: str, user: str):
+    import hdfs  # deferred: keeps `import sparktf.storage` light
+
+    return hdfs.InsecureClient(url, user=user, timeout=(CONNECT_TIMEOUT_S, 300))
+
+
+class _Hdfs:
+    """Thin adapter over the `hdfs` package that maps its errors onto this module's."""
+
+    def __init__(self, loc: Location):
+        self.loc = loc
+        self.url = webhdfs_url(loc.netloc)
+        self.client = _client(self.url, hdfs_user())
+
+    @contextlib.contextmanager
+    def errors(self, what: str, path: str) -> Iterator[None]:
+        import hdfs
+        import requests
+
+        try:
+            yield
+        except (requests.ConnectionError, requests.Timeout, socket.timeout) as exc:
+            raise NameNodeUnreachableError(
+                f"HDFS NameNode at {self.url} (WebHDFS for hdfs://{self.loc.netloc}) did not "
+                f"answer while trying to {what} {path}: {type(exc).__name__}") from exc
+        except hdfs.HdfsError as exc:
+            message = str(exc)
+            exception = getattr(exc, "exception", "") or ""
+            uri = f"hdfs://{self.loc.netloc}{path}"
+            if exception == "FileNotFoundException" or "does not exist" in message:
+                raise PathNotFoundError(f"{what}: no such path {uri}") from exc
+            if exception in ("AccessControlException", "SecurityException") \
+                    or "Permission denied" in message:
+                raise StoragePermissionError(
+                    f"{what}: permission denied on {uri} for user {hdfs_user()!r}: "
+                    f"{message.splitlines()[0]}") from exc
+            if exception == "FileAlreadyExistsException" or "already exists" in message:
+                raise PathExistsError(f"{what}: {uri} already exists") from exc
+            raise StorageError(f"{what} {uri} failed: {message.splitlines()[0]}") from exc
+
+    def status(self, path: str) -> dict | None:
+        with self.errors("stat", path):
+            return self.client.status(path, strict=False)
+
+
+def _hdfs(loc: Location) -> _Hdfs:
+    return _Hdfs(loc)
+
+
+# ----------------------------------------------------------------------------- streams
+
+class _HdfsReader(io.RawIOBase):
+    """A seekable, read-only HDFS file that fetches byte ranges through WebHDFS."""
+
+    def __init__(self, fs: _Hdfs, path: str, size: int):
+        self._fs, self._path, self._size, self._pos = fs, path, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        want = min(len(buffer), self._size - self._pos)
+        if want <= 0:
+            return 0
+        with self._fs.errors("read", self._path):
+            with self._fs.client.read(self._path, offset=self._pos, length=want) as reader:
+                data = reader.read()
+        n = len(data)
+        buffer[:n] = data
+        self._pos += n
+        return n
+
+
+class _HdfsWriter(io.RawIOBase):
+    """A write-only HDFS file: bytes are streamed to WebHDFS through a bounded pipe."""
+
+    def __init__(self, fs: _Hdfs, path: str, overwrite: bool):
+        import queue
+
+        self._fs, self._path = fs, path
+        self._queue: "queue.Queue[bytes | None]" = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._upload, args=(overwrite,), daemon=True,
+                                        name=f"hdfs-write {path}")
+        self._thread.start()
+
+    def _chunks(self) -> Iterator[bytes]:
+        while (chunk := self._queue.get()) is not None:
+            yield chunk
+
+    def _upload(self, overwrite: bool) -> None:
+        try:
+            with self._fs.errors("write", self._path):
+                self._fs.client.write(self._path, data=self._chunks(), overwrite=overwrite)
+        except BaseException as exc:  # re-raised in the writing thread
+            self._error = exc
+            while self._queue.get() is not None:  # drain so that the writer never blocks
+                pass
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if self._error is not None:
+            raise self._error
+        chunk = bytes(data)
+        if chunk:
+            self._queue.put(chunk)
+        return len(chunk)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._queue.put(None)
+        self._thread.join()
+        super().close()
+        if self._error is not None:
+            raise self._error
+
+
+def open_file(path: str, mode: str = "rb", *, overwrite: bool = True,
+              encoding: str = "utf-8") -> IO:
+    """Opens ``path`` for streaming in mode "rb", "r", "wb" or "w".
+
+    Reading an HDFS file gives a seekable stream that fetches 4 MiB ranges; writing streams
+    chunks as they are written. Raises PathNotFoundError, PathExistsError (``overwrite=False``),
+    StoragePermissionError or NameNodeUnreachableError.
+    """
+    if mode not in ("rb", "r", "wb", "w"):
+        raise ValueError(f"unsupported mode {mode!r}: use rb, r, wb or w")
+    loc = parse(path)
+    text = "b" not in mode
+    if loc.scheme == "file":
+        try:
+            if "w" in mode:
+                os.makedirs(os.path.dirname(loc.path) or ".", exist_ok=True)
+                if not overwrite and os.path.exists(loc.path):
+                    raise PathExistsError(f"open: {loc.path} already exists")
+            return open(loc.path, mode, encoding=encoding if text else None)
+        except FileNotFoundError as exc:
+            raise PathNotFoundError(f"open: no such file {loc.path}") from exc
+        except PermissionError as exc:
+            raise StoragePermissionError(f"open: permission denied on {loc.path}") from exc
+    fs = _hdfs(loc)
+    if "r" in mode:
+        st = fs.status(loc.path)
+        if st is None:
+            raise PathNotFoundError(f"open: no such file {loc.uri}")
+        if st["type"] != "FILE":
+            raise IsADirectoryError(f"open: {loc.uri} is a directory")
+        stream: IO = io.BufferedReader(_HdfsReader(fs, loc.path, st["length"]),
+                                       buffer_size=READ_BLOCK)
+    else:
+        if not overwrite and fs.status(loc.path) is not None:
+            raise PathExistsError(f"open: {loc.uri} already exists")
+        stream = io.BufferedWriter(_HdfsWriter(fs, loc.path, overwrite), buffer_size=1 << 20)
+    return io.TextIOWrapper(stream, encoding=encoding) if text else stream
+
+
+def read_bytes(path: str) -> bytes:
+    with open_file(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path: str, data: bytes, *, overwrite: bool = True) -> None:
+    with open_file(path, "wb", overwrite=overwrite) as f:
+        f.write(data)
+
+
+def read_text(path: str) -> str:
+    with open_file(path, "r") as f:
+        return f.read()
+
+
+def write_text(path: str, text: str, *, overwrite: bool = True) -> None:
+    with open_file(path, "w", overwrite=overwrite) as f:
+        f.write(text)
+
+
+# ----------------------------------------------------------------------------- namespace
+
+def exists(path: str) -> bool:
+    loc = parse(path)
+    if loc.scheme == "file":
+        return os.path.exists(loc.path)
+    return _hdfs(loc).status(loc.path) is not None
+
+
+def isdir(path: str) -> bool:
+    loc = parse(path)
+    if loc.scheme == "file":
+        return os.path.isdir(loc.path)
+    st = _hdfs(loc).status(loc.path)
+    return st is not None and st["type"] == "DIRECTORY"
+
+
+def size(path: str) -> int:
+    """Size in bytes of a file."""
+    loc = parse(path)
+    if loc.scheme == "file":
+        try:
+            return os.path.getsize(loc.path)
+        except FileNotFoundError as exc:
+            raise PathNotFoundError(f"size: no such file {loc.path}") from exc
+    st = _hdfs(loc).status(loc.path)
+    if st is None:
+        raise PathNotFoundError(f"size: no such file {loc.uri}")
+    return int(st["length"])
+
+
+def listdir(path: str) -> list[str]:
+    """Full paths (same scheme as ``path``) of the entries of a directory, sorted."""
+    loc = parse(path)
+    if loc.scheme == "file":
+        try:
+            names = os.listdir(loc.path)
+        except FileNotFoundError as exc:
+            raise PathNotFoundError(f"list: no such directory {loc.path}") from exc
+        except NotADirectoryError as exc:
+            raise NotADirectoryError(f"list: {loc.path} is not a directory") from exc
+    else:
+        fs = _hdfs(loc)
+        with fs.errors("list", loc.path):
+            names = fs.client.list(loc.path)
+    return sorted(loc.join(name).uri for name in names)
+
+
+def walk_files(path: str) -> list[str]:
+    """All files below ``path`` (recursively), sorted."""
+    files = []
+    for entry in listdir(path):
+        (files.extend(walk_files(entry)) if isdir(entry) else files.append(entry))
+    return sorted(files)
+
+
+def makedirs(path: str) -> None:
+    loc = parse(path)
+    if loc.scheme == "file":
+        try:
+            os.makedirs(loc.path, exist_ok=True)
+        except PermissionError as exc:
+            raise StoragePermissionError(f"mkdir: permission denied on {loc.path}") from exc
+        return
+    fs = _hdfs(loc)
+    with fs.errors("mkdir", loc.path):
+        fs.client.makedirs(loc.path)
+
+
+def delete(path: str, *, recursive: bool = True, missing_ok: bool = True) -> None:
+    loc = parse(path)
+    if loc.scheme == "file":
+        if os.path.isdir(loc.path) and not os.path.islink(loc.path):
+            if not recursive and os.listdir(loc.path):
+                raise StorageError(f"delete: {loc.path} is a non-empty directory")
+            shutil.rmtree(loc.path)
+        elif os.path.lexists(loc.path):
+            os.remove(loc.path)
+        elif not missing_ok:
+            raise PathNotFoundError(f"delete: no such path {loc.path}")
+        return
+    fs = _hdfs(loc)
+    with fs.errors("delete", loc.path):
+        deleted = fs.client.delete(loc.path, recursive=recursive)
+    if not deleted and not missing_ok:
+        raise PathNotFoundError(f"delete: no such path {loc.uri}")
+
+
+def rename(src: str, dst: str) -> None:
+    """Renames ``src`` to ``dst`` on the same file system; ``dst`` must not exist."""
+    s, d = parse(src), parse(dst)
+    if (s.scheme, s.netloc) != (d.scheme, d.netloc):
+        raise StorageError(f"rename across file systems: {s.uri} -> {d.uri}")
+    if exists(dst):
+        raise PathExistsError(f"rename: destination {d.uri} already exists")
+    if s.scheme == "file":
+        try:
+            os.makedirs(os.path.dirname(d.path), exist_ok=True)
+            os.rename(s.path, d.path)
+        except FileNotFoundError as exc:
+            raise PathNotFoundError(f"rename: no such path {s.path}") from exc
+        return
+    fs = _hdfs(s)
+    if fs.status(s.path) is None:
+        raise PathNotFoundError(f"rename: no such path {s.uri}")
+    with fs.errors("rename", s.path):
+        fs.client.makedirs(posixpath.dirname(d.path))
+        fs.client.rename(s.path, d.path)
+
+
+def temp_sibling(path: str, tag: str = "tmp") -> str:
+    """A fresh hidden name beside ``path`` (same directory, so a rename is atomic)."""
+    loc = parse(path)
+    name = f".{posixpath.basename(loc.path)}.{tag}-{uuid.uuid4().hex[:12]}"
+    return Location(loc.scheme, loc.netloc, posixpath.join(posixpath.dirname(loc.path), name)).uri
+
+
+@contextlib.contextmanager
+def publish(path: str, *, overwrite: bool = False) -> Iterator[str]:
+    """Atomic publish: yields a temporary sibling path to write (a file or a directory).
+
+    When the block succeeds the temporary is renamed to ``path``; when it raises, the
+    temporary is deleted and ``path`` is untouched. An existing ``path`` is refused up front
+    unless ``overwrite`` (then it is replaced only after the new content is complete).
+    """
+    if exists(path) and not overwrite:
+        raise PathExistsError(f"{path} already exists (pass overwrite to replace it)")
+    tmp = temp_sibling(path)
+    try:
+        yield tmp
+        if not exists(tmp):
+            raise StorageError(f"publish {path}: nothing was written to {tmp}")
+        if exists(path):
+            old = temp_sibling(path, "old")
+            rename(path, old)
+            rename(tmp, path)
+            delete(old)
+        else:
+            rename(tmp, path)
+        log.info("published %s", path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            delete(tmp)
+        raise
+
+
+# ----------------------------------------------------------------------------- copies
+
+def copy_file(src: str, dst: str, *, chunk: int = 4 << 20) -> None:
+    """Streams one file from ``src`` to ``dst`` (any file system to any other)."""
+    with open_file(src, "rb") as fin, open_file(dst, "wb") as fout:
+        while block := fin.read(chunk):
+            fout.write(block)
+
+
+def copy_tree(src: str, dst: str) -> None:
+    """Copies a file or a directory tree (e.g. a SavedModel) between any two file systems."""
+    if not isdir(src):
+        copy_file(src, dst)
+        return
+    makedirs(dst)
+    for entry in listdir(src):
+        copy_tree(entry, join(dst, posixpath.basename(parse(entry).path)))
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """Yields a local path holding ``path``: itself if local, else a temporary download."""
+    loc = parse(path)
+    if loc.scheme == "file":
+        if not os.path.exists(loc.path):
+            raise PathNotFoundError(f"no such path {loc.path}")
+        yield loc.path
+        return
+    if not exists(path):
+        raise PathNotFoundError(f"no such path {loc.uri}")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sparktf-") as tmp:
+        target = os.path.join(tmp, posixpath.basename(loc.path) or "root")
+        copy_tree(path, target)
+        yield target
+
+
+def fsspec_filesystem(path: str):
+    """An fsspec file system for ``path``'s file system (for pyarrow and petastorm)."""
+    import fsspec
+
+    loc = parse(path)
+    if loc.scheme == "file":
+        return fsspec.filesystem("file")
+    url = urlparse(webhdfs_url(loc.netloc))
+    return fsspec.filesystem("webhdfs", host=url.hostname, port=url.port or 9870,
+                             user=hdfs_user(), use_listings_cache=False)
