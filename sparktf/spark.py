@@ -77,6 +77,11 @@ def get_session(app_name: str = "sparktf", profile: str | None = None,
     if active is not None:
         return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    python = os.environ["PYSPARK_PYTHON"]
+    if os.sep in python and not os.path.isabs(python) and os.path.exists(python):
+        # Executors start Python from their own work directory: a relative path such as
+        # .venv/bin/python would not be found there.
+        os.environ["PYSPARK_PYTHON"] = os.path.abspath(python)
     builder = SparkSession.builder.appName(app_name)
     if _launched_by_spark_submit():
         for key, value in (overrides or {}).items():
@@ -84,6 +89,8 @@ def get_session(app_name: str = "sparktf", profile: str | None = None,
     else:
         profile = profile or os.environ.get("SPARKTF_PROFILE", "local")
         conf = session_conf(profile, overrides)
+        if conf.get("spark.master", "").startswith(("local", "local-cluster")):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback
         log.info("starting Spark (%s profile, master %s)", profile, conf.get("spark.master"))
         for key, value in conf.items():
             builder = builder.config(key, value)

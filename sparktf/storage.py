@@ -40,7 +40,10 @@ from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_TIMEOUT", "5"))
+# Seconds to wait for the NameNode to accept a connection and to answer a metadata request.
+HDFS_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_TIMEOUT", "5"))
+# Seconds to wait for data to flow on reads and writes (DataNode transfers).
+HDFS_DATA_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_DATA_TIMEOUT", "120"))
 READ_BLOCK = 4 << 20  # bytes fetched per WebHDFS read request
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,10 +168,12 @@ def hdfs_user() -> str:
 
 
 @lru_cache(maxsize=16)
-def _client(url: str, user: str):
+def _client(url: str, user: str, data: bool = False):
+    """A WebHDFS client; ``data`` clients wait longer for bytes to flow than metadata ones."""
     import hdfs  # deferred: keeps `import sparktf.storage` light
 
-    return hdfs.InsecureClient(url, user=user, timeout=(CONNECT_TIMEOUT_S, 300))
+    read_timeout = HDFS_DATA_TIMEOUT_S if data else HDFS_TIMEOUT_S
+    return hdfs.InsecureClient(url, user=user, timeout=(HDFS_TIMEOUT_S, read_timeout))
 
 
 class _Hdfs:
@@ -178,6 +183,7 @@ class _Hdfs:
         self.loc = loc
         self.url = webhdfs_url(loc.netloc)
         self.client = _client(self.url, hdfs_user())
+        self.data_client = _client(self.url, hdfs_user(), data=True)
 
     @contextlib.contextmanager
     def errors(self, what: str, path: str) -> Iterator[None]:
@@ -241,7 +247,8 @@ class _HdfsReader(io.RawIOBase):
         if want <= 0:
             return 0
         with self._fs.errors("read", self._path):
-            with self._fs.client.read(self._path, offset=self._pos, length=want) as reader:
+            with self._fs.data_client.read(self._path, offset=self._pos,
+                                           length=want) as reader:
                 data = reader.read()
         n = len(data)
         buffer[:n] = data
@@ -258,6 +265,7 @@ class _HdfsWriter(io.RawIOBase):
         self._fs, self._path = fs, path
         self._queue: "queue.Queue[bytes | None]" = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
+        self._ended = False  # the end marker (None) has been taken off the queue
         self._thread = threading.Thread(target=self._upload, args=(overwrite,), daemon=True,
                                         name=f"hdfs-write {path}")
         self._thread.start()
@@ -265,15 +273,16 @@ class _HdfsWriter(io.RawIOBase):
     def _chunks(self) -> Iterator[bytes]:
         while (chunk := self._queue.get()) is not None:
             yield chunk
+        self._ended = True
 
     def _upload(self, overwrite: bool) -> None:
         try:
             with self._fs.errors("write", self._path):
-                self._fs.client.write(self._path, data=self._chunks(), overwrite=overwrite)
+                self._fs.data_client.write(self._path, data=self._chunks(), overwrite=overwrite)
         except BaseException as exc:  # re-raised in the writing thread
             self._error = exc
-            while self._queue.get() is not None:  # drain so that the writer never blocks
-                pass
+            while not self._ended:  # drain so that the writing thread never blocks
+                self._ended = self._queue.get() is None
 
     def writable(self) -> bool:
         return True

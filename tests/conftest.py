@@ -9,6 +9,7 @@ tests fail.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,10 +22,32 @@ ROOT = Path(__file__).resolve().parent.parent
 HDFS_SH = ROOT / "scripts" / "hdfs.sh"
 
 
+def _terminate(signum, frame):  # SIGTERM (e.g. from `timeout`) runs the fixtures' teardown
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+signal.signal(signal.SIGTERM, _terminate)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def descendants(pattern: str) -> set[int]:
+    """Pids of live processes started (directly or not) by this test process whose command
+    line contains ``pattern``: what a test started and must have stopped."""
+    import psutil
+
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and pattern in " ".join(proc.cmdline()):
+                found.add(proc.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 class Hdfs:

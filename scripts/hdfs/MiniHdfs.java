@@ -35,7 +35,7 @@ public class MiniHdfs {
 
     Configuration conf = new Configuration();
     conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, base.getPath());
-    conf.setBoolean("dfs.permissions.enabled", false);
+    conf.setBoolean("dfs.permissions.enabled", true);  // "/" is made 0777 below
     conf.setInt("dfs.replication", 1);
     conf.setBoolean("dfs.webhdfs.enabled", true);
     conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");

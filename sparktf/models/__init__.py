@@ -29,7 +29,13 @@ from sparktf.models.base import (
     reduce_metrics,
 )
 from sparktf.models.dcgan import DCGAN, DCGANTask
-from sparktf.models.linear import BOOK_X, BOOK_Y, LinearRegressionTask, book_dataset, least_squares_fit
+from sparktf.models.linear import (
+    BOOK_X,
+    BOOK_Y,
+    LinearRegressionTask,
+    book_dataset,
+    least_squares_fit,
+)
 from sparktf.models.mnist import MnistMLPTask, MnistSoftmaxTask
 from sparktf.models.ptb import PTBLanguageModel, PTBTask
 from sparktf.models.resnet import ResNetTask
@@ -67,6 +73,10 @@ _TASK_CLASSES: tuple[type[ModelTask], ...] = (
 def _build_registry() -> dict[str, type[ModelTask]]:
     registry: dict[str, type[ModelTask]] = {}
     for cls in _TASK_CLASSES:
+        for preset, overrides in cls.presets.items():
+            unknown = sorted(set(overrides) - set(cls.defaults))
+            if unknown:
+                raise RuntimeError(f"preset {preset!r} sets unknown config keys {unknown}")
         for name in (cls.family, *cls.presets):
             if name in registry:
                 raise RuntimeError(f"model name {name!r} registered twice")

@@ -384,6 +384,9 @@ class ModelTask:
     defaults: ClassVar[Mapping[str, Any]] = {}
     presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
+    def __hash__(self) -> int:
+        return hash((self.name, json.dumps(self.config, sort_keys=True)))
+
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"{type(self).__name__}.kind must be one of {KINDS}")
@@ -573,7 +576,9 @@ class ClassifierTask(ModelTask):
         outputs = {"classes": "int64[B]", "scores": f"float32[B,{k}]"}
         return {
             "serving_default": {
-                "inputs": {"inputs": f"string[B] (tf.train.Example, 'image': {h}*{w}*{c} raw uint8 bytes)"},
+                "inputs": {
+                    "inputs": f"string[B] (tf.train.Example, 'image': {h}*{w}*{c} raw uint8 bytes)"
+                },
                 "outputs": outputs,
             },
             "predict_images": {"inputs": {"images": f"uint8[B,{h},{w},{c}]"}, "outputs": outputs},

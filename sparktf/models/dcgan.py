@@ -96,7 +96,9 @@ class _Builder:
             name=name,
         )
 
-    def _deconv(self, filters: int, size_in: tuple[int, int], size_out: tuple[int, int], name: str):
+    def _deconv(
+        self, filters: int, size_in: tuple[int, int], size_out: tuple[int, int], name: str
+    ) -> keras.layers.Layer:
         # 'same' 5x5 stride 2 gives 2*n - 1 + output_padding: pick the padding that hits
         # exactly the reference's ceil-halved sizes (e.g. 7 -> 14, 4 -> 7).
         padding = tuple(o - (2 * i - 1) for i, o in zip(size_in, size_out))
@@ -167,7 +169,8 @@ class _Builder:
             logits = self._dense(1, "d_h4_lin")(x)
         else:
             x = ConcatCondition(name="d_cond0")(image, y)
-            x = self._lrelu("d_h0_lrelu")(self._conv(self.channels + self.num_classes, "d_h0_conv")(x))
+            x = self._conv(self.channels + self.num_classes, "d_h0_conv")(x)
+            x = self._lrelu("d_h0_lrelu")(x)
             x = ConcatCondition(name="d_cond1")(x, y)
             x = self._conv(df + self.num_classes, "d_h1_conv")(x)
             x = self._lrelu("d_h1_lrelu")(self._bn("d_bn1")(x))
@@ -208,7 +211,9 @@ class DCGAN(RegistryConfigMixin, keras.Model):
             raise ValueError("this DCGAN is conditioned on the label: pass labels")
         return [first, tf.reshape(tf.cast(labels, tf.int64), [-1])]
 
-    def generate(self, z: tf.Tensor, labels: tf.Tensor | None = None, training: bool = False):
+    def generate(
+        self, z: tf.Tensor, labels: tf.Tensor | None = None, training: bool = False
+    ) -> tf.Tensor:
         return self.generator(self._args(z, labels), training=training)
 
     def discriminate(
@@ -216,7 +221,9 @@ class DCGAN(RegistryConfigMixin, keras.Model):
     ) -> tf.Tensor:
         return self.discriminator(self._args(images, labels), training=training)
 
-    def call(self, z: tf.Tensor, labels: tf.Tensor | None = None, training: bool | None = None):
+    def call(
+        self, z: tf.Tensor, labels: tf.Tensor | None = None, training: bool | None = None
+    ) -> tf.Tensor:
         return self.generate(z, labels, training=bool(training))
 
     def scale_real(self, images: tf.Tensor) -> tf.Tensor:
@@ -229,7 +236,20 @@ class DCGAN(RegistryConfigMixin, keras.Model):
 def _bce(logits: tf.Tensor, target: float) -> tf.Tensor:
     """Per-example sigmoid cross-entropy against a constant target."""
     logits = tf.reshape(tf.cast(logits, tf.float32), [-1])
-    return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.fill(tf.shape(logits), target), logits=logits)
+    targets = tf.fill(tf.shape(logits), target)
+    return tf.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits)
+
+
+def _gan_metrics(d_real: tf.Tensor, d_fake: tf.Tensor, g: tf.Tensor) -> Metrics:
+    """Replica-local means of the per-example GAN losses; ``loss`` = d_loss + g_loss."""
+    d_mean, g_mean = tf.reduce_mean(d_real + d_fake), tf.reduce_mean(g)
+    return {
+        "loss": d_mean + g_mean,
+        "d_loss": d_mean,
+        "d_loss_real": tf.reduce_mean(d_real),
+        "d_loss_fake": tf.reduce_mean(d_fake),
+        "g_loss": g_mean,
+    }
 
 
 class DCGANTask(ModelTask):
@@ -313,7 +333,12 @@ class DCGANTask(ModelTask):
         return batch["label"] if self.conditional else None
 
     def _d_losses(
-        self, model: DCGAN, real: tf.Tensor, fake: tf.Tensor, labels: tf.Tensor | None, training: bool
+        self,
+        model: DCGAN,
+        real: tf.Tensor,
+        fake: tf.Tensor,
+        labels: tf.Tensor | None,
+        training: bool,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         d_real = _bce(model.discriminate(real, labels, training=training), 1.0)
         d_fake = _bce(model.discriminate(fake, labels, training=training), 0.0)
@@ -338,7 +363,10 @@ class DCGANTask(ModelTask):
                 )
             if d_steps:
                 apply_gradients(
-                    optimizer["discriminator"], d_loss, tape, model.discriminator.trainable_variables
+                    optimizer["discriminator"],
+                    d_loss,
+                    tape,
+                    model.discriminator.trainable_variables,
                 )
         for _ in range(max(g_steps, 1)):
             with tf.GradientTape() as tape:
@@ -351,15 +379,9 @@ class DCGANTask(ModelTask):
                 apply_gradients(
                     optimizer["generator"], g_loss, tape, model.generator.trainable_variables
                 )
-        d_mean, g_mean = tf.reduce_mean(d_real + d_fake), tf.reduce_mean(g_per_example)
-        return {
-            "loss": d_mean + g_mean,
-            "d_loss": d_mean,
-            "d_loss_real": tf.reduce_mean(d_real),
-            "d_loss_fake": tf.reduce_mean(d_fake),
-            "g_loss": g_mean,
-            "learning_rate": current_learning_rate(optimizer["generator"]),
-        }
+        metrics = _gan_metrics(d_real, d_fake, g_per_example)
+        metrics["learning_rate"] = current_learning_rate(optimizer["generator"])
+        return metrics
 
     def eval_step(self, model: keras.Model, batch: Batch, global_batch_size: int) -> Metrics:
         real = model.scale_real(batch["image"])
@@ -367,14 +389,7 @@ class DCGANTask(ModelTask):
         fake = model.generate(self.sample_z(tf.shape(real)[0]), labels, training=False)
         d_real, d_fake = self._d_losses(model, real, fake, labels, training=False)
         g = _bce(model.discriminate(fake, labels, training=False), 1.0)
-        d_mean, g_mean = tf.reduce_mean(d_real + d_fake), tf.reduce_mean(g)
-        return {
-            "loss": d_mean + g_mean,
-            "d_loss": d_mean,
-            "d_loss_real": tf.reduce_mean(d_real),
-            "d_loss_fake": tf.reduce_mean(d_fake),
-            "g_loss": g_mean,
-        }
+        return _gan_metrics(d_real, d_fake, g)
 
     def serving_endpoints(self, model: keras.Model) -> dict[str, Endpoint]:
         z_spec = tf.TensorSpec([None, self.z_dim], tf.float32, name="z")
@@ -397,12 +412,14 @@ class DCGANTask(ModelTask):
         inputs = {"z": f"float32[B,{self.z_dim}] (uniform in [-1, 1])"}
         if self.conditional:
             inputs["label"] = "int64[B]"
-        return {"serving_default": {"inputs": inputs, "outputs": {"images": f"uint8[B,{h},{w},{c}]"}}}
+        outputs = {"images": f"uint8[B,{h},{w},{c}]"}
+        return {"serving_default": {"inputs": inputs, "outputs": outputs}}
 
     def example_batch(self, batch_size: int, seed: int = 0) -> dict[str, tf.Tensor]:
         rng = np.random.default_rng(seed)
         images = rng.integers(0, 256, size=(batch_size, *self.image_shape), dtype=np.uint8)
-        batch = {"image": tf.constant(images), "id": tf.constant(np.arange(batch_size, dtype=np.int64))}
+        ids = np.arange(batch_size, dtype=np.int64)
+        batch = {"image": tf.constant(images), "id": tf.constant(ids)}
         batch["label"] = tf.constant(
             rng.integers(0, int(self.config["num_classes"]), size=(batch_size,), dtype=np.int64)
         )

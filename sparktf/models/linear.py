@@ -97,7 +97,10 @@ class LinearRegressionTask(ModelTask):
             per_example = self._per_example(model, batch, training=True)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
         apply_gradients(optimizer, loss, tape, model.trainable_variables)
-        return {"loss": tf.reduce_mean(per_example), "learning_rate": current_learning_rate(optimizer)}
+        return {
+            "loss": tf.reduce_mean(per_example),
+            "learning_rate": current_learning_rate(optimizer),
+        }
 
     def eval_step(self, model: keras.Model, batch: Batch, global_batch_size: int) -> Metrics:
         return {"loss": tf.reduce_mean(self._per_example(model, batch, training=False))}

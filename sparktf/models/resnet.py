@@ -86,7 +86,11 @@ class ResNetTask(ClassifierTask):
         "resnet32": {"num_residual_units": [5, 5, 5]},
         "resnet56": {"num_residual_units": [9, 9, 9]},
         "resnet110": {"num_residual_units": [18, 18, 18]},
-        "resnet164": {"num_residual_units": [18, 18, 18], "use_bottleneck": True, "weight_decay": 1e-4},
+        "resnet164": {
+            "num_residual_units": [18, 18, 18],
+            "use_bottleneck": True,
+            "weight_decay": 1e-4,
+        },
     }
 
     def validate(self) -> None:
@@ -127,7 +131,9 @@ class ResNetTask(ClassifierTask):
 
     def _bn_relu(self, x: keras.KerasTensor, name: str) -> keras.KerasTensor:
         x = keras.layers.BatchNormalization(
-            momentum=self.config["bn_momentum"], epsilon=self.config["bn_epsilon"], name=f"{name}_bn"
+            momentum=self.config["bn_momentum"],
+            epsilon=self.config["bn_epsilon"],
+            name=f"{name}_bn",
         )(x)
         return keras.layers.ReLU(name=f"{name}_relu")(x)
 

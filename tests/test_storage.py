@@ -1,0 +1,181 @@
+"""The storage layer on local disk and on the real HDFS started by scripts/hdfs.sh."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sparktf import storage
+
+
+@pytest.fixture(params=["local", "hdfs"])
+def base(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "store")
+    hdfs = request.getfixturevalue("hdfs")
+    return hdfs.fresh("storage")
+
+
+def test_binary_and_text_round_trip(base):
+    storage.write_bytes(storage.join(base, "a/b.bin"), bytes(range(256)) * 3)
+    storage.write_text(storage.join(base, "a/c.txt"), "héllo\nwörld\n")
+    assert storage.read_bytes(storage.join(base, "a/b.bin")) == bytes(range(256)) * 3
+    assert storage.read_text(storage.join(base, "a/c.txt")) == "héllo\nwörld\n"
+    assert storage.listdir(storage.join(base, "a")) == [
+        storage.join(base, "a/b.bin"), storage.join(base, "a/c.txt")]
+    assert storage.size(storage.join(base, "a/b.bin")) == 768
+    assert storage.isdir(storage.join(base, "a"))
+    assert not storage.isdir(storage.join(base, "a/b.bin"))
+    assert storage.walk_files(base) == storage.listdir(storage.join(base, "a"))
+
+
+def test_multi_megabyte_file_streams_in_chunks(base):
+    chunk = 1 << 20
+    blocks = [os.urandom(chunk) for _ in range(9)]
+    path = storage.join(base, "big.bin")
+    with storage.open_file(path, "wb") as f:
+        for block in blocks:
+            f.write(block)
+    digest = hashlib.sha256(b"".join(blocks)).hexdigest()
+    h, reads = hashlib.sha256(), 0
+    with storage.open_file(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+            reads += 1
+    assert h.hexdigest() == digest
+    assert reads == 9
+    with storage.open_file(path, "rb") as f:  # seekable: random access reads a range
+        f.seek(5 * chunk + 7)
+        assert f.read(100) == blocks[5][7:107]
+    assert storage.size(path) == 9 * chunk
+
+
+def test_rename_delete_makedirs(base):
+    src, dst = storage.join(base, "x/one.txt"), storage.join(base, "y/two.txt")
+    storage.write_text(src, "1")
+    storage.rename(src, dst)
+    assert not storage.exists(src) and storage.read_text(dst) == "1"
+    storage.write_text(src, "again")
+    with pytest.raises(storage.PathExistsError):
+        storage.rename(src, dst)
+    storage.makedirs(storage.join(base, "z/deep/er"))
+    assert storage.isdir(storage.join(base, "z/deep/er"))
+    storage.delete(storage.join(base, "z"))
+    assert not storage.exists(storage.join(base, "z"))
+    with pytest.raises(storage.PathNotFoundError):
+        storage.delete(storage.join(base, "z"), missing_ok=False)
+
+
+def test_publish_is_atomic(base):
+    target = storage.join(base, "dataset")
+    with pytest.raises(RuntimeError, match="half way"):
+        with storage.publish(target) as tmp:
+            storage.write_text(storage.join(tmp, "part-0"), "rows")
+            raise RuntimeError("failed half way")
+    assert not storage.exists(target)
+    assert storage.listdir(base) == [] if storage.exists(base) else True
+
+    with storage.publish(target) as tmp:
+        storage.write_text(storage.join(tmp, "part-0"), "v1")
+    assert storage.read_text(storage.join(target, "part-0")) == "v1"
+    with pytest.raises(storage.PathExistsError):
+        with storage.publish(target):
+            pass
+    with storage.publish(target, overwrite=True) as tmp:
+        storage.write_text(storage.join(tmp, "part-0"), "v2")
+    assert storage.read_text(storage.join(target, "part-0")) == "v2"
+    assert storage.listdir(base) == [target]  # no temporary left beside it
+
+
+def test_missing_path_errors_name_the_path(base):
+    missing = storage.join(base, "no/such/file")
+    with pytest.raises(storage.PathNotFoundError, match="no/such/file"):
+        storage.read_bytes(missing)
+    with pytest.raises(storage.PathNotFoundError, match="no/such/file"):
+        storage.listdir(missing)
+    with pytest.raises(FileNotFoundError):  # also a standard FileNotFoundError
+        storage.size(missing)
+
+
+def test_copy_tree_between_file_systems(hdfs, tmp_path):
+    src = tmp_path / "model"
+    (src / "variables").mkdir(parents=True)
+    (src / "saved_model.pb").write_bytes(b"pb" * 1000)
+    (src / "variables" / "variables.index").write_bytes(b"idx")
+    remote = hdfs.fresh("copy")
+    storage.copy_tree(str(src), remote)
+    with storage.local_copy(remote) as local:
+        assert open(os.path.join(local, "saved_model.pb"), "rb").read() == b"pb" * 1000
+        assert open(os.path.join(local, "variables", "variables.index"), "rb").read() == b"idx"
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/key", "gs://b/k", "webhdfs://h/x", "hdfs:///no-host"])
+def test_unknown_scheme_is_a_clear_error(uri):
+    with pytest.raises(storage.UnknownSchemeError) as err:
+        storage.exists(uri)
+    assert uri in str(err.value) and "hdfs://host:port/path" in str(err.value)
+
+
+def test_unreachable_namenode_fails_fast_and_names_the_address(monkeypatch):
+    with __import__("socket").socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("SPARKTF_WEBHDFS_URL", f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    with pytest.raises(storage.NameNodeUnreachableError) as err:
+        storage.read_bytes(f"hdfs://127.0.0.1:{port}/data/x")
+    assert time.monotonic() - started < 10
+    assert f"127.0.0.1:{port}" in str(err.value)
+
+
+def test_hung_namenode_times_out_within_seconds():
+    # A loopback socket that accepts connections and never answers: the request timeout
+    # (SPARKTF_HDFS_TIMEOUT) must bound the wait and the error must name the address.
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        port = server.getsockname()[1]
+        code = ("import time, sparktf.storage as s\n"
+                "t = time.monotonic()\n"
+                "try:\n    s.exists('hdfs://127.0.0.1:1/x')\n"
+                "except s.NameNodeUnreachableError as e:\n"
+                "    print('ERR', round(time.monotonic() - t, 1), e)\n")
+        env = dict(os.environ, SPARKTF_WEBHDFS_URL=f"http://127.0.0.1:{port}",
+                   SPARKTF_HDFS_TIMEOUT="2")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60, env=env)
+    assert out.stdout.startswith("ERR"), out.stdout + out.stderr
+    assert float(out.stdout.split()[1]) < 10
+    assert f"127.0.0.1:{port}" in out.stdout
+
+
+def test_permission_denied_names_path_and_user(hdfs, monkeypatch):
+    private = hdfs.fresh("private")
+    storage.makedirs(private)
+    storage._client(hdfs.webhdfs_url, storage.hdfs_user()).set_permission(
+        storage.parse(private).path, "755")
+    monkeypatch.setenv("SPARKTF_HDFS_USER", "alice")
+    with pytest.raises(storage.StoragePermissionError) as err:
+        storage.write_text(storage.join(private, "x.txt"), "no")
+    assert "alice" in str(err.value) and "private" in str(err.value)
+    assert isinstance(err.value, PermissionError)
+
+
+def test_webhdfs_address_from_hadoop_conf(tmp_path, monkeypatch):
+    (tmp_path / "core-site.xml").write_text(
+        "<configuration><property><name>fs.defaultFS</name>"
+        "<value>hdfs://nn.example:8020</value></property></configuration>")
+    (tmp_path / "hdfs-site.xml").write_text(
+        "<configuration><property><name>dfs.namenode.http-address</name>"
+        "<value>nn.example:50070</value></property></configuration>")
+    monkeypatch.delenv("SPARKTF_WEBHDFS_URL", raising=False)
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    assert storage.webhdfs_url("nn.example:8020") == "http://nn.example:50070"
+    assert storage.webhdfs_url("other:8020") == "http://other:9870"
