@@ -1,0 +1,909 @@
+"""Batch inference over Spark DataFrames with an exported SavedModel: :func:`predict`.
+
+``sparktf.predict(df, model, ...)`` (this module's :func:`predict`) applies a SavedModel
+written by a task's ``export`` (``MODEL_DIR/export/<version>/``) to every row of a
+DataFrame and returns the rows with the predictions added. It runs on the executors over
+Arrow record batches (``DataFrame.mapInArrow``): a batch's column buffers are turned into
+numpy arrays without a Python object per row, cut into ``batch_size`` rows and passed to
+one signature of the model.
+
+Where the model comes from (the driver reads only ``saved_model.pb`` and
+``variables/variables.index`` to learn the signatures; no Spark job runs for it):
+
+* a local path, ``file://`` or ``hdfs://`` URI of a version directory (holding
+  ``saved_model.pb``), of ``MODEL_DIR/export`` (the highest numbered version is used) or of
+  ``MODEL_DIR`` itself (then ``MODEL_DIR/export``);
+* on each executor the model is loaded once per Python worker and kept in
+  :class:`ModelCache`; an ``hdfs://`` model is first copied once per machine into
+  ``$SPARKTF_MODEL_CACHE_DIR`` (default ``<tempdir>/sparktf-models/<fingerprint>``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import io
+import logging
+import math
+import os
+import posixpath
+import shutil
+import tempfile
+import threading
+from collections import Counter, OrderedDict, defaultdict
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from sparktf import storage
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import DataType, StructField, StructType
+
+log = logging.getLogger(__name__)
+
+NPY_MAGIC = b"\x93NUMPY"
+NPZ_MAGIC = b"PK\x03\x04"  # np.savez_compressed, as petastorm's CompressedNdarrayCodec writes
+LM_OUTPUTS = ("perplexity", "next_word")
+# TensorFlow DataType enum values (tensorflow/core/framework/types.proto) -> numpy names.
+_TF_DTYPES = {1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8",
+              7: "string", 9: "int64", 10: "bool", 19: "float16"}
+
+
+class PredictInputError(ValueError):
+    """The input DataFrame does not match what the model's signature expects.
+
+    Raised on the driver when the schema shows it (a missing column, a wrong Spark type),
+    otherwise on the executor at the first batch that shows it (wrong shape or dtype,
+    nulls, values out of range); Spark then fails the action, and its exception text holds
+    ``PredictInputError: column '...': ...``.
+    """
+
+
+class ModelNotFoundError(storage.PathNotFoundError):
+    """No SavedModel at the given model path."""
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a signature: numpy dtype name ("string" for tf.string) and
+    shape (``None`` for an unknown dimension; the first is the batch)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...] | None
+
+    def describe(self) -> str:
+        if self.shape is None:
+            return f"{self.dtype}[?]"
+        dims = ["B" if i == 0 and d is None else ("?" if d is None else str(d))
+                for i, d in enumerate(self.shape)]
+        return f"{self.dtype}[{','.join(dims)}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    name: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+
+    def describe(self) -> str:
+        ins = ", ".join(f"{k}: {v.describe()}" for k, v in sorted(self.inputs.items()))
+        outs = ", ".join(f"{k}: {v.describe()}" for k, v in sorted(self.outputs.items()))
+        return f"{self.name}({ins}) -> ({outs})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What the driver knows about a SavedModel without loading it.
+
+    ``uri``: the version directory; ``version``: its name when numeric, else ``None``;
+    ``fingerprint``: a hash of ``saved_model.pb`` and ``variables/variables.index`` (the
+    index holds a checksum of every variable), which names the executors' local copies.
+    """
+
+    uri: str
+    version: int | None
+    fingerprint: str
+    signatures: Mapping[str, Signature]
+
+
+def resolve_model(model: str | os.PathLike) -> str:
+    """The SavedModel directory that ``model`` names (see the module docstring).
+
+    Raises :class:`ModelNotFoundError` naming the path when there is none.
+    """
+    path = os.fspath(model)
+    if not storage.exists(path):
+        raise ModelNotFoundError(f"model {path} does not exist")
+    if storage.exists(storage.join(path, "saved_model.pb")):
+        return path
+    versions = []
+    if storage.isdir(path):
+        for entry in storage.listdir(path):
+            name = posixpath.basename(storage.parse(entry).path)
+            if name.isdigit() and storage.exists(storage.join(entry, "saved_model.pb")):
+                versions.append((int(name), entry))
+    if versions:
+        return max(versions)[1]
+    export = storage.join(path, "export")
+    if storage.isdir(export):
+        return resolve_model(export)
+    raise ModelNotFoundError(
+        f"model {path} holds no SavedModel: expected saved_model.pb in it, or numbered version "
+        "directories holding one (MODEL_DIR/export/<version>/), or MODEL_DIR/export")
+
+
+def inspect_model(model: str | os.PathLike) -> ModelInfo:
+    """Resolves ``model`` and reads its signatures from ``saved_model.pb`` (no variables)."""
+    uri = resolve_model(model)  # before importing TensorFlow: a missing model fails fast
+    from tensorflow.core.protobuf import saved_model_pb2  # imports TensorFlow (driver only)
+
+    graph = storage.read_bytes(storage.join(uri, "saved_model.pb"))
+    digest = hashlib.sha256(graph)
+    index = storage.join(uri, "variables", "variables.index")
+    if storage.exists(index):
+        digest.update(storage.read_bytes(index))
+    proto = saved_model_pb2.SavedModel()
+    try:
+        proto.ParseFromString(graph)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ModelNotFoundError(f"{uri}/saved_model.pb is not a SavedModel: {exc}") from exc
+    if not proto.meta_graphs:
+        raise ModelNotFoundError(f"{uri}/saved_model.pb holds no meta graph")
+
+    def spec(key: str, info: Any) -> TensorSpec:
+        shape = None if info.tensor_shape.unknown_rank else tuple(
+            None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim)
+        return TensorSpec(key, _TF_DTYPES.get(info.dtype, f"dtype{info.dtype}"), shape)
+
+    signatures = {
+        name: Signature(name, {k: spec(k, v) for k, v in sig.inputs.items()},
+                        {k: spec(k, v) for k, v in sig.outputs.items()})
+        for name, sig in proto.meta_graphs[0].signature_def.items()
+        if not name.startswith("__")
+    }
+    name = posixpath.basename(storage.parse(uri).path)
+    return ModelInfo(uri=uri, version=int(name) if name.isdigit() else None,
+                     fingerprint=digest.hexdigest(), signatures=signatures)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything an executor needs, decided on the driver (pickled into the task)."""
+
+    kind: str  # "images", "examples", "tokens" or "generator"
+    model_uri: str
+    fingerprint: str
+    signature: str
+    input_col: str
+    input_key: str  # the signature's input name
+    shape: tuple[int, ...]  # per-row shape expected: (H, W, C), (z_dim,) or ()
+    batch_size: int
+    outputs: tuple[str, ...]  # names of the added columns, in order
+    top_k: int | None = None
+    lm_output: str = "perplexity"
+    vocab_size: int | None = None
+    label_col: str | None = None  # conditional generator
+    id_col: str | None = None  # used to name rows in error messages
+
+    def contract(self) -> str:
+        """What the input column must hold, for error messages."""
+        if self.kind == "images":
+            h, w, c = self.shape
+            return (f"a uint8 image of shape ({h}, {w}, {c}) per row: np.save bytes (as "
+                    f"petastorm's NdarrayCodec writes), {h * w * c} raw bytes, or an array of "
+                    f"{h * w * c} integers in [0, 255]")
+        if self.kind == "examples":
+            return "a serialized tf.train.Example per row (binary)"
+        if self.kind == "tokens":
+            least = 2 if self.lm_output == "perplexity" else 1
+            return (f"a 1-D sequence of at least {least} int64 token ids in [0, {self.vocab_size}) "
+                    "per row: np.save bytes or an array of integers")
+        (z_dim,) = self.shape
+        return (f"a float32 vector of shape ({z_dim},) per row (np.save bytes or an array of "
+                f"numbers), or an integer seed that draws z ~ U(-1, 1)")
+
+
+def _choose_signature(info: ModelInfo, signature: str | None) -> Signature:
+    if signature is not None:
+        if signature not in info.signatures:
+            raise ValueError(f"model {info.uri} has no signature {signature!r}; it has "
+                             f"{sorted(info.signatures)}")
+        return info.signatures[signature]
+    for name in ("predict_images", "serving_default"):
+        if name in info.signatures:
+            return info.signatures[name]
+    raise ValueError(f"model {info.uri} has neither a predict_images nor a serving_default "
+                     f"signature (it has {sorted(info.signatures)}); pass signature=")
+
+
+def _kind(sig: Signature) -> str:
+    ins, outs = sig.inputs, sig.outputs
+    one = next(iter(ins.values())) if len(ins) == 1 else None
+    if {"classes", "scores"} <= set(outs) and one is not None:
+        if one.dtype == "uint8" and one.shape is not None and len(one.shape) == 4 \
+                and all(d is not None for d in one.shape[1:]):
+            return "images"
+        if one.dtype == "string" and one.shape is not None and len(one.shape) == 1:
+            return "examples"
+    if "log_probs" in outs and one is not None and one.dtype in ("int64", "int32") \
+            and one.shape is not None and len(one.shape) == 2:
+        return "tokens"
+    z = ins.get("z")
+    if "images" in outs and z is not None and z.shape is not None and len(z.shape) == 2 \
+            and z.shape[1] is not None and set(ins) <= {"z", "label"}:
+        return "generator"
+    raise ValueError(
+        f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
+        "image classifiers (uint8 images or serialized Examples -> classes, scores), language "
+        "models (int64 tokens -> log_probs) and generators (float32 z [+ int64 label] -> "
+        "images)")
+
+
+def _spark_types():
+    from pyspark.sql import types as T
+
+    return T
+
+
+def _is_integral(dtype: "DataType") -> bool:
+    T = _spark_types()
+    return isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType))
+
+
+def _leaf_type(dtype: "DataType") -> "DataType":
+    T = _spark_types()
+    while isinstance(dtype, T.ArrayType):
+        dtype = dtype.elementType
+    return dtype
+
+
+def _check_column(schema: "StructType", col: str, plan_contract: str, ok: Callable[[Any], bool],
+                  role: str = "input") -> None:
+    if col not in schema.names:
+        raise PredictInputError(
+            f"{role} column {col!r} is missing: expected {plan_contract}; the DataFrame has "
+            f"columns {schema.names}")
+    dtype = schema[col].dataType
+    if not ok(dtype):
+        raise PredictInputError(
+            f"column {col!r} has Spark type {dtype.simpleString()}: expected {plan_contract}")
+
+
+def _make_plan(schema: "StructType", info: ModelInfo, sig: Signature, *, input_col: str | None,
+               output_col: str, probabilities_col: str, log_probabilities_col: str,
+               batch_size: int, top_k: int | None, lm_output: str,
+               label_col: str) -> tuple[_Plan, list["StructField"]]:
+    T = _spark_types()
+    kind = _kind(sig)
+    key, spec = next((k, v) for k, v in sig.inputs.items() if k != "label")
+    binary = lambda t: isinstance(t, T.BinaryType)  # noqa: E731
+    int_array = lambda t: isinstance(t, T.ArrayType) and _is_integral(_leaf_type(t))  # noqa: E731
+    fields: list[StructField]
+    vocab = None
+    extra: dict[str, Any] = {}
+    if kind in ("images", "examples"):
+        num_classes = sig.outputs["scores"].shape[-1] if sig.outputs["scores"].shape else None
+        if top_k is not None and (top_k < 1 or (num_classes is not None and top_k > num_classes)):
+            raise ValueError(f"top_k must be in [1, {num_classes}], got {top_k}")
+        shape = tuple(spec.shape[1:]) if kind == "images" else ()
+        default_col = "image" if kind == "images" else "example"
+        accepts = (lambda t: binary(t) or int_array(t)) if kind == "images" else binary
+        fields = [T.StructField(output_col, T.LongType(), False),
+                  T.StructField(probabilities_col, T.ArrayType(T.FloatType(), False), False)]
+        if top_k is not None:
+            fields += [T.StructField("top_classes", T.ArrayType(T.LongType(), False), False),
+                       T.StructField("top_probabilities", T.ArrayType(T.FloatType(), False),
+                                     False)]
+    elif kind == "tokens":
+        if lm_output not in LM_OUTPUTS:
+            raise ValueError(f"lm_output must be one of {LM_OUTPUTS}, got {lm_output!r}")
+        vocab = sig.outputs["log_probs"].shape[-1] if sig.outputs["log_probs"].shape else None
+        shape, default_col = (), "tokens"
+        accepts = lambda t: binary(t) or int_array(t)  # noqa: E731
+        if lm_output == "perplexity":
+            fields = [T.StructField(output_col, T.DoubleType(), False)]
+        else:
+            fields = [T.StructField(output_col, T.LongType(), False),
+                      T.StructField(log_probabilities_col, T.ArrayType(T.FloatType(), False),
+                                    False)]
+    else:  # generator
+        shape, default_col = (int(spec.shape[1]),), "z"
+
+        def accepts(t: Any) -> bool:
+            numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType,
+                       T.DoubleType)
+            return binary(t) or _is_integral(t) or (
+                isinstance(t, T.ArrayType) and isinstance(_leaf_type(t), numeric))
+
+        fields = [T.StructField(output_col, T.BinaryType(), False)]
+        if "label" in sig.inputs:
+            extra["label_col"] = label_col
+    if top_k is not None and kind not in ("images", "examples"):
+        raise ValueError(f"top_k applies to classifiers; {sig.describe()} is not one")
+    col = input_col or default_col
+    plan = _Plan(kind=kind, model_uri=info.uri, fingerprint=info.fingerprint,
+                 signature=sig.name, input_col=col, input_key=key, shape=shape,
+                 batch_size=batch_size, outputs=tuple(f.name for f in fields), top_k=top_k,
+                 lm_output=lm_output, vocab_size=vocab,
+                 id_col="id" if "id" in schema.names else None, **extra)
+    _check_column(schema, col, plan.contract(), accepts)
+    if plan.label_col is not None:
+        _check_column(schema, plan.label_col, "an integer class label per row (int64)",
+                      _is_integral, role="label")
+    clash = [f.name for f in fields if f.name in schema.names]
+    if clash:
+        raise PredictInputError(
+            f"output column(s) {clash} already exist in the input DataFrame: rename them or "
+            "choose other names (output_col=, probabilities_col=, log_probabilities_col=)")
+    if len({f.name for f in fields}) != len(fields):
+        raise ValueError(f"output column names collide: {[f.name for f in fields]}")
+    return plan, fields
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def predict(
+    df: "DataFrame",
+    model: str | os.PathLike,
+    *,
+    input_col: str | None = None,
+    output_col: str = "prediction",
+    probabilities_col: str = "probabilities",
+    log_probabilities_col: str = "log_probabilities",
+    batch_size: int = 128,
+    signature: str | None = None,
+    top_k: int | None = None,
+    lm_output: str = "perplexity",
+    label_col: str = "label",
+) -> "DataFrame":
+    """Applies the SavedModel ``model`` to every row of ``df``; returns ``df``'s columns plus
+    the predictions (lazily: nothing runs until an action).
+
+    ``model``: a SavedModel directory, local or ``hdfs://``; or ``MODEL_DIR/export`` (or
+    ``MODEL_DIR``), whose highest numbered version is used. A missing model raises
+    :class:`ModelNotFoundError` naming it, before any Spark job starts. A local path must
+    be visible to every executor (same machine or a shared file system); on a cluster use
+    ``hdfs://``, which each machine copies once into :func:`model_cache_dir`.
+
+    The signature used is ``signature``, else ``predict_images`` when the model has it, else
+    ``serving_default``. What the signature looks like decides the data contract:
+
+    * **Image classifier**, uint8 images ``[B, H, W, C]`` -> ``classes``, ``scores``
+      (``predict_images``). ``input_col`` (default ``"image"``) holds one image per row as
+
+      - ``binary``: ``np.save`` bytes of an array of shape (H, W, C) or (H*W*C,) (what
+        petastorm's NdarrayCodec stores; ``np.savez_compressed`` bytes of its
+        CompressedNdarrayCodec are read too, more slowly), or exactly H*W*C raw bytes
+        (row-major uint8); values that start with the ``np.save`` magic are read as
+        ``np.save`` bytes;
+      - ``array<int>`` (any integer type, flat of H*W*C values or nested (H, W, C)), with
+        values in [0, 255].
+
+      Adds ``output_col`` (``long``, the class), ``probabilities_col`` (``array<float>``,
+      one probability per class) and, with ``top_k=k``, ``top_classes`` (``array<long>``)
+      and ``top_probabilities`` (``array<float>``), the k best, best first.
+    * **Classifier on serialized examples**, ``string [B]`` (``serving_default`` of a
+      classifier, chosen with ``signature="serving_default"``): ``input_col`` (default
+      ``"example"``) is ``binary`` holding a serialized ``tf.train.Example`` per row, passed
+      unchanged. Same added columns.
+    * **Language model**, int64 tokens ``[B, T]`` -> ``log_probs [B, T, V]``. ``input_col``
+      (default ``"tokens"``) holds a 1-D sequence of token ids per row (``np.save`` bytes or
+      ``array<int|long>``); lengths may differ between rows. ``lm_output="perplexity"``
+      adds ``output_col`` (``double``): ``exp`` of the mean negative log-probability of
+      ``tokens[1:]`` given ``tokens[:-1]`` (the model starts from a zero state per row).
+      ``lm_output="next_word"`` feeds the whole sequence and adds ``output_col`` (``long``,
+      the most likely next word) and ``log_probabilities_col`` (``array<float>``, V
+      log-probabilities of the next word). Memory: the model returns B*T*V floats per batch.
+    * **Generator** (DCGAN), float32 ``z [B, z_dim]`` (+ int64 ``label [B]``) -> uint8
+      ``images``. ``input_col`` (default ``"z"``) holds per row either a vector of z_dim
+      numbers (``array<float|double>`` or ``np.save`` bytes) or an integer seed, from which
+      ``z = np.random.default_rng(seed).uniform(-1, 1, z_dim)`` (float32) is drawn. A
+      conditional generator also reads ``label_col`` (default ``"label"``, integer). Adds
+      ``output_col`` (``binary``): ``np.save`` bytes of the uint8 image (H, W, C), the same
+      encoding as the converted datasets.
+
+    Errors: a missing input column, a Spark type that cannot hold the input, or an output
+    column that already exists raise :class:`PredictInputError` here. Shapes, dtypes, nulls
+    and value ranges are checked on the executors batch by batch, before the model runs;
+    the first bad batch fails the Spark action with ``PredictInputError: column '...':
+    ...`` in the exception text, naming the row (by ``id`` when ``df`` has that column) and
+    the expected shape. An empty DataFrame gives an empty result (the model is not loaded).
+
+    Execution: ``mapInArrow`` over each partition's Arrow batches, cut into ``batch_size``
+    rows per model call. The model is loaded once per Python worker (:class:`ModelCache`)
+    and reused by every later task of that worker, which needs
+    ``spark.python.worker.reuse=true`` (Spark's default; see ModelCache). TensorFlow in a
+    worker uses as many threads as the task has CPUs (``spark.task.cpus``), or
+    ``$SPARKTF_TF_THREADS``. The executors must be able to import ``sparktf``.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    info = inspect_model(model)
+    sig = _choose_signature(info, signature)
+    plan, fields = _make_plan(
+        df.schema, info, sig, input_col=input_col, output_col=output_col,
+        probabilities_col=probabilities_col, log_probabilities_col=log_probabilities_col,
+        batch_size=batch_size, top_k=top_k, lm_output=lm_output, label_col=label_col)
+    T = _spark_types()
+    log.info("predict with %s (version %s), signature %s, input column %r, batch size %d",
+             info.uri, info.version, sig.describe(), plan.input_col, batch_size)
+    schema = T.StructType(list(df.schema.fields) + fields)
+    return df.mapInArrow(functools.partial(_predict_partition, plan), schema)
+
+
+# ----------------------------------------------------------------------------- executors
+
+
+class ModelCache:
+    """SavedModel signatures loaded in this Python process, keyed by model fingerprint.
+
+    A Spark Python worker imports this module once and keeps it between tasks only when
+    ``spark.python.worker.reuse`` is true (the default); with reuse off every task starts a
+    fresh worker and loads the model again (the local copy of an HDFS model is still made
+    once per machine). Spark also stops a worker that stays idle for about a minute, which
+    empties its cache. Each cached model holds its variables in the worker's memory (on
+    top of the executor's JVM memory: budget ``spark.executor.memoryOverhead`` or
+    ``spark.executor.pyspark.memory`` for it); at most ``capacity`` models are kept.
+    """
+
+    capacity = 2
+    _models: "OrderedDict[tuple[str, str], _LoadedSignature]" = OrderedDict()
+    _lock = threading.Lock()
+    # Per model fingerprint: "loads", "uses" (one per partition), "batches", "copies".
+    stats: "defaultdict[str, Counter[str]]" = defaultdict(Counter)
+
+    @classmethod
+    def get(cls, model_uri: str, fingerprint: str, signature: str) -> "_LoadedSignature":
+        key = (fingerprint, signature)
+        with cls._lock:
+            cls.stats[fingerprint]["uses"] += 1
+            if key in cls._models:
+                cls._models.move_to_end(key)
+                return cls._models[key]
+            loaded = _LoadedSignature(model_uri, fingerprint, signature)
+            cls.stats[fingerprint]["loads"] += 1
+            cls._models[key] = loaded
+            while len(cls._models) > cls.capacity:
+                cls._models.popitem(last=False)
+            return loaded
+
+
+def model_cache_dir() -> str:
+    """Where executors keep local copies of HDFS models (``$SPARKTF_MODEL_CACHE_DIR``)."""
+    return os.environ.get("SPARKTF_MODEL_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "sparktf-models")
+
+
+def _local_model_dir(model_uri: str, fingerprint: str) -> str:
+    """A local directory holding the model: itself when local, else a copy made once per
+    machine (a lock file serialises the workers of all executors on it)."""
+    loc = storage.parse(model_uri)
+    if loc.scheme == "file":
+        if not os.path.isfile(os.path.join(loc.path, "saved_model.pb")):
+            raise ModelNotFoundError(
+                f"model {loc.path} is not on this executor's file system: on a cluster, give "
+                "an hdfs:// model or a path that every executor sees")
+        return loc.path
+    base = model_cache_dir()
+    target = os.path.join(base, fingerprint[:32])
+    if os.path.isfile(os.path.join(target, "saved_model.pb")):
+        return target
+    os.makedirs(base, exist_ok=True)
+    with open(target + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not os.path.isfile(os.path.join(target, "saved_model.pb")):
+                partial = f"{target}.tmp-{os.getpid()}"
+                shutil.rmtree(partial, ignore_errors=True)
+                storage.copy_tree(model_uri, partial)
+                os.rename(partial, target)  # atomic: a complete copy or none
+                ModelCache.stats[fingerprint]["copies"] += 1
+                log.info("copied model %s to %s", model_uri, target)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def _configure_tensorflow_threads() -> None:
+    import tensorflow as tf
+
+    threads = os.environ.get("SPARKTF_TF_THREADS")
+    if threads is None:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        threads = context.cpus() if context is not None else 0
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(int(threads))
+        tf.config.threading.set_inter_op_parallelism_threads(int(threads))
+    except RuntimeError:  # TensorFlow already initialised in this process: keep its setting
+        pass
+
+
+class _LoadedSignature:
+    """One signature of a loaded SavedModel, called with numpy arrays."""
+
+    def __init__(self, model_uri: str, fingerprint: str, signature: str):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        _configure_tensorflow_threads()
+        import tensorflow as tf
+
+        self._tf = tf
+        # The loaded root owns the variables: keep it as long as its signature is used.
+        self._root = tf.saved_model.load(_local_model_dir(model_uri, fingerprint))
+        self._fn = self._root.signatures[signature]
+
+    def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        tensors = {k: self._tf.constant(v) for k, v in inputs.items()}
+        return {k: v.numpy() for k, v in self._fn(**tensors).items()}
+
+
+def _predict_partition(plan: _Plan, batches: Iterator["pa.RecordBatch"]
+                       ) -> Iterator["pa.RecordBatch"]:
+    """The ``mapInArrow`` function: decode and check, run the model, append the outputs."""
+    import pyarrow as pa
+
+    model = None
+    for batch in batches:
+        for start in range(0, batch.num_rows, plan.batch_size):
+            chunk = batch.slice(start, plan.batch_size)
+            inputs = _decode(plan, chunk)  # input errors surface before the model loads
+            if model is None:
+                model = ModelCache.get(plan.model_uri, plan.fingerprint, plan.signature)
+            columns = _run(plan, model, inputs, chunk.num_rows)
+            ModelCache.stats[plan.fingerprint]["batches"] += 1
+            yield pa.RecordBatch.from_arrays(list(chunk.columns) + columns,
+                                             names=list(chunk.schema.names) + list(plan.outputs))
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+class _Rows:
+    """Names rows in error messages: by the ``id`` column when there is one."""
+
+    def __init__(self, plan: _Plan, chunk: "pa.RecordBatch"):
+        self._ids = chunk.column(chunk.schema.get_field_index(plan.id_col)) \
+            if plan.id_col else None
+
+    def __call__(self, i: int) -> str:
+        if self._ids is not None:
+            return f"the row with id={self._ids[i].as_py()}"
+        return f"row {i} of its batch"
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _check_nulls(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str]) -> None:
+    if arr.null_count:
+        nulls = arr.is_null().to_numpy(zero_copy_only=False)
+        raise PredictInputError(f"column {col!r}: {row(_first(nulls))} is null; expected "
+                                f"{contract}")
+
+
+def _npy_header(head: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int] | None:
+    """(dtype, shape, fortran_order, header length) of ``np.save`` bytes, or None."""
+    f = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            return None
+    except (ValueError, EOFError):
+        return None
+    return dtype, tuple(shape), fortran, f.tell()
+
+
+def _binary_parts(arr: "pa.Array") -> tuple[np.ndarray, np.ndarray]:
+    """Offsets (int64, len n+1) and the data buffer of a (sliced) binary array."""
+    import pyarrow as pa
+
+    _, offsets, data = arr.buffers()
+    otype = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    offs = np.frombuffer(offsets, dtype=otype)[arr.offset:arr.offset + len(arr) + 1]
+    values = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
+    return offs.astype(np.int64), values
+
+
+def _decode_binary(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str],
+                   raw: tuple[np.dtype, tuple[int, ...]] | None
+                   ) -> np.ndarray | list[np.ndarray]:
+    """Rows of a binary column: stacked [n, *shape] when they are alike, else a list.
+
+    ``np.save`` bytes of identical header (petastorm's case) are sliced out of the Arrow
+    buffer in one step; ``raw`` (dtype, shape) allows plain bytes of that exact size.
+    """
+    offsets, data = _binary_parts(arr)
+    n = len(arr)
+    lengths = np.diff(offsets)
+    length = int(lengths[0])
+    if length > 0 and (lengths == length).all():
+        rows = data[offsets[0]:offsets[-1]].reshape(n, length)
+        magic = np.frombuffer(NPY_MAGIC, np.uint8)
+        has_magic = (rows[:, :len(magic)] == magic).all(axis=1) if length >= len(magic) \
+            else np.zeros(n, bool)
+        if has_magic.all():
+            head = _npy_header(rows[0, :min(length, 1 << 16)].tobytes())
+            if head is not None:
+                dtype, shape, fortran, size = head
+                payload = length - size
+                if not fortran and not dtype.hasobject \
+                        and payload == dtype.itemsize * math.prod(shape) \
+                        and (rows[:, :size] == rows[0, :size]).all():
+                    body = np.ascontiguousarray(rows[:, size:])
+                    return body.view(dtype).reshape(n, *shape)
+        elif raw is not None and not has_magic.any():
+            dtype, shape = raw
+            zipped = np.frombuffer(NPZ_MAGIC, np.uint8)
+            if length == dtype.itemsize * math.prod(shape) \
+                    and not (rows[:, :len(zipped)] == zipped).all(axis=1).any():
+                return rows.view(dtype).reshape(n, *shape)
+    out = []
+    for i in range(n):
+        value = data[offsets[i]:offsets[i + 1]].tobytes()
+        if value.startswith(NPY_MAGIC) or value.startswith(NPZ_MAGIC):
+            try:
+                loaded = np.load(io.BytesIO(value), allow_pickle=False)
+                if isinstance(loaded, np.lib.npyio.NpzFile):  # CompressedNdarrayCodec
+                    with loaded:
+                        loaded = loaded[loaded.files[0]]
+                out.append(loaded)
+            except (ValueError, OSError, EOFError) as exc:
+                raise PredictInputError(
+                    f"column {col!r}: {row(i)} holds np.save bytes that cannot be read "
+                    f"({exc}); expected {contract}") from None
+        elif raw is not None:
+            dtype, shape = raw
+            want = dtype.itemsize * math.prod(shape)
+            if len(value) != want:
+                raise PredictInputError(
+                    f"column {col!r}: {row(i)} holds {len(value)} raw bytes, not np.save bytes "
+                    f"nor {want} raw bytes; expected {contract}")
+            out.append(np.frombuffer(value, dtype).reshape(shape))
+        else:
+            raise PredictInputError(f"column {col!r}: {row(i)} is not np.save bytes "
+                                    f"({len(value)} bytes); expected {contract}")
+    return out
+
+
+def _decode_list(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str]
+                 ) -> np.ndarray | list[np.ndarray]:
+    """Rows of an (optionally nested) array column: stacked when regular, else 1-D rows."""
+    import pyarrow as pa
+
+    n = len(arr)
+    dims: list[int] = []
+    level = arr
+    while pa.types.is_list(level.type) or pa.types.is_large_list(level.type):
+        if level.null_count:
+            nulls = level.is_null().to_numpy(zero_copy_only=False)
+            where = row(_first(nulls)) if level is arr else "a row"
+            raise PredictInputError(f"column {col!r}: {where} has a null array; expected "
+                                    f"{contract}")
+        lengths = level.value_lengths().to_numpy(zero_copy_only=False)
+        if len(lengths) and not (lengths == lengths[0]).all():
+            if level is not arr:
+                raise PredictInputError(f"column {col!r}: nested arrays of different lengths; "
+                                        f"expected {contract}")
+            values = level.flatten()
+            if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+                raise PredictInputError(f"column {col!r}: nested arrays of different lengths "
+                                        f"in {row(0)}...; expected {contract}")
+            return _split_rows(values, lengths, col, contract, row)
+        dims.append(int(lengths[0]) if len(lengths) else 0)
+        level = level.flatten()
+    if level.null_count:
+        raise PredictInputError(f"column {col!r}: an array holds a null element; expected "
+                                f"{contract}")
+    return level.to_numpy(zero_copy_only=False).reshape(n, *dims)
+
+
+def _split_rows(values: "pa.Array", lengths: np.ndarray, col: str, contract: str,
+                row: Callable[[int], str]) -> list[np.ndarray]:
+    if values.null_count:
+        raise PredictInputError(f"column {col!r}: an array holds a null element; expected "
+                                f"{contract}")
+    flat = values.to_numpy(zero_copy_only=False)
+    return np.split(flat, np.cumsum(lengths)[:-1])
+
+
+def _column_rows(chunk: "pa.RecordBatch", col: str, contract: str,
+                 row: Callable[[int], str],
+                 raw: tuple[np.dtype, tuple[int, ...]] | None = None
+                 ) -> np.ndarray | list[np.ndarray]:
+    import pyarrow as pa
+
+    arr = chunk.column(chunk.schema.get_field_index(col))
+    _check_nulls(arr, col, contract, row)
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        return _decode_binary(arr, col, contract, row, raw)
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        return _decode_list(arr, col, contract, row)
+    if pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type):
+        return arr.to_numpy(zero_copy_only=False)
+    raise PredictInputError(f"column {col!r} has Arrow type {arr.type}; expected {contract}")
+
+
+def _stack(rows: np.ndarray | list[np.ndarray], shape: tuple[int, ...], col: str,
+           contract: str, row: Callable[[int], str]) -> np.ndarray:
+    """[n, *shape]; a row may also be flat with the same number of values."""
+    size = math.prod(shape)
+    if isinstance(rows, np.ndarray):
+        if rows.shape[1:] == shape:
+            return rows
+        if rows.shape[1:] == (size,):
+            return rows.reshape(len(rows), *shape)
+        raise PredictInputError(f"column {col!r}: {row(0)} has shape {rows.shape[1:]}; "
+                                f"expected {contract}")
+    for i, r in enumerate(rows):
+        if r.shape != shape and r.shape != (size,):
+            raise PredictInputError(f"column {col!r}: {row(i)} has shape {r.shape}; "
+                                    f"expected {contract}")
+    return np.stack([r.reshape(shape) for r in rows])
+
+
+def _integers(values: np.ndarray, low: int, high: int | None, dtype: type, col: str,
+              contract: str, row: Callable[[int], str]) -> np.ndarray:
+    """``values`` as ``dtype`` after checking they are integers in [low, high)."""
+    if values.dtype.kind not in "iub":
+        raise PredictInputError(f"column {col!r}: {row(0)} has dtype {values.dtype}; expected "
+                                f"{contract}")
+    flat = values.reshape(len(values), -1)
+    bad = (flat < low).any(axis=1)
+    if high is not None:
+        bad |= (flat >= high).any(axis=1)
+    if bad.any():
+        i = _first(bad)
+        span = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise PredictInputError(
+            f"column {col!r}: {row(i)} has values outside {span} (min {flat[i].min()}, "
+            f"max {flat[i].max()}); expected {contract}")
+    return values.astype(dtype, copy=False)
+
+
+def _decode(plan: _Plan, chunk: "pa.RecordBatch") -> dict[str, Any]:
+    """The model inputs of one chunk, checked against the plan."""
+    row = _Rows(plan, chunk)
+    contract = plan.contract()
+    col = plan.input_col
+    if plan.kind == "images":
+        raw = (np.dtype(np.uint8), plan.shape)
+        rows = _column_rows(chunk, col, contract, row, raw)
+        if isinstance(rows, list):
+            bad = next((i for i, r in enumerate(rows) if r.dtype.kind not in "iub"), None)
+            if bad is not None:
+                raise PredictInputError(f"column {col!r}: {row(bad)} has dtype "
+                                        f"{rows[bad].dtype}; expected {contract}")
+        images = _stack(rows, plan.shape, col, contract, row)
+        if images.dtype != np.uint8:
+            images = _integers(images, 0, 256, np.uint8, col, contract, row)
+        return {plan.input_key: images}
+    if plan.kind == "examples":
+        arr = chunk.column(chunk.schema.get_field_index(col))
+        _check_nulls(arr, col, contract, row)
+        return {plan.input_key: np.asarray(arr.to_pylist(), dtype=object)}
+    if plan.kind == "tokens":
+        rows = _column_rows(chunk, col, contract, row)
+        seqs = list(rows) if isinstance(rows, np.ndarray) else rows
+        least = 2 if plan.lm_output == "perplexity" else 1
+        for i, seq in enumerate(seqs):
+            if seq.ndim != 1 or len(seq) < least:
+                raise PredictInputError(f"column {col!r}: {row(i)} has shape {seq.shape}; "
+                                        f"expected {contract}")
+        if isinstance(rows, np.ndarray):
+            tokens = _integers(rows, 0, plan.vocab_size, np.int64, col, contract, row)
+            return {"groups": [(np.arange(len(rows)), tokens)]}
+        groups = []
+        lengths = np.array([len(s) for s in seqs])
+        for length in np.unique(lengths):
+            index = np.flatnonzero(lengths == length)
+            block = np.stack([seqs[i] for i in index])
+            sub = lambda j, _index=index: row(int(_index[j]))  # noqa: E731
+            groups.append((index, _integers(block, 0, plan.vocab_size, np.int64, col,
+                                            contract, sub)))  # type: ignore[arg-type]
+        return {"groups": groups}
+    # generator
+    (z_dim,) = plan.shape
+    rows = _column_rows(chunk, col, contract, row)
+    if isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iu":
+        z = np.stack([np.random.default_rng(int(s)).uniform(-1.0, 1.0, z_dim)
+                      for s in rows]).astype(np.float32)
+    else:
+        z = _stack(rows, plan.shape, col, contract, row)
+        if z.dtype.kind not in "fiu":
+            raise PredictInputError(f"column {col!r}: {row(0)} has dtype {z.dtype}; expected "
+                                    f"{contract}")
+        z = z.astype(np.float32, copy=False)
+    inputs = {plan.input_key: z}
+    if plan.label_col is not None:
+        label_contract = "an integer class label per row (int64, not null)"
+        labels = _column_rows(chunk, plan.label_col, label_contract, row)
+        inputs["label"] = _integers(np.asarray(labels), 0, None, np.int64, plan.label_col,
+                                    label_contract, row)
+    return inputs
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _list_array(matrix: np.ndarray) -> "pa.Array":
+    import pyarrow as pa
+
+    n, m = matrix.shape
+    offsets = np.arange(0, (n + 1) * m, m, dtype=np.int64)
+    if offsets[-1] >= 2**31:
+        raise ValueError(f"an output of {n} x {m} values is too large for one Arrow batch; "
+                         "lower batch_size")
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
+                                    pa.array(np.ascontiguousarray(matrix).reshape(-1)))
+
+
+def _npy_array(images: np.ndarray) -> "pa.Array":
+    """A binary Arrow array of ``np.save`` bytes, one per row of ``images`` (n >= 1)."""
+    import pyarrow as pa
+
+    n = len(images)
+    images = np.ascontiguousarray(images)
+    sample = io.BytesIO()
+    np.save(sample, images[0])
+    header = np.frombuffer(sample.getvalue()[:len(sample.getvalue()) - images[0].nbytes],
+                           np.uint8)
+    width = len(header) + images[0].nbytes
+    rows = np.empty((n, width), np.uint8)
+    rows[:, :len(header)] = header
+    rows[:, len(header):] = images.reshape(n, -1).view(np.uint8)
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(rows.reshape(-1))])
+
+
+def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int
+         ) -> list["pa.Array"]:
+    import pyarrow as pa
+
+    if plan.kind in ("images", "examples"):
+        out = model(**inputs)
+        scores = out["scores"].astype(np.float32, copy=False)
+        columns = [pa.array(out["classes"].astype(np.int64, copy=False)), _list_array(scores)]
+        if plan.top_k is not None:
+            best = np.argsort(-scores, axis=1, kind="stable")[:, :plan.top_k]
+            columns += [_list_array(best.astype(np.int64)),
+                        _list_array(np.take_along_axis(scores, best, axis=1))]
+        return columns
+    if plan.kind == "tokens":
+        if plan.lm_output == "perplexity":
+            perplexity = np.empty(n, np.float64)
+            for index, tokens in inputs["groups"]:
+                log_probs = model(**{plan.input_key: tokens[:, :-1]})["log_probs"]
+                target = np.take_along_axis(log_probs, tokens[:, 1:, None], axis=2)[..., 0]
+                perplexity[index] = np.exp(-target.astype(np.float64).mean(axis=1))
+            return [pa.array(perplexity)]
+        next_words = np.empty(n, np.int64)
+        log_probs_out = np.empty((n, plan.vocab_size or 0), np.float32)
+        for index, tokens in inputs["groups"]:
+            last = model(**{plan.input_key: tokens})["log_probs"][:, -1, :]
+            if log_probs_out.shape[1] != last.shape[1]:
+                log_probs_out = np.empty((n, last.shape[1]), np.float32)
+            log_probs_out[index] = last
+            next_words[index] = last.argmax(axis=1)
+        return [pa.array(next_words), _list_array(log_probs_out)]
+    images = model(**inputs)["images"]
+    return [_npy_array(np.asarray(images, dtype=np.uint8))]

@@ -1,0 +1,463 @@
+"""Tests for batch inference (sparktf.inference, sparktf.predict) and jobs/predict.py.
+
+Tiny models (an MNIST MLP with 16 hidden units, a PTB LSTM with a 40-word vocabulary, a
+DCGAN with 4 filters) exported through the model registry; tens of rows. Every prediction
+is compared with the SavedModel called directly in this process.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pytest  # noqa: E402
+
+import sparktf  # noqa: E402
+from sparktf import inference, storage  # noqa: E402
+from sparktf.inference import ModelNotFoundError, PredictInputError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPE = (28, 28, 1)
+N = 40
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def file_uri(path) -> str:
+    return "file://" + os.path.abspath(path)
+
+
+def export(name: str, export_dir: Path, seed: int, **overrides) -> str:
+    import keras
+
+    from sparktf import models
+
+    keras.utils.set_random_seed(seed)
+    task = models.get_task(name, **overrides)
+    task.export(task.build_model(), str(export_dir))
+    return str(export_dir)
+
+
+def call(model_dir: str, signature: str, **inputs) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(model_dir)
+    out = loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
+    return {k: v.numpy() for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory) -> dict:
+    """MODEL_DIR with export/3 and export/12 (different weights); direct predictions of 12."""
+    root = tmp_path_factory.mktemp("mlp")
+    export("mnist_mlp", root / "export" / "3", seed=3, hidden_units=16)
+    latest = export("mnist_mlp", root / "export" / "12", seed=12, hidden_units=16)
+    images = np.random.default_rng(0).integers(0, 256, (N, *SHAPE), dtype=np.uint8)
+    direct = call(latest, "predict_images", images=images)
+    return {"model_dir": str(root), "export": str(root / "export"), "latest": latest,
+            "images": images, "classes": direct["classes"], "scores": direct["scores"]}
+
+
+def image_rows(images: np.ndarray) -> list[tuple]:
+    return [(i, i % 10, npy(images[i])) for i in range(len(images))]
+
+
+@pytest.fixture
+def images_df(spark, mlp):
+    """Rows like a converted split: id, label, image as np.save bytes; 4 partitions."""
+    return spark.createDataFrame(image_rows(mlp["images"]),
+                                 "id long, label long, image binary").repartition(4)
+
+
+def by_id(rows) -> list:
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def assert_matches(rows, mlp, prediction="prediction", probabilities="probabilities"):
+    rows = by_id(rows)
+    assert [r["id"] for r in rows] == list(range(N))
+    np.testing.assert_array_equal([r[prediction] for r in rows], mlp["classes"])
+    np.testing.assert_allclose(np.array([r[probabilities] for r in rows]), mlp["scores"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def remove_local_copy(fingerprint: str) -> None:
+    """Deletes the executors' local copy of an HDFS model (and its lock file)."""
+    copy = os.path.join(inference.model_cache_dir(), fingerprint[:32])
+    shutil.rmtree(copy, ignore_errors=True)
+    if os.path.exists(copy + ".lock"):
+        os.remove(copy + ".lock")
+
+
+def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dict]:
+    """ModelCache counts for ``fingerprint`` in the Python workers that run a tiny job.
+
+    An executor hands its idle workers out in turn (a stage with two Python operators
+    starts two), so enough small tasks visit every worker."""
+
+    def stats(batches):
+        from sparktf.inference import ModelCache
+
+        for _ in batches:
+            counts = ModelCache.stats.get(fingerprint, {})
+            yield pa.RecordBatch.from_pylist([{
+                "pid": os.getpid(), **{k: counts.get(k, 0)
+                                       for k in ("loads", "uses", "batches", "copies")}}])
+
+    schema = "pid long, loads long, uses long, batches long, copies long"
+    rows = spark.range(partitions).repartition(partitions).mapInArrow(stats, schema).collect()
+    return {r.pid: r.asDict() for r in rows}
+
+
+# ----------------------------------------------------------------------------- no Spark
+
+
+def test_sparktf_predict_is_the_function_and_import_is_light():
+    code = ("import sys, sparktf; assert 'tensorflow' not in sys.modules; "
+            "assert 'pyspark' not in sys.modules; "
+            "from sparktf.inference import predict; assert sparktf.predict is predict")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_resolve_model_picks_the_highest_version(mlp, tmp_path):
+    for given in (mlp["model_dir"], mlp["export"], mlp["latest"]):
+        assert inference.resolve_model(given) == mlp["latest"]
+    info = inference.inspect_model(mlp["export"])
+    assert info.version == 12 and info.uri == mlp["latest"]
+    assert set(info.signatures) == {"serving_default", "predict_images"}
+    assert info.signatures["predict_images"].inputs["images"].shape == (None, *SHAPE)
+    assert info.fingerprint != inference.inspect_model(
+        os.path.join(mlp["export"], "3")).fingerprint
+    with pytest.raises(ModelNotFoundError, match="holds no SavedModel"):
+        inference.resolve_model(str(tmp_path))
+
+
+def test_decoders_accept_npy_raw_and_arrays():
+    images = np.random.default_rng(1).integers(0, 256, (5, *SHAPE), dtype=np.uint8)
+    plan = inference._Plan(kind="images", model_uri="m", fingerprint="f",
+                           signature="predict_images", input_col="image", input_key="images",
+                           shape=SHAPE, batch_size=8, outputs=("prediction",))
+    columns = {
+        "npy": pa.array([npy(x) for x in images], pa.binary()),
+        "npy_flat": pa.array([npy(x.reshape(-1)) for x in images], pa.binary()),
+        "raw": pa.array([x.tobytes() for x in images], pa.binary()),
+        "ints": pa.array([x.reshape(-1).astype(int).tolist() for x in images],
+                         pa.list_(pa.int32())),
+        "nested": pa.array(images.astype(int).tolist(), pa.list_(pa.list_(pa.list_(pa.int64())))),
+        "mixed": pa.array([npy(images[0]), images[1].tobytes(), npy(images[2]),
+                           npy(images[3]), images[4].tobytes()], pa.binary()),
+    }
+    batch = pa.RecordBatch.from_pydict(columns)
+    for name in columns:
+        for chunk in (batch, batch.slice(2, 3)):  # sliced batches keep buffer offsets
+            plan_col = inference.dataclasses.replace(plan, input_col=name)
+            got = inference._decode(plan_col, chunk)["images"]
+            expected = images[2:] if chunk is not batch else images
+            assert got.dtype == np.uint8
+            np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+def test_input_error_is_found_in_a_spark_failure_text():
+    sys.path.insert(0, str(REPO / "jobs"))
+    try:
+        import predict as job
+    finally:
+        sys.path.remove(str(REPO / "jobs"))
+    text = ("Traceback...\n  File x\nsparktf.inference.PredictInputError: column 'image': "
+            "the row with id=2 has shape (27, 27, 1); expected ...\n\tat org.apache...")
+    assert job.input_error(Exception(text)).startswith("column 'image': the row with id=2")
+    assert job.input_error(Exception("other")) is None
+
+
+# ----------------------------------------------------------------------------- classifier
+
+
+@pytest.mark.spark
+def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
+    result = sparktf.predict(images_df, mlp["export"], batch_size=8, top_k=3)
+    assert result.columns == ["id", "label", "image", "prediction", "probabilities",
+                              "top_classes", "top_probabilities"]
+    types = {f.name: f.dataType.simpleString() for f in result.schema.fields}
+    assert types["prediction"] == "bigint" and types["probabilities"] == "array<float>"
+    rows = result.collect()
+    assert_matches(rows, mlp)
+    for r in rows:
+        assert r["image"] == npy(mlp["images"][r["id"]])  # input columns pass through
+        best = np.argsort(-mlp["scores"][r["id"]], kind="stable")[:3]
+        assert r["top_classes"] == best.tolist()
+        np.testing.assert_allclose(r["top_probabilities"], mlp["scores"][r["id"]][best],
+                                   rtol=1e-5)
+
+
+@pytest.mark.spark
+def test_model_is_loaded_once_per_worker_and_reused_across_partitions(spark, mlp):
+    fingerprint = inference.inspect_model(mlp["export"]).fingerprint
+    df = spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary")
+    rows = sparktf.predict(df.repartition(8), mlp["model_dir"], batch_size=4).collect()
+    assert_matches(rows, mlp)
+    stats = worker_stats(spark, fingerprint)
+    assert stats, "no worker reported"
+    assert all(s["loads"] <= 1 for s in stats.values()), stats
+    assert max(s["uses"] for s in stats.values()) >= 2, stats  # several partitions, one load
+
+
+@pytest.mark.spark
+def test_raw_bytes_and_integer_array_columns(spark, mlp):
+    images = mlp["images"]
+    df = spark.createDataFrame(
+        [(i, images[i].tobytes(), images[i].reshape(-1).astype(int).tolist())
+         for i in range(N)], "id long, raw binary, pixels array<int>").repartition(3)
+    first = sparktf.predict(df, mlp["latest"], input_col="raw", batch_size=16)
+    both = sparktf.predict(first, mlp["latest"], input_col="pixels", output_col="p2",
+                           probabilities_col="probs2", batch_size=5)
+    rows = both.collect()
+    assert_matches(rows, mlp)
+    assert_matches(rows, mlp, prediction="p2", probabilities="probs2")
+
+
+@pytest.mark.spark
+def test_serving_default_signature_takes_serialized_examples(spark, mlp):
+    import tensorflow as tf
+
+    def example(image: np.ndarray) -> bytes:
+        feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(
+            value=[image.tobytes()]))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    df = spark.createDataFrame([(i, example(mlp["images"][i])) for i in range(N)],
+                               "id long, example binary")
+    rows = sparktf.predict(df, mlp["latest"], signature="serving_default").collect()
+    assert_matches(rows, mlp)
+
+
+@pytest.mark.spark
+def test_empty_dataframe_gives_an_empty_result(spark, mlp):
+    empty = spark.createDataFrame([], "id long, label long, image binary")
+    result = sparktf.predict(empty, mlp["latest"])
+    assert result.collect() == []
+    assert result.columns[-2:] == ["prediction", "probabilities"]
+
+
+# ----------------------------------------------------------------------------- HDFS
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+def test_model_and_table_on_hdfs(spark, hdfs, mlp):
+    # Version 3 has run in no worker yet, so the workers must copy it from HDFS.
+    version3 = os.path.join(mlp["export"], "3")
+    base = hdfs.fresh("predict")
+    model = storage.join(base, "model", "export", "3")
+    storage.copy_tree(version3, model)
+    table = storage.join(base, "test", "parquet")
+    spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary") \
+        .repartition(2).write.parquet(table)
+    info = inference.inspect_model(storage.join(base, "model"))
+    assert info.uri == model and info.version == 3
+    copy = os.path.join(inference.model_cache_dir(), info.fingerprint[:32])
+    direct = call(version3, "predict_images", images=mlp["images"])
+    try:
+        rows = sparktf.predict(spark.read.parquet(table), storage.join(base, "model"),
+                               batch_size=16).collect()
+        assert_matches(rows, {**mlp, **direct})
+        stats = worker_stats(spark, info.fingerprint)
+        assert sum(s["copies"] for s in stats.values()) == 1, stats  # both executors share it
+        assert all(s["loads"] <= 1 for s in stats.values()), stats
+        assert os.path.isfile(os.path.join(copy, "saved_model.pb"))
+    finally:
+        remove_local_copy(info.fingerprint)
+        storage.delete(base)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def no_jobs_started(spark, action) -> Exception:
+    """Runs ``action``; returns what it raised after checking no Spark job ran."""
+    group = f"predict-test-{uuid.uuid4().hex[:8]}"
+    sc = spark.sparkContext
+    sc.setJobGroup(group, "must start no job")
+    try:
+        with pytest.raises(Exception) as raised:
+            action()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert sc.statusTracker().getJobIdsForGroup(group) == []
+    return raised.value
+
+
+@pytest.mark.spark
+def test_missing_model_is_named_before_any_job(spark, images_df, tmp_path):
+    missing = str(tmp_path / "no" / "model")
+    error = no_jobs_started(spark, lambda: sparktf.predict(images_df, missing))
+    assert isinstance(error, ModelNotFoundError) and missing in str(error)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("schema, kwargs, message", [
+    ("id long, picture binary", {}, r"input column 'image' is missing.*\(28, 28, 1\)"),
+    ("id long, image string", {}, r"column 'image' has Spark type string.*\(28, 28, 1\)"),
+    ("id long, image array<double>", {}, r"column 'image' has Spark type array<double>"),
+    ("id long, image binary, prediction long", {}, r"output column\(s\) \['prediction'\]"),
+], ids=["missing", "string", "array-of-double", "output-exists"])
+def test_schema_errors_are_raised_on_the_driver(spark, mlp, schema, kwargs, message):
+    df = spark.createDataFrame([], schema)
+    error = no_jobs_started(spark, lambda: sparktf.predict(df, mlp["latest"], **kwargs))
+    assert isinstance(error, PredictInputError)
+    assert re.search(message, str(error)), str(error)
+
+
+GOOD = np.zeros(SHAPE, np.uint8)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("value, column_type, found", [
+    (npy(np.zeros((27, 27, 1), np.uint8)), "binary", "has shape (27, 27, 1)"),
+    (npy(np.zeros(SHAPE, np.float32)), "binary", "has dtype float32"),
+    (None, "binary", "is null"),
+    (b"\x01" * 100, "binary", "holds 100 raw bytes"),
+    ([1] * 700, "array<int>", "has shape (700,)"),
+    ([300] * 784, "array<int>", "outside [0, 256)"),
+], ids=["npy-shape", "npy-dtype", "null", "raw-size", "array-size", "array-range"])
+def test_bad_rows_fail_at_the_first_batch_with_a_clear_message(spark, mlp, value,
+                                                                column_type, found):
+    good = npy(GOOD) if column_type == "binary" else [0] * 784
+    rows = [(i, value if i == 5 else good) for i in range(8)]
+    df = spark.createDataFrame(rows, f"id long, image {column_type}").coalesce(1)
+    with pytest.raises(Exception) as raised:
+        sparktf.predict(df, mlp["latest"], batch_size=64).collect()
+    text = str(raised.value)
+    assert "PredictInputError: column 'image'" in text, text
+    assert "the row with id=5" in text and found in text, text
+    assert "shape (28, 28, 1)" in text, text
+
+
+# ----------------------------------------------------------------------------- PTB, DCGAN
+
+
+@pytest.mark.spark
+def test_language_model_perplexity_and_next_word(spark, tmp_path):
+    model = export("ptb_small", tmp_path / "ptb" / "1", seed=5, vocab_size=40, hidden_size=12,
+                   num_steps=5, batch_size=4)
+    rng = np.random.default_rng(2)
+    seqs = [rng.integers(0, 40, 6 if i % 3 else 4) for i in range(12)]  # two lengths
+    df = spark.createDataFrame([(i, npy(s), s.tolist()) for i, s in enumerate(seqs)],
+                               "id long, tokens binary, token_list array<long>").repartition(2)
+    perplexity = by_id(sparktf.predict(df, model, batch_size=5).collect())
+    next_word = by_id(sparktf.predict(df, model, input_col="token_list", lm_output="next_word",
+                                      output_col="next").collect())
+    for i, seq in enumerate(seqs):
+        log_probs = call(model, "serving_default", tokens=seq[None, :-1])["log_probs"][0]
+        expected = np.exp(-np.mean(log_probs[np.arange(len(seq) - 1), seq[1:]]))
+        assert perplexity[i]["prediction"] == pytest.approx(expected, rel=1e-5)
+        last = call(model, "serving_default", tokens=seq[None, :])["log_probs"][0, -1]
+        assert next_word[i]["next"] == int(np.argmax(last))
+        np.testing.assert_allclose(next_word[i]["log_probabilities"], last, rtol=1e-5, atol=1e-5)
+    bad = spark.createDataFrame([(0, [1, 2, 99])], "id long, tokens array<long>")
+    with pytest.raises(Exception, match=r"column 'tokens': the row with id=0 has values "
+                                        r"outside \[0, 40\)"):
+        sparktf.predict(bad, model).collect()
+
+
+@pytest.mark.spark
+def test_dcgan_generates_images_from_seeds_and_z(spark, tmp_path):
+    model = export("dcgan", tmp_path / "dcgan" / "1", seed=7, gf_dim=4, df_dim=4, gfc_dim=16,
+                   dfc_dim=16)
+    seeds = list(range(100, 110))
+    z = np.stack([np.random.default_rng(s).uniform(-1, 1, 100) for s in seeds]).astype(
+        np.float32)
+    labels = np.arange(10) % 10
+    direct = call(model, "serving_default", z=z, label=labels.astype(np.int64))["images"]
+    df = spark.createDataFrame(
+        [(i, s, z[i].tolist(), int(labels[i])) for i, s in enumerate(seeds)],
+        "id long, seed long, z array<float>, label long").repartition(2)
+    rows = by_id(sparktf.predict(df, model, input_col="seed", output_col="from_seed",
+                                 batch_size=4).collect())
+    rows_z = by_id(sparktf.predict(df, model, output_col="from_z").collect())
+    for i in range(len(seeds)):
+        for got in (rows[i]["from_seed"], rows_z[i]["from_z"]):
+            image = np.load(io.BytesIO(got))
+            assert image.dtype == np.uint8 and image.shape == SHAPE
+            assert np.abs(image.astype(int) - direct[i]).max() <= 1  # float rounding only
+    no_label = df.drop("label")
+    with pytest.raises(PredictInputError, match="label column 'label' is missing"):
+        sparktf.predict(no_label, model)
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def light_profile(directory: Path) -> str:
+    """conf/spark/local.conf with a ``local[2]`` master: the job's own Spark starts no
+    executor JVMs (the test session's local-cluster covers those)."""
+    text = (REPO / "conf" / "spark" / "local.conf").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("spark.master")]
+    path = directory / "light.conf"
+    path.write_text("\n".join(["spark.master local[2]", *lines]) + "\n")
+    return str(path)
+
+
+def run_job(*args: str, hdfs=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARKTF_LOG_LEVEL": "INFO"}
+    if hdfs is not None:
+        env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
+    return subprocess.run([sys.executable, str(REPO / "jobs" / "predict.py"), *args],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+def test_job_help():
+    out = run_job("--help")
+    assert out.returncode == 0
+    for flag in ("--model", "--input", "--output", "--batch-size", "--overwrite"):
+        assert flag in out.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+@pytest.mark.slow
+def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
+    base = hdfs.fresh("predict-job")
+    storage.copy_tree(mlp["latest"], storage.join(base, "model", "export", "12"))
+    split = tmp_path / "dataset" / "test"
+    spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary") \
+        .repartition(3).write.parquet(file_uri(split / "parquet"))
+    output = storage.join(base, "predictions")
+    try:
+        missing = run_job("--model", str(tmp_path / "nope"), "--input", str(split),
+                          "--output", output, hdfs=hdfs)
+        assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr
+        assert not storage.exists(output)
+
+        done = run_job("--model", storage.join(base, "model"), "--input", str(split),
+                       "--output", output, "--batch-size", "16",
+                       "--profile", light_profile(tmp_path), hdfs=hdfs)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = spark.read.parquet(output)
+        assert result.columns == ["id", "label", "prediction", "probabilities",
+                                  "model_version"]
+        rows = result.collect()
+        assert_matches(rows, mlp)
+        assert {r["model_version"] for r in rows} == {12}
+        assert {r["label"] for r in rows} == set(range(10))
+        assert [os.path.basename(p) for p in storage.listdir(base)] == ["model", "predictions"]
+
+        again = run_job("--model", storage.join(base, "model"), "--input", str(split),
+                        "--output", output, hdfs=hdfs)
+        assert again.returncode == 2 and "already exists" in again.stderr
+    finally:
+        remove_local_copy(inference.inspect_model(mlp["latest"]).fingerprint)
+        storage.delete(base)
