@@ -242,6 +242,13 @@ class _HdfsReader(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
+    def readall(self) -> bytes:
+        # RawIOBase.readall would fetch 8 KiB per WebHDFS request: fetch READ_BLOCK instead.
+        chunks = []
+        while block := self.read(READ_BLOCK):
+            chunks.append(block)
+        return b"".join(chunks)
+
     def readinto(self, buffer) -> int:
         want = min(len(buffer), self._size - self._pos)
         if want <= 0:

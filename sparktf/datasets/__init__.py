@@ -1,0 +1,17 @@
+"""Training-ready datasets: Spark conversion of raw CIFAR-10, MNIST and PTB, and their readers.
+
+- :mod:`sparktf.datasets.formats` — the one description of the on-disk format (feature spec,
+  Parquet fields, manifest, id scheme) shared by writers and readers;
+- :mod:`sparktf.datasets.sources` — parsers of the raw files, with errors that name the file
+  and the byte offset or record index;
+- :mod:`sparktf.datasets.convert` — the Spark conversion jobs;
+- :mod:`sparktf.datasets.readers` — ``tf.data`` readers (TFRecord and Parquet, local and HDFS);
+- :mod:`sparktf.datasets.tfrecord` — TFRecord framing and tf.train.Example encoding without
+  TensorFlow (executors write through sparktf.storage, HDFS included);
+- :mod:`sparktf.datasets.petastorm_io` — everything that touches petastorm.
+
+The on-disk format is documented in docs/datasets.md.
+
+Importing this package is light (no TensorFlow, no Spark): executors import only what a task
+needs.
+"""

@@ -1,0 +1,135 @@
+"""Everything sparktf does with petastorm, in one place (petastorm 0.13.1 is unmaintained).
+
+petastorm opens ``hdfs://`` through libhdfs (JNI), which sparktf does not have. Its readers
+and ``materialize_dataset`` accept a legacy ``pyarrow.filesystem`` object instead; here that is
+the fsspec file system of ``sparktf.storage`` (WebHDFS for ``hdfs://``, the local one else)
+wrapped as ``pyarrow.filesystem.DaskFileSystem`` with the few methods pyarrow 14's legacy
+Parquet code calls (``isdir``, ``isfile``, ``walk``, ``_isfilestore``).
+
+Data contract of the Parquet files: an ndarray column (NdarrayCodec) holds the bytes that
+``numpy.save`` writes for the value, so Spark SQL sees a ``binary`` column; scalars are
+``bigint``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from sparktf import storage
+from sparktf.datasets.formats import Field
+
+
+def dataset_url(path: str) -> str:
+    """The URL petastorm expects: ``file:///abs/path`` or ``hdfs://host:port/path``."""
+    loc = storage.parse(path)
+    return f"file://{loc.path}" if loc.scheme == "file" else loc.uri
+
+
+@functools.lru_cache(maxsize=None)
+def _wrapper_class():
+    import pyarrow.filesystem
+
+    class FsspecLegacyFileSystem(pyarrow.filesystem.DaskFileSystem):
+        """An fsspec file system (WebHDFS or local) as a legacy pyarrow file system."""
+
+        def isdir(self, path):
+            return self.fs.isdir(path)
+
+        def isfile(self, path):
+            return self.fs.isfile(path)
+
+        def walk(self, path):
+            return self.fs.walk(path)
+
+        def _isfilestore(self):
+            return True
+
+        def __reduce__(self):
+            return legacy_filesystem, (self._sparktf_path,)
+
+    return FsspecLegacyFileSystem
+
+
+def legacy_filesystem(path: str):
+    """A legacy pyarrow file system for ``path``'s file system (for petastorm)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        fs = _wrapper_class()(storage.fsspec_filesystem(path))
+    fs._sparktf_path = path
+    return fs
+
+
+def filesystem_factory(path: str):
+    """A picklable function that makes ``legacy_filesystem(path)`` (runs on executors too)."""
+    return functools.partial(legacy_filesystem, path)
+
+
+def unischema(name: str, fields: Sequence[Field]):
+    """A petastorm Unischema: NdarrayCodec for ndarray fields, int64 scalars else."""
+    from petastorm.codecs import NdarrayCodec, ScalarCodec
+    from petastorm.unischema import Unischema, UnischemaField
+    from pyspark.sql.types import LongType
+
+    out = []
+    for f in fields:
+        dtype = np.dtype(f.dtype).type
+        if f.shape is not None:
+            out.append(UnischemaField(f.name, dtype, tuple(f.shape), NdarrayCodec(), False))
+        else:
+            out.append(UnischemaField(f.name, dtype, (), ScalarCodec(LongType()), False))
+    return Unischema(name, out)
+
+
+def spark_schema(schema):
+    """The Spark SQL schema of a Unischema (binary for ndarray fields, bigint for scalars)."""
+    return schema.as_spark_schema()
+
+
+@contextlib.contextmanager
+def materialize(spark, path: str, schema, *, row_group_mb: int = 256) -> Iterator[str]:
+    """Wraps a Spark Parquet write of a petastorm dataset; yields the URL to write to.
+
+    On exit petastorm stores the Unischema and the row groups per file in
+    ``_common_metadata``, reading the files back through the sparktf file system.
+    """
+    from petastorm.etl.dataset_metadata import materialize_dataset
+
+    url = dataset_url(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with materialize_dataset(spark, url, schema, row_group_mb,
+                                 filesystem_factory=filesystem_factory(path)):
+            yield url
+
+
+def make_reader(path: str, **kwargs):
+    """``petastorm.make_reader`` (decoded rows, one by one) on a sparktf path."""
+    import petastorm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return petastorm.make_reader(dataset_url(path), filesystem=legacy_filesystem(path),
+                                     **kwargs)
+
+
+def make_batch_reader(paths: str | Sequence[str], **kwargs):
+    """``petastorm.make_batch_reader`` (undecoded column batches) on sparktf paths.
+
+    ``paths``: a dataset directory or a list of its Parquet files. NdarrayCodec columns come
+    back as arrays of ``numpy.save`` bytes: decode them with
+    ``formats.decode_ndarray_column``.
+    """
+    import petastorm
+
+    first = paths if isinstance(paths, str) else paths[0]
+    urls = dataset_url(paths) if isinstance(paths, str) else [dataset_url(p) for p in paths]
+    with warnings.catch_warnings():
+        # It warns that a petastorm dataset "may give unexpected results": sparktf decodes
+        # the ndarray columns itself, in batches.
+        warnings.simplefilter("ignore")
+        return petastorm.make_batch_reader(urls, filesystem=legacy_filesystem(first), **kwargs)

@@ -1,0 +1,164 @@
+"""Tiny raw datasets in exactly the distribution formats, for tests (importable helpers).
+
+    from tests.datagen import write_cifar10, write_mnist, write_ptb
+    data = write_cifar10(tmp_path / "cifar", n_train=50, n_test=20)
+    data["train"]["images"]      # uint8 [50, 32, 32, 3] (HWC), as the converted dataset holds it
+    data["train"]["labels"], data["train"]["ids"]
+
+Each writer returns the arrays it wrote, in the order of the records in the files, with the
+ids the conversion gives them (``sparktf.datasets.formats.make_id``). Files are written to a
+local directory; copy them with ``sparktf.storage.copy_tree`` for HDFS.
+"""
+
+from __future__ import annotations
+
+import gzip as gzip_module
+import io
+import os
+import struct
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from sparktf.datasets.formats import make_id
+
+
+def _even_split(n: int, parts: int) -> list[int]:
+    return [n * (i + 1) // parts - n * i // parts for i in range(parts)]
+
+
+def _cifar_bytes(labels: np.ndarray, images_hwc: np.ndarray) -> bytes:
+    chw = images_hwc.transpose(0, 3, 1, 2).reshape(len(labels), -1)
+    return np.concatenate([labels.astype(np.uint8)[:, None], chw], axis=1).tobytes()
+
+
+def write_cifar10(directory, *, n_train: int = 50, n_test: int = 20, train_files: int = 5,
+                  seed: int = 0, archive: bool = False) -> dict:
+    """CIFAR-10 binary files: ``data_batch_1.bin`` ... and ``test_batch.bin``.
+
+    With ``archive``, only ``cifar-10-binary.tar.gz`` (members under
+    ``cifar-10-batches-bin/``, as distributed) is written. Returns ``{"train": {...},
+    "test": {...}, "files": [paths]}`` with ``images`` (uint8 N x 32 x 32 x 3), ``labels``,
+    ``ids`` per split.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out: dict = {"files": []}
+    members: dict[str, bytes] = {}
+    splits = {"train": n_train, "test": n_test}
+    file_index = 0
+    for split, n in splits.items():
+        images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        labels = rng.integers(0, 10, n).astype(np.int64)
+        counts = _even_split(n, train_files) if split == "train" else [n]
+        ids, start = [], 0
+        for k, count in enumerate(counts):
+            name = f"data_batch_{k + 1}.bin" if split == "train" else "test_batch.bin"
+            members[name] = _cifar_bytes(labels[start:start + count], images[start:start + count])
+            ids.append(make_id(file_index, np.arange(count)))
+            file_index += 1
+            start += count
+        out[split] = {"images": images, "labels": labels, "ids": np.concatenate(ids)}
+    if archive:
+        path = directory / "cifar-10-binary.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            extra = {"batches.meta.txt": b"airplane\nautomobile\nbird\ncat\ndeer\ndog\nfrog\n"
+                                         b"horse\nship\ntruck\n", "readme.html": b"<html/>"}
+            for name, data in {**members, **extra}.items():
+                info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        out["files"].append(str(path))
+    else:
+        for name, data in members.items():
+            (directory / name).write_bytes(data)
+            out["files"].append(str(directory / name))
+    return out
+
+
+def idx_images(images: np.ndarray) -> bytes:
+    n, rows, cols = images.shape[:3]
+    return struct.pack(">IIII", 2051, n, rows, cols) + images.astype(np.uint8).tobytes()
+
+
+def idx_labels(labels: np.ndarray) -> bytes:
+    return struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes()
+
+
+def write_mnist(directory, *, n_train: int = 60, n_test: int = 20, rows: int = 28,
+                cols: int = 28, gzip: bool = True, seed: int = 0) -> dict:
+    """MNIST IDX files (``train-images-idx3-ubyte[.gz]`` etc.).
+
+    Returns ``{"train": {...}, "test": {...}, "files": [paths]}`` with ``images`` (uint8
+    N x rows x cols x 1), ``labels``, ``ids``.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out: dict = {"files": []}
+    # file_index: t10k-images 0, t10k-labels 1, train-images 2, train-labels 3
+    for split, prefix, n, file_index in (("train", "train", n_train, 2),
+                                         ("test", "t10k", n_test, 0)):
+        images = rng.integers(0, 256, (n, rows, cols), dtype=np.uint8)
+        labels = rng.integers(0, 10, n).astype(np.int64)
+        for name, data in ((f"{prefix}-images-idx3-ubyte", idx_images(images)),
+                           (f"{prefix}-labels-idx1-ubyte", idx_labels(labels))):
+            path = directory / (name + (".gz" if gzip else ""))
+            path.write_bytes(gzip_module.compress(data) if gzip else data)
+            out["files"].append(str(path))
+        out[split] = {"images": images[..., None], "labels": labels,
+                      "ids": make_id(file_index, np.arange(n))}
+    return out
+
+
+def ptb_reference(texts: dict[str, str]) -> tuple[list[str], dict[str, list[int]]]:
+    """The book's 11.2 reader: vocabulary from train (count desc, then word); word ids."""
+    words = {split: text.replace("\n", "<eos>").split() for split, text in texts.items()}
+    counter = Counter(words["train"])
+    vocab = [w for w, _ in sorted(counter.items(), key=lambda x: (-x[1], x[0]))]
+    word_to_id = {w: i for i, w in enumerate(vocab)}
+    return vocab, {split: [word_to_id[w] for w in ws if w in word_to_id]
+                   for split, ws in words.items()}
+
+
+def write_ptb(directory, *, lines: tuple[int, int, int] = (40, 12, 12), vocab_size: int = 30,
+              seed: int = 0, oov_word: str | None = None, seq_len: int = 21) -> dict:
+    """PTB files ``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt`` (lines like the real
+    ones: `` w1 w2 ... \\n``).
+
+    ``oov_word``: put this word (absent from train) into valid. Returns ``{"texts", "vocab",
+    "ids" (token ids per split, the book's reader), "chunks" and "chunk_ids" per split for
+    ``seq_len``, "files"}``.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(vocab_size - 1)] + ["<unk>"]
+    weights = 1.0 / np.arange(1, vocab_size + 1)
+    weights /= weights.sum()
+    texts = {}
+    for split, n_lines in zip(("train", "valid", "test"), lines):
+        out_lines = []
+        for _ in range(n_lines):
+            line = list(rng.choice(words, size=int(rng.integers(1, 15)), p=weights))
+            if split == "valid" and oov_word and not out_lines:
+                line.insert(len(line) // 2, oov_word)
+            out_lines.append(" " + " ".join(line) + " \n")
+        texts[split] = "".join(out_lines)
+    files = []
+    for split, text in texts.items():
+        path = os.path.join(directory, f"ptb.{split}.txt")
+        Path(path).write_text(text)
+        files.append(path)
+    vocab, ids = ptb_reference(texts)
+    file_index = {"test": 0, "train": 1, "valid": 2}
+    chunks, chunk_ids = {}, {}
+    for split, seq in ids.items():
+        n = len(seq) // seq_len
+        chunks[split] = np.asarray(seq[:n * seq_len], dtype=np.int64).reshape(n, seq_len)
+        chunk_ids[split] = make_id(file_index[split], np.arange(n))
+    return {"texts": texts, "vocab": vocab, "ids": ids, "chunks": chunks,
+            "chunk_ids": chunk_ids, "files": files}

@@ -1,0 +1,478 @@
+"""Conversion of CIFAR-10, MNIST and PTB to TFRecord and Parquet (sparktf.datasets.convert).
+
+Tiny inputs in exactly the raw formats (tests/datagen.py), converted through the shared
+local-cluster Spark session to local disk and to the real HDFS, then read back with plain
+``tf.data.TFRecordDataset`` and the documented feature spec, and with petastorm.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests.datagen import write_cifar10, write_mnist, write_ptb  # noqa: E402
+from sparktf import storage  # noqa: E402
+from sparktf.datasets import convert, formats, petastorm_io, tfrecord  # noqa: E402
+from sparktf.datasets.sources import SourceError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def read_tfrecords(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
+    """All records of a split through plain tf.data.TFRecordDataset + the feature spec."""
+    import tensorflow as tf
+
+    with storage.local_copy(dataset_dir) as local:
+        manifest = formats.load_manifest(local)
+        files = formats.split_files(manifest, local, split, formats.TFRECORD)
+        if manifest["kind"] == "image":
+            spec = formats.feature_spec("image")
+        else:
+            spec = formats.feature_spec("text", seq_len=manifest["schema"]["tokens"]["shape"][0])
+        out: dict[str, list] = {}
+        ds = tf.data.TFRecordDataset(files).batch(1000).map(
+            lambda s: tf.io.parse_example(s, spec))
+        for batch in ds:
+            for key, value in batch.items():
+                out.setdefault(key, []).append(value.numpy())
+    got = {k: np.concatenate(v) for k, v in out.items()}
+    if "image" in got:
+        h, w, c = manifest["schema"]["image"]["shape"]
+        got["image"] = np.stack([np.frombuffer(b, np.uint8) for b in got["image"]]).reshape(
+            -1, h, w, c)
+    return got
+
+
+def read_petastorm(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
+    """All rows of a split through petastorm.make_reader (decoded by the Unischema), by id."""
+    rows = []
+    with petastorm_io.make_reader(storage.join(dataset_dir, split, "parquet"),
+                                  num_epochs=1, shuffle_row_groups=False,
+                                  reader_pool_type="dummy") as reader:
+        rows = [row._asdict() for row in reader]
+    rows.sort(key=lambda r: r["id"])
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def assert_images(got: dict, expected: dict) -> None:
+    assert got["id"].tolist() == expected["ids"].tolist()
+    assert got["label"].tolist() == expected["labels"].tolist()
+    assert got["image"].dtype == np.uint8
+    assert got["image"].tobytes() == expected["images"].tobytes()
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def leftovers(output: str) -> list[str]:
+    """Temporary siblings that a failed or finished conversion left beside ``output``."""
+    loc = storage.parse(output)
+    parent = storage.Location(loc.scheme, loc.netloc, os.path.dirname(loc.path)).uri
+    if not storage.exists(parent):
+        return []
+    name = os.path.basename(loc.path)
+    return [p for p in storage.listdir(parent) if os.path.basename(p).startswith(f".{name}.")]
+
+
+def assert_failed_cleanly(output: str) -> None:
+    assert not storage.exists(output)
+    assert leftovers(output) == []
+
+
+# ----------------------------------------------------------------------------- CIFAR-10
+
+@pytest.mark.spark
+def test_cifar10_local(spark, tmp_path):
+    data = write_cifar10(tmp_path / "raw", n_train=50, n_test=20)
+    out = str(tmp_path / "out")
+    manifest = convert.convert("cifar10", str(tmp_path / "raw"), out, shards=2, spark=spark)
+
+    assert formats.load_manifest(out) == manifest
+    assert manifest["format_version"] == formats.FORMAT_VERSION
+    assert [s["name"] for s in manifest["sources"]] == [
+        "data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin",
+        "data_batch_5.bin", "test_batch.bin"]
+    for source, path in zip(manifest["sources"], data["files"]):
+        assert source["sha256"] == sha256(path)
+        assert source["size"] == os.path.getsize(path)
+    assert manifest["splits"]["train"]["records"] == 50
+    assert manifest["splits"]["test"]["records"] == 20
+    assert manifest["splits"]["train"]["shards"] == 2
+    assert sum(manifest["splits"]["train"]["label_counts"]) == 50
+    assert manifest["schema"]["image"] == {"dtype": "uint8", "shape": [32, 32, 3], "order": "HWC"}
+    assert sorted(os.listdir(out)) == ["manifest.json", "test", "train"]
+    assert sorted(os.listdir(f"{out}/train/tfrecord")) == ["part-00000.tfrecord",
+                                                          "part-00001.tfrecord"]
+
+    for split in ("train", "test"):
+        got = read_tfrecords(out, split)      # file order is record order
+        assert_images(got, data[split])
+        assert set(got["height"]) == {32} and set(got["width"]) == {32}
+        assert set(got["channels"]) == {3}
+        assert_images(read_petastorm(out, split), data[split])
+
+    # The Parquet files are plain Parquet to Spark SQL: image is the numpy.save bytes.
+    frame = spark.read.parquet(convert.spark_uri(f"{out}/train/parquet"))
+    assert dict(frame.dtypes) == {"image": "binary", "label": "bigint", "id": "bigint"}
+    row = frame.orderBy("id").first()
+    assert np.array_equal(formats.decode_ndarray_column([row.image], "uint8", (32, 32, 3))[0],
+                          data["train"]["images"][0])
+    assert leftovers(out) == []
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+def test_cifar10_archive_on_hdfs(spark, hdfs, tmp_path):
+    data = write_cifar10(tmp_path / "raw", n_train=30, n_test=12, train_files=3, archive=True)
+    archive = data["files"][0]
+    base = hdfs.fresh("cifar")
+    storage.copy_file(archive, f"{base}/in/cifar-10-binary.tar.gz")
+    out = f"{base}/out"
+    manifest = convert.convert("cifar10", f"{base}/in/cifar-10-binary.tar.gz", out,
+                               shards=3, spark=spark)
+
+    assert manifest["containers"] == [{"path": f"{base}/in/cifar-10-binary.tar.gz",
+                                       "size": os.path.getsize(archive),
+                                       "sha256": sha256(archive)}]
+    assert [s["member"] for s in manifest["sources"]] == [
+        "cifar-10-batches-bin/data_batch_1.bin", "cifar-10-batches-bin/data_batch_2.bin",
+        "cifar-10-batches-bin/data_batch_3.bin", "cifar-10-batches-bin/test_batch.bin"]
+    assert sorted(storage.listdir(out)) == [f"{out}/manifest.json", f"{out}/test",
+                                            f"{out}/train"]   # no _staging left
+    for split in ("train", "test"):
+        assert_images(read_tfrecords(out, split), data[split])
+        assert_images(read_petastorm(out, split), data[split])
+    assert leftovers(out) == []
+
+
+# ----------------------------------------------------------------------------- MNIST
+
+@pytest.mark.spark
+def test_mnist_gzip_local(spark, tmp_path):
+    data = write_mnist(tmp_path / "raw", n_train=30, n_test=10, gzip=True)
+    out = str(tmp_path / "out")
+    manifest = convert.convert("mnist", str(tmp_path / "raw"), out, shards=2, spark=spark,
+                               output_formats=["tfrecord"])
+    assert manifest["schema"]["image"]["shape"] == [28, 28, 1]
+    assert [s["name"] for s in manifest["sources"]] == [
+        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte"]
+    raw = {Path(p).name: p for p in data["files"]}
+    for source in manifest["sources"]:
+        gz = raw[source["name"] + ".gz"]
+        assert source["sha256"] == hashlib.sha256(gzip.decompress(Path(gz).read_bytes())
+                                                  ).hexdigest()
+    assert {c["path"]: c["sha256"] for c in manifest["containers"]} == {
+        p: sha256(p) for p in data["files"]}
+    for split in ("train", "test"):
+        assert_images(read_tfrecords(out, split), data[split])
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
+    data = write_mnist(tmp_path / "raw", n_train=25, n_test=9, gzip=False)
+    base = hdfs.fresh("mnist")
+    storage.copy_tree(str(tmp_path / "raw"), f"{base}/in")
+    manifest = convert.convert("mnist", f"{base}/in", f"{base}/out", output_formats=["parquet"],
+                               shards=3, spark=spark)
+    assert manifest["formats"] == ["parquet"]
+    assert manifest["splits"]["train"]["parquet"]["records"] == [8, 8, 9]
+    assert not storage.exists(f"{base}/out/train/tfrecord")
+    for split in ("train", "test"):
+        assert_images(read_petastorm(f"{base}/out", split), data[split])
+
+
+# ----------------------------------------------------------------------------- PTB
+
+@pytest.mark.spark
+def test_ptb_local(spark, tmp_path):
+    seq_len = 5
+    data = write_ptb(tmp_path / "raw", lines=(60, 15, 15), seq_len=seq_len)
+    out = str(tmp_path / "out")
+    # Small byte ranges: the token counting runs as several line-aligned ranges per file.
+    manifest = convert.convert("ptb", str(tmp_path / "raw"), out, shards=3, seq_len=seq_len,
+                               spark=spark, range_bytes=97)
+    assert formats.load_vocab(out) == data["vocab"]
+    assert manifest["text"]["vocab_size"] == len(data["vocab"])
+    assert manifest["text"]["seq_len"] == seq_len
+    for split in ("train", "valid", "test"):
+        tokens = len(data["ids"][split])
+        entry = manifest["splits"][split]
+        assert entry["tokens"] == tokens
+        assert entry["records"] == tokens // seq_len
+        assert entry["dropped_tokens"] == tokens % seq_len
+        got = read_tfrecords(out, split)
+        assert got["tokens"].tolist() == data["chunks"][split].tolist()
+        assert got["id"].tolist() == data["chunk_ids"][split].tolist()
+        parquet = read_petastorm(out, split)
+        assert parquet["tokens"].dtype == np.int64
+        assert parquet["tokens"].tolist() == data["chunks"][split].tolist()
+        assert parquet["id"].tolist() == data["chunk_ids"][split].tolist()
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+def test_ptb_unk_on_hdfs(spark, hdfs, tmp_path):
+    data = write_ptb(tmp_path / "raw", oov_word="zebra")
+    base = hdfs.fresh("ptb")
+    storage.copy_tree(str(tmp_path / "raw"), f"{base}/in")
+    manifest = convert.convert("ptb", f"{base}/in", f"{base}/out", unk="<unk>", shards=2,
+                               output_formats=["tfrecord"], spark=spark)
+    assert manifest["splits"]["valid"]["unk_mapped"] == 1
+    vocab = formats.load_vocab(f"{base}/out")
+    words = data["texts"]["valid"].replace("\n", "<eos>").split()
+    expected = [vocab.index("<unk>") if w == "zebra" else vocab.index(w) for w in words]
+    got = read_tfrecords(f"{base}/out", "valid")["tokens"].ravel().tolist()
+    assert got == expected[:len(got)]
+    assert storage.exists(f"{base}/out/vocab.txt")
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _cifar_raw(tmp_path, **kwargs) -> Path:
+    raw = tmp_path / "raw"
+    write_cifar10(raw, n_train=20, n_test=6, train_files=2, **kwargs)
+    return raw
+
+
+def _expect_error(spark, dataset, raw, out, *needles, **kwargs):
+    with pytest.raises(SourceError) as info:
+        convert.convert(dataset, str(raw), str(out), spark=spark, **kwargs)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    assert_failed_cleanly(str(out))
+    return message
+
+
+def test_cifar10_wrong_record_length(tmp_path):
+    raw = _cifar_raw(tmp_path)
+    (raw / "data_batch_2.bin").write_bytes(b"\x01" * (3074 * 3))   # CIFAR-100-sized records
+    _expect_error(None, "cifar10", raw, tmp_path / "out", "data_batch_2.bin",
+                  "not a multiple of the 3073-byte record", "record 3", "byte offset 9219")
+
+
+def test_cifar10_truncated(tmp_path):
+    raw = _cifar_raw(tmp_path)
+    path = raw / "test_batch.bin"
+    path.write_bytes(path.read_bytes()[:-100])
+    _expect_error(None, "cifar10", raw, tmp_path / "out", "test_batch.bin", "truncated",
+                  "record 5", f"byte offset {5 * 3073}")
+
+
+@pytest.mark.spark
+def test_cifar10_label_out_of_range(spark, tmp_path):
+    raw = _cifar_raw(tmp_path)
+    path = raw / "data_batch_2.bin"
+    blob = bytearray(path.read_bytes())
+    blob[7 * 3073] = 12
+    path.write_bytes(bytes(blob))
+    _expect_error(spark, "cifar10", raw, tmp_path / "out", "data_batch_2.bin",
+                  "label 12 is out of range 0..9", "record 7", f"byte offset {7 * 3073}")
+
+
+def test_empty_inputs(tmp_path):
+    raw = _cifar_raw(tmp_path)
+    (raw / "test_batch.bin").write_bytes(b"")
+    _expect_error(None, "cifar10", raw, tmp_path / "out", "test_batch.bin", "empty")
+    (tmp_path / "nothing").mkdir()
+    _expect_error(None, "cifar10", tmp_path / "nothing", tmp_path / "out", "no CIFAR-10")
+    _expect_error(None, "mnist", tmp_path / "nothing", tmp_path / "out", "missing MNIST files")
+
+
+@pytest.mark.spark
+def test_corrupt_archives(spark, tmp_path):
+    data = write_cifar10(tmp_path / "raw", n_train=20, n_test=5, archive=True)
+    archive = Path(data["files"][0])
+    blob = archive.read_bytes()
+    archive.write_bytes(blob[:len(blob) // 2])                       # truncated
+    message = _expect_error(spark, "cifar10", archive, tmp_path / "out",
+                            "cifar-10-binary.tar.gz", "corrupt archive", "compressed byte offset")
+    archive.write_bytes(b"this is not a gzip file" * 10)             # garbage
+    _expect_error(spark, "cifar10", archive, tmp_path / "out", "cifar-10-binary.tar.gz",
+                  "corrupt archive")
+    mnist = tmp_path / "mnist"
+    write_mnist(mnist, n_train=5, n_test=3, gzip=True)
+    gz = mnist / "train-labels-idx1-ubyte.gz"
+    gz.write_bytes(gz.read_bytes()[:-6])                             # cut into the trailer
+    _expect_error(spark, "mnist", mnist, tmp_path / "out", "train-labels-idx1-ubyte.gz",
+                  "corrupt gzip file")
+    assert "detected by compressed byte offset" in message
+
+
+def _mnist_plain(tmp_path) -> Path:
+    raw = tmp_path / "mnist"
+    write_mnist(raw, n_train=8, n_test=4, gzip=False)
+    return raw
+
+
+def _rewrite(path: Path, offset: int, data: bytes) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[offset:offset + len(data)] = data
+    path.write_bytes(bytes(blob))
+
+
+def test_mnist_bad_headers(tmp_path):
+    out = tmp_path / "out"
+    raw = _mnist_plain(tmp_path)
+    _rewrite(raw / "train-images-idx3-ubyte", 0, struct.pack(">I", 2049))
+    _expect_error(None, "mnist", raw, out, "train-images-idx3-ubyte", "bad IDX magic 2049",
+                  "expected 2051", "byte offset 0")
+
+    shutil.rmtree(raw)
+    raw = _mnist_plain(tmp_path)
+    _rewrite(raw / "t10k-images-idx3-ubyte", 8, struct.pack(">I", 0))
+    _expect_error(None, "mnist", raw, out, "t10k-images-idx3-ubyte", "bad IDX dimensions 0x28")
+
+    shutil.rmtree(raw)
+    raw = _mnist_plain(tmp_path)
+    path = raw / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-10])
+    _expect_error(None, "mnist", raw, out, "train-images-idx3-ubyte", "truncated file",
+                  "record 7", f"byte offset {16 + 7 * 784}")
+
+    shutil.rmtree(raw)
+    raw = _mnist_plain(tmp_path)
+    (raw / "train-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, 7) + bytes(7))
+    _expect_error(None, "mnist", raw, out, "train-labels-idx1-ubyte",
+                  "label count 7 does not match the image count 8", "train-images-idx3-ubyte")
+
+
+@pytest.mark.spark
+def test_mnist_label_out_of_range(spark, tmp_path):
+    raw = _mnist_plain(tmp_path)
+    _rewrite(raw / "t10k-labels-idx1-ubyte", 8 + 2, b"\x0a")
+    _expect_error(spark, "mnist", raw, tmp_path / "out", "t10k-labels-idx1-ubyte",
+                  "label 10 is out of range 0..9", "record 2", "byte offset 10")
+
+
+@pytest.mark.spark
+def test_ptb_unknown_word(spark, tmp_path):
+    data = write_ptb(tmp_path / "raw", oov_word="zebra")
+    text = data["texts"]["valid"]
+    message = _expect_error(spark, "ptb", tmp_path / "raw", tmp_path / "out", "ptb.valid.txt",
+                            "'zebra' is not in the vocabulary", "--unk",
+                            f"byte offset {text.index('zebra')}")
+    assert message
+    with pytest.raises(convert.OptionError, match="not a word of ptb.train.txt"):
+        convert.convert("ptb", str(tmp_path / "raw"), str(tmp_path / "out"), unk="<nope>",
+                        spark=spark)
+    assert_failed_cleanly(str(tmp_path / "out"))
+
+
+@pytest.mark.spark
+def test_existing_output_is_refused_then_replaced(spark, tmp_path):
+    raw = _mnist_plain(tmp_path)
+    out = tmp_path / "out"
+    first = convert.convert("mnist", str(raw), str(out), shards=1, spark=spark,
+                            output_formats=["tfrecord"])
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    with pytest.raises(storage.PathExistsError, match="already exists"):
+        convert.convert("mnist", str(raw), str(out), shards=2, spark=spark)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    second = convert.convert("mnist", str(raw), str(out), shards=2, spark=spark,
+                             output_formats=["tfrecord"], overwrite=True)
+    assert first["splits"]["train"]["shards"] == 1 and second["splits"]["train"]["shards"] == 2
+    assert formats.load_manifest(str(out))["splits"]["train"]["shards"] == 2
+    assert leftovers(str(out)) == []
+
+
+# ----------------------------------------------------------------------------- pieces
+
+def test_tfrecord_framing_matches_tensorflow(tmp_path):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (40, 5, 4, 3), dtype=np.uint8)
+    labels = rng.integers(0, 300, 40)
+    ids = formats.make_id(0, np.arange(0, 40 * 100, 100))   # varints of several lengths
+    records = tfrecord.image_examples(images, labels, ids)
+    path = tmp_path / "tf.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record)
+    assert tfrecord.frame_images(images, labels, ids) == path.read_bytes()
+    assert tfrecord.crc32c(b"123456789") == 0xE3069283
+    example = tf.train.Example.FromString(records[3])
+    assert example.features.feature["id"].int64_list.value == [300]
+    mine = tmp_path / "mine.tfrecord"
+    mine.write_bytes(tfrecord.frame(tfrecord.token_examples(np.arange(12).reshape(3, 4),
+                                                             np.arange(3))))
+    assert tfrecord.read_records(str(mine)) == [bytes(r.numpy()) for r in
+                                                tf.data.TFRecordDataset(str(mine))]
+    corrupt = bytearray(mine.read_bytes())
+    corrupt[20] ^= 0xFF
+    mine.write_bytes(bytes(corrupt))
+    with pytest.raises(tfrecord.TFRecordError, match="checksum mismatch"):
+        tfrecord.read_records(str(mine))
+
+
+def test_default_shards():
+    assert convert.shard_count(None, 150 << 20, 50_000) == 12
+    assert convert.shard_count(None, 30 << 20, 10_000) == 4
+    assert convert.shard_count(None, 3000, 2) == 2
+    assert convert.shard_count(7, 3000, 5) == 5
+
+
+# ----------------------------------------------------------------------------- the jobs
+
+def _job(name: str, *args: str, hdfs=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARKTF_LOG_LEVEL="INFO")
+    if hdfs is not None:
+        env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / f"convert_{name}.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+
+
+def test_jobs_help():
+    for name in ("cifar10", "mnist", "ptb"):
+        result = _job(name, "--help")
+        assert result.returncode == 0, result.stderr
+        for flag in ("--input", "--output", "--format", "--shards", "--overwrite"):
+            assert flag in result.stdout
+        assert ("--seq-len" in result.stdout) == (name == "ptb")
+        assert ("--unk" in result.stdout) == (name == "ptb")
+
+
+def test_job_bad_input_exit_code(tmp_path):
+    raw = _cifar_raw(tmp_path)
+    path = raw / "data_batch_1.bin"
+    path.write_bytes(path.read_bytes()[:-1])
+    result = _job("cifar10", "--input", str(raw), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "data_batch_1.bin" in result.stderr and "byte offset" in result.stderr
+    assert_failed_cleanly(str(tmp_path / "out"))
+
+
+@pytest.mark.slow
+@pytest.mark.hdfs
+def test_job_end_to_end(hdfs, tmp_path):
+    """The job as a user runs it (its own Spark), then a rerun that must refuse."""
+    raw = _mnist_plain(tmp_path)
+    out = hdfs.fresh("job") + "/mnist"
+    result = _job("mnist", "--input", str(raw), "--output", out, "--shards", "2",
+                  "--format", "tfrecord", hdfs=hdfs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tasks done" in result.stderr and "published" in result.stderr
+    manifest = json.loads(storage.read_text(f"{out}/manifest.json"))
+    assert manifest["splits"]["train"]["records"] == 8
+    again = _job("mnist", "--input", str(raw), "--output", out, hdfs=hdfs)
+    assert again.returncode == 2
+    assert "already exists" in again.stderr
+    assert json.loads(storage.read_text(f"{out}/manifest.json")) == manifest
