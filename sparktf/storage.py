@@ -223,10 +223,17 @@ def _hdfs(loc: Location) -> _Hdfs:
 # ----------------------------------------------------------------------------- streams
 
 class _HdfsReader(io.RawIOBase):
-    """A seekable, read-only HDFS file that fetches byte ranges through WebHDFS."""
+    """A seekable, read-only HDFS file read through WebHDFS.
+
+    Sequential reads share one streaming request (one HTTP response read as it arrives); a
+    seek elsewhere closes it and the next read opens a new one at the new position, so
+    random access (Parquet footers) costs one request per jump and a scan costs one in all.
+    """
 
     def __init__(self, fs: _Hdfs, path: str, size: int):
         self._fs, self._path, self._size, self._pos = fs, path, size, 0
+        self._stream = None  # (context manager, raw response) of the open request
+        self._stream_pos = -1  # file offset the open request will deliver next
 
     def readable(self) -> bool:
         return True
@@ -243,24 +250,50 @@ class _HdfsReader(io.RawIOBase):
         return self._pos
 
     def readall(self) -> bytes:
-        # RawIOBase.readall would fetch 8 KiB per WebHDFS request: fetch READ_BLOCK instead.
+        # RawIOBase.readall would read 8 KiB at a time: take READ_BLOCK instead.
         chunks = []
         while block := self.read(READ_BLOCK):
             chunks.append(block)
         return b"".join(chunks)
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            context, _ = self._stream
+            self._stream = None
+            with contextlib.suppress(Exception):
+                context.__exit__(None, None, None)
+
+    def _read_stream(self, want: int) -> bytes:
+        if self._stream is None or self._stream_pos != self._pos:
+            self._close_stream()
+            context = self._fs.data_client.read(self._path, offset=self._pos)
+            self._stream = (context, context.__enter__())
+            self._stream_pos = self._pos
+        data = self._stream[1].read(want)
+        self._stream_pos += len(data)
+        return data
 
     def readinto(self, buffer) -> int:
         want = min(len(buffer), self._size - self._pos)
         if want <= 0:
             return 0
         with self._fs.errors("read", self._path):
-            with self._fs.data_client.read(self._path, offset=self._pos,
-                                           length=want) as reader:
-                data = reader.read()
+            try:
+                data = self._read_stream(want)
+            except Exception:  # a dropped or timed-out stream: one fresh request from here
+                self._close_stream()
+                data = self._read_stream(want)
+        if not data:
+            raise StorageError(f"read hdfs://{self._fs.loc.netloc}{self._path}: unexpected "
+                               f"end of data at byte {self._pos} of {self._size}")
         n = len(data)
         buffer[:n] = data
         self._pos += n
         return n
+
+    def close(self) -> None:
+        self._close_stream()
+        super().close()
 
 
 class _HdfsWriter(io.RawIOBase):
