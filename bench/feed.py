@@ -1,0 +1,213 @@
+"""Rows/s that the ``spark`` input mode delivers into the TensorFlow processes, against
+Spark's own pass over the same cached rows, in the same run.
+
+    .venv/bin/python bench/feed.py [--rows 20000] [--batch-size 256] [--rounds 2]
+
+CIFAR-sized rows (``image``: numpy.save bytes of a 32x32x3 uint8 array, ``label``, ``id``)
+are cached in a local-cluster[2,1,1024] session. Per round:
+
+* ``spark_arrow_pass``: Spark's pass over the cached rows into Python as Arrow batches
+  (``mapInArrow``, touching every batch) -- the transport the feed itself uses;
+* ``spark_rdd_pass``: Spark's classic pass, one Python row object per row
+  (``df.rdd.map(...).sum()``) -- what STACK.md measured at 43-55k rows/s;
+* ``sparktf_feed``: :mod:`sparktf.train.feed` into the two TensorFlow processes of an
+  all-reduce layout, which decode every row into exact numpy batches of ``--batch-size`` and
+  drop them (no training); rows/s from the first batch read to the last (the steady state;
+  the rate from the start of the feed job, which includes the processes' start, is listed
+  too);
+* ``tfos_datafeed`` (``--tfos``): TensorFlowOnSpark's own feed (``TFCluster.train`` +
+  ``DataFeed.next_batch``) for scale, once, after the last round.
+
+The fastest round of each counts (the machine is shared). Ratios are to the Arrow pass (the
+strict baseline) and to the RDD pass. Peak memory of the whole process tree is sampled.
+Prints JSON and writes it to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from sparktf import cli  # noqa: E402
+
+log = logging.getLogger("bench.feed")
+SHAPE = (32, 32, 3)
+
+
+def make_rows(batches):
+    """mapInArrow: ids in, CIFAR-sized rows out (np.save bytes, as converted datasets hold)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from sparktf.datasets.formats import encode_ndarray_column
+
+    for batch in batches:
+        ids = batch.column(0).to_numpy()
+        rng = np.random.default_rng(int(ids[0]) if len(ids) else 0)
+        images = rng.integers(0, 256, (len(ids), *SHAPE), dtype=np.uint8)
+        yield pa.RecordBatch.from_arrays(
+            [encode_ndarray_column(images), pa.array(ids % 10, pa.int64()),
+             pa.array(ids, pa.int64())], names=["image", "label", "id"])
+
+
+def arrow_pass(df) -> tuple[float, int]:
+    def touch(batches):
+        import pyarrow as pa
+
+        rows = nbytes = 0
+        for batch in batches:
+            rows += batch.num_rows
+            nbytes += sum(b.size for b in batch.column(0).buffers() if b is not None)
+        yield pa.RecordBatch.from_pydict({"rows": [rows], "bytes": [nbytes]})
+
+    started = time.perf_counter()
+    rows = sum(r.rows for r in df.mapInArrow(touch, "rows long, bytes long").collect())
+    return rows / (time.perf_counter() - started), rows
+
+
+def rdd_pass(df) -> tuple[float, int]:
+    started = time.perf_counter()
+    rows = df.rdd.map(lambda r: 1 if len(r.image) else 0).sum()
+    return rows / (time.perf_counter() - started), rows
+
+
+def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
+    """The spark input mode into two TensorFlow processes that only read."""
+    from sparktf.train import RunConfig, ScalingConfig, TrainConfig
+    from sparktf.train.cluster import ClusterRun
+
+    train = TrainConfig(model="bench", data="bench", input_mode="spark", shuffle=False)
+    scaling = ScalingConfig(strategy="allreduce", num_workers=2)
+    run = RunConfig(model_dir=model_dir, feed_timeout_s=120, failure_timeout_s=120)
+    spec = {"consume_only": True, "global_batch": batch_size * 2, "input_mode": "spark",
+            "shuffle": False, "seed": 0, "feed_timeout_s": 120.0, "gpus_per_worker": 0,
+            "threads_per_worker": 0, "log_level": "WARNING",
+            "data_info": {"fields": [("image", "uint8", list(SHAPE)), ("label", "int64", None)],
+                          "split": "train", "rows": rows}}
+    with ClusterRun(spark, train, scaling, run, spec, feed_passes=1, feed_df=df) as cluster:
+        cluster.start()
+        done = cluster.wait(all_nodes=True)
+        feed_started = cluster.feed_started_wall
+    read = sum(d["rows"] for d in done.values())
+    ended = max(d["ended"] for d in done.values())
+    first = min(d["first_batch"] for d in done.values())
+    seconds = ended - first
+    return {"rows_per_s": read / seconds, "rows_read": read, "rows_fed": cluster.fed_rows,
+            "seconds_first_to_last_batch": round(seconds, 2),
+            "seconds_from_feed_job_start": round(ended - feed_started, 2),
+            "rows_per_s_from_feed_job_start": read / (ended - feed_started),
+            "per_process": {k: {"rows": d["rows"], "waited_for_rows_s": round(d["wait_s"], 2)}
+                            for k, d in done.items()}}
+
+
+def tfos_consume(args, ctx):
+    """TensorFlowOnSpark's own feed, consumed with DataFeed.next_batch (no TensorFlow)."""
+    feed = ctx.get_data_feed(train_mode=True)
+    rows = 0
+    started = time.time()
+    while not feed.should_stop():
+        rows += len(feed.next_batch(args.batch_size))
+    with open(os.path.join(args.out, f"tfos-{ctx.executor_id}.txt"), "w") as f:
+        f.write(f"{rows} {started} {time.time()}")
+
+
+def tfos_datafeed(spark, df, batch_size: int, out: str) -> dict:
+    from tensorflowonspark import TFCluster
+
+    TFCluster.tf_status.clear()
+    rdd = df.rdd.map(lambda r: (bytes(r.image), r.label))
+    cluster = TFCluster.run(sc=spark.sparkContext, map_fun=tfos_consume,
+                            tf_args=argparse.Namespace(batch_size=batch_size, out=out),
+                            num_executors=2, num_ps=0, input_mode=TFCluster.InputMode.SPARK,
+                            master_node="chief")
+    started = time.time()
+    cluster.train(rdd, num_epochs=1, feed_timeout=600)
+    cluster.shutdown(timeout=120)
+    results = []
+    for name in os.listdir(out):
+        if name.startswith("tfos-"):
+            rows, _, end = open(os.path.join(out, name)).read().split()
+            results.append((int(rows), float(end)))
+    rows = sum(r for r, _ in results)
+    seconds = max(e for _, e in results) - started
+    return {"rows_per_s": rows / seconds, "rows_read": rows, "seconds": round(seconds, 2)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=20000)
+    p.add_argument("--batch-size", type=int, default=256, help="rows per batch per process")
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tfos", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure TensorFlowOnSpark's own DataFeed")
+    args = p.parse_args(argv)
+    cli.setup_logging("WARNING")
+    logging.getLogger("bench").setLevel(logging.INFO)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tempfile
+
+    from sparktf.spark import get_session
+
+    spark = get_session("sparktf-bench-feed", profile="local",
+                        overrides={"spark.master": "local-cluster[2,1,1024]",
+                                   "spark.executorEnv.PYTHONPATH": str(common.ROOT)})
+    result: dict = {"benchmark": "feed", "rows": args.rows, "row_bytes": 3072,
+                    "batch_size": args.batch_size, "partitions": args.partitions,
+                    "machine": common.machine(), "rounds": {}}
+    try:
+        with common.PeakMemory() as memory, tempfile.TemporaryDirectory() as tmp:
+            df = spark.range(args.rows, numPartitions=args.partitions) \
+                .mapInArrow(make_rows, "image binary, label long, id long").cache()
+            df.count()
+            for r in range(args.rounds):
+                round_ = {}
+                round_["spark_arrow_pass"], _ = arrow_pass(df)
+                round_["spark_rdd_pass"], _ = rdd_pass(df)
+                feed = sparktf_feed(spark, df, args.rows, args.batch_size,
+                                    os.path.join(tmp, f"model-{r}"))
+                round_["sparktf_feed"] = feed["rows_per_s"]
+                round_["sparktf_feed_detail"] = feed
+                if args.tfos and r == args.rounds - 1:
+                    # Last: TFCluster.shutdown leaves a PySpark worker whose TFSparkNode.mgr
+                    # points at a manager it shut down, and the next TensorFlowOnSpark
+                    # cluster started in that worker fails.
+                    out = os.path.join(tmp, "tfos")
+                    os.makedirs(out)
+                    tfos = tfos_datafeed(spark, df, args.batch_size, out)
+                    result["tfos_datafeed"] = tfos
+                log.info("round %d: %s", r, {k: round(v) for k, v in round_.items()
+                                              if isinstance(v, float)})
+                result["rounds"][r] = round_
+        best = {k: max(rd[k] for rd in result["rounds"].values())
+                for k in ("spark_arrow_pass", "spark_rdd_pass", "sparktf_feed")}
+        if "tfos_datafeed" in result:
+            best["tfos_datafeed"] = result["tfos_datafeed"]["rows_per_s"]
+        result["rows_per_s"] = {k: round(v) for k, v in best.items()}
+        result["ratios"] = {
+            "sparktf_feed_vs_spark_arrow_pass": round(best["sparktf_feed"] /
+                                                      best["spark_arrow_pass"], 3),
+            "sparktf_feed_vs_spark_rdd_pass": round(best["sparktf_feed"] /
+                                                    best["spark_rdd_pass"], 3)}
+        if "tfos_datafeed" in best:
+            result["ratios"]["tfos_datafeed_vs_spark_rdd_pass"] = round(
+                best["tfos_datafeed"] / best["spark_rdd_pass"], 3)
+            result["ratios"]["sparktf_feed_vs_tfos_datafeed"] = round(
+                best["sparktf_feed"] / best["tfos_datafeed"], 2)
+        result.update(memory.report())
+    finally:
+        spark.stop()
+    common.write_results("feed", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Train the label-conditioned DCGAN on MNIST (book 10.3).
+
+    ./scripts/submit.sh jobs/train_dcgan.py                       # the embedded default
+    ./scripts/submit.sh jobs/train_dcgan.py --data hdfs://nn:8020/data/DATASET \\
+        --model-dir hdfs://nn:8020/models/dcgan [--strategy ps] [--input-mode spark]
+
+With no arguments it trains on a small synthetic dataset it prepares under .local/demo,
+on local executors. Defaults come from conf/jobs/train_dcgan.json; flags override them
+(--help lists all).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sparktf.train.job import run_job  # noqa: E402
+
+if __name__ == "__main__":
+    run_job(section="train_dcgan", default_model="dcgan",
+            description=__doc__.split("\n")[0])

@@ -1,0 +1,21 @@
+"""Train the book's 5.2 MNIST network, ps/worker (asynchronous) by default.
+
+    ./scripts/submit.sh jobs/train_mnist.py                       # the embedded default
+    ./scripts/submit.sh jobs/train_mnist.py --data hdfs://nn:8020/data/DATASET \\
+        --model-dir hdfs://nn:8020/models/mnist_mlp [--strategy ps] [--input-mode spark]
+
+With no arguments it trains on a small synthetic dataset it prepares under .local/demo,
+on local executors. Defaults come from conf/jobs/train_mnist.json; flags override them
+(--help lists all).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sparktf.train.job import run_job  # noqa: E402
+
+if __name__ == "__main__":
+    run_job(section="train_mnist", default_model="mnist_mlp",
+            description=__doc__.split("\n")[0])

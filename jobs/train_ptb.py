@@ -1,0 +1,21 @@
+"""Train the PTB LSTM language model (book 11.2).
+
+    ./scripts/submit.sh jobs/train_ptb.py                       # the embedded default
+    ./scripts/submit.sh jobs/train_ptb.py --data hdfs://nn:8020/data/DATASET \\
+        --model-dir hdfs://nn:8020/models/ptb_small [--strategy ps] [--input-mode spark]
+
+With no arguments it trains on a small synthetic dataset it prepares under .local/demo,
+on local executors. Defaults come from conf/jobs/train_ptb.json; flags override them
+(--help lists all).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sparktf.train.job import run_job  # noqa: E402
+
+if __name__ == "__main__":
+    run_job(section="train_ptb", default_model="ptb_small",
+            description=__doc__.split("\n")[0])

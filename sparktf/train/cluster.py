@@ -1,0 +1,465 @@
+"""The driver's side of a run: bring the TensorFlow cluster up on Spark, feed it, watch it,
+take it down.
+
+Layout (one TensorFlow process per Spark executor, placed by TensorFlowOnSpark):
+
+* ``allreduce``: TensorFlowOnSpark nodes ``chief:0`` and ``worker:0..N-2``, one per executor;
+  they are the N all-reduce workers.
+* ``ps``: TensorFlowOnSpark's ``chief`` is the coordinator. The workers (and the parameter
+  servers, unless ``ps_on_driver``) are started as TensorFlowOnSpark *ps* nodes: such a node
+  keeps its executor busy for the whole run (so feeding tasks only land on the chief's
+  executor), runs in a background process, and is stopped by the driver through its
+  control queue at the end. The driver maps TensorFlowOnSpark's roles to TensorFlow's
+  (first the workers, then the parameter servers) and hands every process its role and the
+  TF cluster through the control channel. With ``ps_on_driver`` the parameter servers are
+  processes of the driver (two executors then hold chief + one worker).
+
+Stop: the chief reports ``done`` after its final checkpoint and export; the driver then
+sets ``stop`` and every other process (parameter servers and ps-workers serving their
+``tf.distribute.Server``, all-reduce workers waiting at the end) exits; TensorFlowOnSpark's
+ps nodes get their control message; nothing waits in ``Server.join()``.
+
+Failure: a process's exception reaches the driver through the control channel at once (with
+its message: a corrupt file names the file); a process that dies silently is noticed when
+its heartbeats stop (``RunConfig.heartbeat_timeout_s``); a failed Spark job (TensorFlowOnSpark's
+start job, the feed) is noticed from its thread. The driver then aborts the run: every
+TensorFlow process exits within a second or two, feeding tasks fail fast, and
+:class:`TrainingError` carries the first error. Spark tasks are not killed (a killed PySpark
+worker would orphan TensorFlowOnSpark's processes); they end because the processes they
+wait for end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from sparktf.train import feed as feed_lib
+from sparktf.train.config import ConfigError, RunConfig, ScalingConfig, TrainConfig
+from sparktf.train.control import ControlServer
+
+log = logging.getLogger(__name__)
+
+CLEANUP_WAIT_S = 30.0
+
+
+class TrainingError(RuntimeError):
+    """The run failed; the message names the process and its error."""
+
+
+class _GuardedContext:
+    """The SparkContext as TensorFlowOnSpark sees it: its ``stop()`` and ``cancelAllJobs()``
+    (called on a failure during start-up, before ``sys.exit``) are recorded, not executed --
+    the run owns neither the session nor other jobs."""
+
+    def __init__(self, sc):
+        self._sc = sc
+        self.requested: list[str] = []
+
+    def stop(self):
+        self.requested.append("stop")
+
+    def cancelAllJobs(self):  # noqa: N802 (SparkContext API)
+        self.requested.append("cancelAllJobs")
+
+    def __getattr__(self, name):
+        return getattr(self._sc, name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def registered_executors(sc) -> int:
+    """Executors registered with the driver (the driver itself not counted)."""
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+    return max(0, len(infos) - 1)
+
+
+def wait_for_executors(sc, count: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        have = registered_executors(sc)
+        if have == count:
+            return
+        if have > count:
+            raise ConfigError(
+                f"the run needs exactly {count} Spark executors (one per TensorFlow process) "
+                f"but {have} are registered: extra executors would receive tasks meant for "
+                "TensorFlow processes. Size the Spark application (e.g. local-cluster"
+                f"[{count},1,1024], spark.executor.instances={count}) or change the scaling")
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the run needs {count} Spark executors; only {have} registered "
+                              f"within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+class ClusterRun:
+    """One run's TensorFlow cluster. Use as a context manager: ``with ClusterRun(...) as c:
+    result = c.start().wait()``; leaving the block always takes everything down."""
+
+    def __init__(self, spark, train: TrainConfig, scaling: ScalingConfig, run: RunConfig,
+                 spec: dict[str, Any], *, feed_passes: int | None, feed_df=None):
+        self.spark = spark
+        self.sc = spark.sparkContext
+        self.train, self.scaling, self.run = train, scaling, run
+        self.spec = spec
+        self.feed_passes = feed_passes
+        self.feed_df = feed_df  # a DataFrame to feed instead of the dataset's Parquet
+        self.control: ControlServer | None = None
+        self.tfos = None
+        self.plans: dict[str, dict] = {}
+        self.driver_ps: list[tuple[str, subprocess.Popen, str]] = []
+        self.feed_thread: threading.Thread | None = None
+        self.feed_error: BaseException | None = None
+        self.fed = Counter()
+        self.fed_rows = 0
+        self.feed_started_wall: float | None = None
+        self.started_wall = time.time()
+        self._first_error: tuple[str, dict] | None = None
+        self._error_lock = threading.Lock()
+        self._tfos_status: dict | None = None
+        self._jobs_before: set[int] = set()
+        self._closing = False
+        self.feed_group = f"sparktf-feed-{uuid.uuid4().hex[:8]}"
+
+    # -- start --------------------------------------------------------------------------
+
+    def __enter__(self) -> "ClusterRun":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc is not None,
+                   reason=f"{type(exc).__name__}: {exc}" if exc is not None else "")
+
+    def _on_event(self, key: str, event: str, data: dict) -> None:
+        if event == "error":
+            with self._error_lock:
+                if self._first_error is None:
+                    self._first_error = (key, data)
+
+    def start(self) -> "ClusterRun":
+        from tensorflowonspark import TFCluster, util
+
+        from sparktf.train import node
+
+        scaling, run = self.scaling, self.run
+        tfos_log = logging.getLogger("tensorflowonspark")
+        if tfos_log.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
+            tfos_log.setLevel(logging.WARNING)  # its INFO lines include the managers' authkeys
+        wait_for_executors(self.sc, scaling.num_executors, min(run.startup_timeout_s, 120.0))
+        host = util.get_ip_address()
+        self.control = ControlServer(host, on_event=self._on_event)
+        spec = {**self.spec, "control_url": self.control.url, "token": self.control.token,
+                "driver_lost_s": max(30.0, run.failure_timeout_s / 2),
+                "startup_timeout_s": run.startup_timeout_s}
+        self.spec = spec
+        tfos_ps = scaling.num_workers + (0 if scaling.ps_on_driver else scaling.num_ps) \
+            if scaling.strategy == "ps" else 0
+        input_mode = (TFCluster.InputMode.SPARK if self.train.input_mode == "spark"
+                      else TFCluster.InputMode.TENSORFLOW)
+        TFCluster.tf_status.clear()  # module-global: a previous run's error must not leak in
+        self._tfos_status = TFCluster.tf_status
+        tracker = self.sc.statusTracker()
+        self._jobs_before = set(tracker.getActiveJobsIds())
+        log.info("starting TensorFlow on %d executors (%s; input mode %s)",
+                 scaling.num_executors, scaling.describe(), self.train.input_mode)
+        guarded = _GuardedContext(self.sc)
+        try:
+            self.tfos = TFCluster.run(
+                sc=guarded, map_fun=node.tfos_main,
+                # a namespace: TensorFlowOnSpark tests `'num_gpus' in tf_args` and reads
+                # tf_args.num_gpus (a dict or None crashes in _get_gpus)
+                tf_args=argparse.Namespace(num_gpus=scaling.gpus_per_worker, spec=spec),
+                num_executors=scaling.num_executors, num_ps=tfos_ps, tensorboard=False,
+                input_mode=input_mode, master_node="chief",
+                reservation_timeout=int(run.startup_timeout_s), release_port=True)
+        except SystemExit:
+            raise TrainingError("TensorFlowOnSpark could not start the cluster: "
+                                f"{self._tfos_status.get('error', 'unknown error')}") from None
+        self.plans = self._make_plans(self.tfos.cluster_info, host)
+        self._start_driver_ps()
+        self.control.publish_plans(self.plans)
+        for key, plan in sorted(self.plans.items(), key=lambda kv: kv[1]["name"]):
+            log.info("  %-9s %s", plan["name"], key)
+        if self.train.input_mode == "spark":
+            self.feed_thread = threading.Thread(target=self._feed, name="sparktf-feed",
+                                                daemon=True)
+            self.feed_thread.start()
+        return self
+
+    def _make_plans(self, cluster_info: list[dict], driver_host: str) -> dict[str, dict]:
+        scaling = self.scaling
+        roles: dict[str, tuple[str, int]] = {}
+        addresses: dict[str, str] = {}
+        for node in cluster_info:
+            key = f"executor-{node['executor_id']}"
+            addresses[key] = f"{node['host']}:{node['port']}"
+            job, index = node["job_name"], int(node["task_index"])
+            if job == "chief":
+                roles[key] = ("chief", 0)
+            elif scaling.strategy == "allreduce":
+                roles[key] = ("worker", index)
+            elif index < scaling.num_workers:
+                roles[key] = ("worker", index)
+            else:
+                roles[key] = ("ps", index - scaling.num_workers)
+        if scaling.strategy == "ps" and scaling.ps_on_driver:
+            for i in range(scaling.num_ps):
+                key = f"driver-ps-{i}"
+                roles[key] = ("ps", i)
+                addresses[key] = f"{driver_host}:{_free_port()}"
+        cluster: dict[str, list[str]] = {"chief": [], "worker": [], "ps": []}
+        for key, (role, index) in sorted(roles.items(), key=lambda kv: kv[1]):
+            cluster[role].append(addresses[key])
+        cluster = {k: v for k, v in cluster.items() if v}
+        num_train = scaling.num_workers
+        plans = {}
+        for key, (role, index) in roles.items():
+            rank = 0 if role == "chief" else index + 1
+            plans[key] = {"key": key, "role": role, "index": index, "name": f"{role}:{index}",
+                          "rank": rank, "strategy": scaling.strategy, "num_workers": num_train,
+                          "cluster": cluster}
+        self.tfos_nodes = {f"executor-{n['executor_id']}": n for n in cluster_info}
+        return plans
+
+    def _start_driver_ps(self) -> None:
+        for key, plan in self.plans.items():
+            if not key.startswith("driver-"):
+                continue
+            tmp = tempfile.mkdtemp(prefix="sparktf-ps-")
+            spec_file = os.path.join(tmp, "spec.pickle")
+            with open(spec_file, "wb") as f:
+                pickle.dump({**self.spec, "key": key, "executor_id": None,
+                             "error_file": os.path.join(tmp, "error.json")}, f)
+            env = dict(os.environ)
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            env.pop("TF_CONFIG", None)
+            proc = subprocess.Popen([sys.executable, "-m", "sparktf.train.node", spec_file],
+                                    env=env)
+            self.driver_ps.append((key, proc, tmp))
+            log.info("started %s on the driver (pid %d)", plan["name"], proc.pid)
+
+    # -- feeding ------------------------------------------------------------------------
+
+    def feeding_keys(self) -> list[str]:
+        return [k for k, p in self.plans.items() if not k.startswith("driver-")
+                and (p["role"] == "chief" or self.scaling.strategy == "allreduce")]
+
+    def _feed(self) -> None:
+        """Feeds ``feed_passes`` passes over the split (None: until the run stops)."""
+        try:
+            from sparktf.datasets.convert import spark_uri
+
+            self.sc.setJobGroup(self.feed_group, "sparktf: feed rows to TensorFlow",
+                                interruptOnCancel=False)
+            info = self.spec["data_info"]
+            names = [name for name, _, _ in info["fields"]]
+            df = self.feed_df if self.feed_df is not None else \
+                self.spark.read.parquet(spark_uri(info["parquet"]))
+            df = df.select(*names)
+            keys = self.feeding_keys()
+            partitions = df.rdd.getNumPartitions()
+            if partitions < 2 * len(keys):
+                df = df.repartition(2 * len(keys))
+            nodes = {}
+            for key in keys:
+                n = self.tfos_nodes[key]
+                nodes[int(n["executor_id"])] = {"addr": n["addr"], "authkey": n["authkey"],
+                                                "key": key}
+            feeder = feed_lib.make_feeder(nodes, self.control.token, self.control.url,
+                                          feed_timeout_s=self.run.feed_timeout_s)
+            done_passes = 0
+            self.feed_started_wall = time.time()
+            while self.feed_passes is None or done_passes < self.feed_passes:
+                if self.control.stop:
+                    return
+                for row in df.mapInArrow(feeder, feed_lib.SUMMARY_SCHEMA).collect():
+                    self.fed[row.executor] += row.chunks
+                    self.fed_rows += row.rows
+                done_passes += 1
+                log.debug("fed pass %d: %d rows so far", done_passes, self.fed_rows)
+            self.control.set_feed_end({key: self.fed.get(key, 0) for key in keys})
+            log.info("feed complete: %d passes, %d rows", done_passes, self.fed_rows)
+        except BaseException as exc:
+            if not self._closing and not self.control.abort:
+                self.feed_error = exc
+
+    # -- watching -----------------------------------------------------------------------
+
+    def wait(self, *, all_nodes: bool = False) -> dict:
+        """Blocks until the chief is done (returns its result) or the run fails.
+
+        ``all_nodes``: wait until every process of the plan reported done; returns
+        ``{key: result}``.
+        """
+        run = self.run
+        chief_key = next(k for k, p in self.plans.items() if p["role"] == "chief")
+        expected = set(self.plans)
+        start = time.monotonic()
+        last_progress = 0.0
+        tfos_error_seen = None
+        while True:
+            self.control.wait(0.5)
+            now = time.monotonic()
+            nodes = self.control.snapshot()
+            if self._first_error is not None:
+                key, err = self._first_error
+                self._fail(self._describe_error(key, err))
+            if self._tfos_status.get("error"):
+                tfos_error_seen = tfos_error_seen or now
+                if now - tfos_error_seen > 5.0:  # give the process's own report time to arrive
+                    self._fail("a TensorFlowOnSpark task failed: "
+                               + _spark_error_text(self._tfos_status["error"]))
+            if self.feed_error is not None:
+                self._fail("feeding rows to TensorFlow failed: "
+                           + _spark_error_text(str(self.feed_error)))
+            for key, proc, _ in self.driver_ps:
+                if proc.poll() is not None:
+                    self._fail(f"{self.plans[key]['name']} on the driver exited with code "
+                               f"{proc.returncode}")
+            chief = nodes.get(chief_key)
+            if all_nodes:
+                if all(nodes.get(k) is not None and nodes[k].done is not None for k in expected):
+                    return {k: nodes[k].done for k in expected}
+            elif chief is not None and chief.done is not None:
+                return chief.done
+            for key in expected:
+                node = nodes.get(key)
+                name = self.plans[key]["name"]
+                if node is None:
+                    if now - start > run.startup_timeout_s:
+                        self._fail(f"{name} ({key}) did not start within "
+                                   f"{run.startup_timeout_s:.0f} s (startup_timeout_s)")
+                    continue
+                silent = now - node.last_seen
+                if not node.bye and node.done is None and silent > run.heartbeat_timeout_s:
+                    self._fail(f"{name} ({key}) stopped responding {silent:.0f} s ago: its "
+                               "process died (out of memory? killed?) or its executor was lost")
+            if chief is not None and chief.progress and now - last_progress >= run.progress_every_s:
+                last_progress = now
+                log.info("%s", format_progress(chief.progress))
+
+    def _describe_error(self, key: str, err: dict) -> str:
+        name = self.plans.get(key, {}).get("name", key)
+        return f"{name} ({key}) failed: {err.get('type')}: {err.get('message')}"
+
+    def _fail(self, message: str) -> None:
+        log.error("%s", message)
+        self.control.request_abort(message)
+        raise TrainingError(message)
+
+    # -- taking it down -----------------------------------------------------------------
+
+    def close(self, *, failed: bool, reason: str = "") -> None:
+        """Ends every process and Spark job of the run (also after a failure)."""
+        if self._closing:
+            return
+        self._closing = True
+        control = self.control
+        if control is None:
+            return
+        if failed:
+            control.request_abort(reason or "the driver ended the run")
+        else:
+            control.request_stop()
+        deadline = time.monotonic() + CLEANUP_WAIT_S
+        # Processes leave on stop/abort; wait for their goodbyes (a dead one never says it).
+        while time.monotonic() < deadline:
+            nodes = control.snapshot()
+            pending = [k for k in self.plans if not (nodes.get(k) and (nodes[k].bye
+                                                                       or nodes[k].error))]
+            alive = [k for k in pending if nodes.get(k) is not None
+                     and time.monotonic() - nodes[k].last_seen < 3.0]
+            if not alive:
+                break
+            time.sleep(0.2)
+        self._stop_tfos_ps_nodes()
+        if self.feed_thread is not None:
+            self.feed_thread.join(max(1.0, deadline - time.monotonic()))
+            if self.feed_thread.is_alive():
+                log.warning("the feed job did not end; cancelling it")
+                self.sc.cancelJobGroup(self.feed_group)
+                self.feed_thread.join(10.0)
+        self._wait_for_jobs(deadline)
+        for key, proc, tmp in self.driver_ps:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s on the driver did not exit; killing it", key)
+                proc.kill()
+                proc.wait()
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        if self.tfos is not None:
+            self.tfos.server.stop()
+        control.close()
+
+    def _stop_tfos_ps_nodes(self) -> None:
+        """TensorFlowOnSpark's ps nodes wait for a message on their control queue."""
+        if self.tfos is None:
+            return
+        from tensorflowonspark import TFManager
+
+        def stop(node: dict) -> None:
+            try:
+                mgr = TFManager.connect(node["addr"], node["authkey"])
+                mgr.get_queue("control").put(None)
+            except Exception as exc:  # already gone with its task
+                log.debug("ps node %s: %s", node["executor_id"], exc)
+
+        threads = [threading.Thread(target=stop, args=(n,), daemon=True)
+                   for n in self.tfos.cluster_info if n["job_name"] == "ps"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10.0)
+
+    def _wait_for_jobs(self, deadline: float) -> None:
+        """Waits for the run's Spark jobs (TensorFlowOnSpark's start job) to end."""
+        tracker = self.sc.statusTracker()
+        while True:
+            active = set(tracker.getActiveJobsIds()) - self._jobs_before
+            if not active:
+                return
+            if time.monotonic() > deadline:
+                log.warning("Spark jobs %s of the run still active; cancelling them", sorted(active))
+                for job in active:
+                    self.sc._jsc.sc().cancelJob(int(job))
+                return
+            time.sleep(0.2)
+
+
+def _spark_error_text(text: str, limit: int = 3000) -> str:
+    """The useful part of a Py4J/Spark error: the Python exception lines, not the JVM trace."""
+    lines = [l for l in str(text).splitlines() if l.strip()]
+    keep = [l for l in lines if not l.lstrip().startswith("at ") and "java." not in l[:40]]
+    tail = keep[-12:] if len(keep) > 12 else keep
+    return "\n".join(tail)[-limit:]
+
+
+def format_progress(p: dict) -> str:
+    parts = [f"step {p.get('step', 0)}/{p.get('target', '?')}",
+             f"epoch {p.get('epoch', 0):.2f}"]
+    for name in ("loss", "accuracy", "perplexity", "d_loss", "g_loss"):
+        if name in p:
+            parts.append(f"{name} {p[name]:.4g}")
+    if "learning_rate" in p:
+        parts.append(f"lr {p['learning_rate']:.3g}")
+    if "examples_per_sec" in p:
+        parts.append(f"{p['examples_per_sec']:.0f} examples/s")
+    return ", ".join(parts)

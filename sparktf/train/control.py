@@ -1,0 +1,323 @@
+"""The driver's control channel to the TensorFlow processes of one run.
+
+The driver runs a small HTTP server (:class:`ControlServer`); every TensorFlow process
+(:class:`ControlClient`) posts JSON events to it and reads the run's state from each answer:
+
+========  ==============================================================================
+hello     first call; the answer carries the node's role and the TF cluster, once the
+          driver has them (the node polls until then)
+beat      heartbeat every second with the node's latest progress (step, loss, ...)
+peek      a feeding task asks for the flags only (no node state)
+error     the node failed: exception type, message and traceback tail
+done      the node finished its part (the chief: with the final result)
+bye       the node's process is about to exit
+========  ==============================================================================
+
+Every answer holds ``stop`` (the run is over: leave), ``abort`` (the run failed elsewhere:
+exit now) and ``feed_end`` (spark input mode: how many feed chunks each node receives in
+total, once the feed has ended).
+
+Why not files in the model directory: the driver must learn about a failure within seconds
+and tell every process, and every executor can reach the driver anyway (TensorFlowOnSpark's
+reservation server relies on it). A node that cannot reach the driver for
+``driver_lost_s`` exits: a dead driver leaves nothing behind.
+
+This module imports neither TensorFlow nor Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+BEAT_INTERVAL_S = 1.0
+
+
+@dataclass
+class NodeState:
+    key: str
+    role: str = "?"
+    first_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)
+    progress: dict = field(default_factory=dict)
+    done: dict | None = None
+    error: dict | None = None
+    bye: bool = False
+    pid: int | None = None
+    host: str | None = None
+
+
+class ControlServer:
+    """Driver side: nodes' state, the published cluster plan, and the run's flags."""
+
+    def __init__(self, advertise_host: str, *, on_event: Callable[[str, str, dict], None] | None = None):
+        self.token = secrets.token_hex(16)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.nodes: dict[str, NodeState] = {}
+        self.plans: dict[str, dict] = {}
+        self.stop = False
+        self.abort: str | None = None
+        self.feed_end: dict[str, int] | None = None
+        self._on_event = on_event
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server API)
+                try:
+                    length = int(self.headers.get("Content-Length", "0"))
+                    request = json.loads(self.rfile.read(length) or b"{}")
+                    status, answer = server._handle(request)
+                except Exception as exc:  # a malformed request must not kill the server
+                    status, answer = 400, {"error": f"{type(exc).__name__}: {exc}"}
+                body = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # keep the driver's log clean
+                pass
+
+        self._httpd = ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://{advertise_host}:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="sparktf-control",
+                                        daemon=True)
+        self._thread.start()
+        log.debug("control server at %s", self.url)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _handle(self, request: dict) -> tuple[int, dict]:
+        if request.get("token") != self.token:
+            return 403, {"error": "wrong token: this node belongs to another run"}
+        key, event, data = request["key"], request["event"], request.get("data") or {}
+        now = time.monotonic()
+        if event == "peek":  # feeding tasks: the run's flags, no node state
+            with self._lock:
+                return 200, {"stop": self.stop, "abort": self.abort, "feed_end": None,
+                             "plan": None}
+        with self._lock:
+            node = self.nodes.get(key)
+            if node is None:
+                node = self.nodes[key] = NodeState(key)
+            node.last_seen = now
+            if event == "hello":
+                node.pid, node.host = data.get("pid"), data.get("host")
+            elif event == "beat":
+                if data.get("progress"):
+                    node.progress = data["progress"]
+            elif event == "error":
+                node.error = data
+            elif event == "done":
+                node.done = data
+                if data.get("progress"):
+                    node.progress = data["progress"]
+            elif event == "bye":
+                node.bye = True
+            plan = self.plans.get(key)
+            if plan:
+                node.role = plan["name"]
+            answer = {"stop": self.stop, "abort": self.abort, "feed_end": self.feed_end,
+                      "plan": plan if event == "hello" else None}
+            self._changed.notify_all()
+        if self._on_event is not None and event in ("error", "done"):
+            self._on_event(key, event, data)
+        return 200, answer
+
+    # -- driver API ----------------------------------------------------------------------
+
+    def publish_plans(self, plans: dict[str, dict]) -> None:
+        with self._lock:
+            self.plans.update(plans)
+            for key, plan in plans.items():
+                self.nodes.setdefault(key, NodeState(key)).role = plan["name"]
+            self._changed.notify_all()
+
+    def set_feed_end(self, counts: dict[str, int]) -> None:
+        with self._lock:
+            self.feed_end = dict(counts)
+            self._changed.notify_all()
+
+    def request_stop(self) -> None:
+        with self._lock:
+            self.stop = True
+            self._changed.notify_all()
+
+    def request_abort(self, reason: str) -> None:
+        with self._lock:
+            if self.abort is None:
+                self.abort = reason
+            self.stop = True
+            self._changed.notify_all()
+
+    def snapshot(self) -> dict[str, NodeState]:
+        with self._lock:
+            return {k: NodeState(**vars(v)) for k, v in self.nodes.items()}
+
+    def wait(self, timeout: float) -> None:
+        """Waits up to ``timeout`` seconds for the next event."""
+        with self._lock:
+            self._changed.wait(timeout)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class DriverLost(RuntimeError):
+    pass
+
+
+class ControlClient:
+    """Node side: posts events; a heartbeat thread keeps ``stop``/``abort``/``feed_end``."""
+
+    def __init__(self, url: str, token: str, key: str, *, driver_lost_s: float = 60.0):
+        self.url, self.token, self.key = url, token, key
+        self.driver_lost_s = driver_lost_s
+        self.stop = False
+        self.abort: str | None = None
+        self.feed_end: dict[str, int] | None = None
+        self._progress: dict = {}
+        self._lock = threading.Lock()
+        self._last_ok = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._on_abort: Callable[[str], None] | None = None
+        self._parent = os.getppid()
+
+    def post(self, event: str, data: dict | None = None, *, timeout: float = 10.0) -> dict:
+        body = json.dumps({"token": self.token, "key": self.key, "event": event,
+                           "data": data or {}}).encode()
+        request = urllib.request.Request(self.url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = json.loads(response.read())
+        self._last_ok = time.monotonic()
+        self._absorb(answer)
+        return answer
+
+    def _absorb(self, answer: dict) -> None:
+        self.stop = bool(answer.get("stop"))
+        if answer.get("feed_end") is not None:
+            self.feed_end = answer["feed_end"]
+        if answer.get("abort") and self.abort is None:
+            self.abort = answer["abort"]
+
+    def hello(self, timeout_s: float) -> dict:
+        """Polls the driver until it publishes this node's plan; returns the plan."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                answer = self.post("hello", {"pid": os.getpid(), "host": os.uname().nodename})
+                if answer.get("abort"):
+                    raise RuntimeError(f"the run was aborted: {answer['abort']}")
+                if answer.get("plan"):
+                    return answer["plan"]
+            except (urllib.error.URLError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise DriverLost(f"cannot reach the driver at {self.url}: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the driver did not assign a role to {self.key} within "
+                                   f"{timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def set_progress(self, progress: dict) -> None:
+        with self._lock:
+            self._progress = dict(progress)
+
+    def start_heartbeat(self, on_abort: Callable[[str], None]) -> None:
+        """Beats every second; calls ``on_abort(reason)`` (which should exit the process) when
+        the driver aborts the run, is unreachable for ``driver_lost_s``, or the parent
+        process (the Spark task that started this one) is gone."""
+        self._on_abort = on_abort
+
+        def beat() -> None:
+            while True:
+                with self._lock:
+                    progress = dict(self._progress)
+                try:
+                    self.post("beat", {"progress": progress}, timeout=5.0)
+                except Exception as exc:  # the driver may be busy or gone: count the silence
+                    silent = time.monotonic() - self._last_ok
+                    if silent > self.driver_lost_s:
+                        on_abort(f"driver unreachable for {silent:.0f} s ({exc})")
+                        return
+                if self.abort:
+                    on_abort(f"run aborted by the driver: {self.abort}")
+                    return
+                if os.getppid() != self._parent:
+                    on_abort("parent process (the Spark task) is gone")
+                    return
+                time.sleep(BEAT_INTERVAL_S)
+
+        self._thread = threading.Thread(target=beat, name="sparktf-heartbeat", daemon=True)
+        self._thread.start()
+
+    def wait_for_stop(self, poll_s: float = 0.5) -> None:
+        """Blocks until the driver says the run is over (abort exits through the heartbeat)."""
+        while not self.stop:
+            time.sleep(poll_s)
+
+    def send(self, event: str, data: dict | None = None, *, attempts: int = 3) -> dict | None:
+        """Posts an event, retrying a few times; None if the driver cannot be reached."""
+        for attempt in range(attempts):
+            try:
+                return self.post(event, data)
+            except Exception as exc:
+                if attempt == attempts - 1:
+                    log.warning("could not send %s to the driver: %s", event, exc)
+                time.sleep(0.5)
+        return None
+
+
+def encode(obj: Any) -> Any:
+    """JSON-safe copy of progress/metrics values (numpy scalars to floats)."""
+    if isinstance(obj, dict):
+        return {str(k): encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [encode(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    try:
+        return float(obj)
+    except (TypeError, ValueError):
+        return str(obj)
+
+
+class RunFlags:
+    """The run's ``stop``/``abort`` flags as a feeding task sees them (polled at most once
+    per ``every_s``; an unreachable driver counts as no news)."""
+
+    def __init__(self, url: str, token: str, every_s: float = 1.0):
+        self._client = ControlClient(url, token, "feeder")
+        self.every_s = every_s
+        self._next = 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        try:
+            self._client.post("peek", timeout=5.0)
+        except Exception:
+            return
+        if self._client.abort:
+            raise RuntimeError(f"the run was aborted: {self._client.abort}")
+
+    @property
+    def stopped(self) -> bool:
+        return self._client.stop

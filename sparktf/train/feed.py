@@ -1,0 +1,481 @@
+"""The ``spark`` input mode: DataFrame rows into the TensorFlow processes, at Spark's speed.
+
+TensorFlowOnSpark's own feed (``TFCluster.train`` / ``DataFeed.next_batch``) pushes every row
+through a multiprocessing-manager queue; measured here it delivers about a tenth of what
+Spark reads (see STACK.md). This module keeps TensorFlowOnSpark's plumbing -- the executor's
+``TFManager`` and its ``input`` queue, which pair a Spark task with the TensorFlow process on
+the same executor -- but moves the rows around the queue:
+
+1. Feeding tasks (``DataFrame.mapInArrow``, :func:`make_feeder`) receive Arrow record
+   batches straight from the JVM, cut them into chunks of about ``chunk_bytes`` and write each
+   chunk as an Arrow IPC file into a node-local directory (``/dev/shm`` when it has room)
+   that the TensorFlow process on the same executor created. Only ``(path, rows)`` goes on
+   the ``input`` queue. A feeding task blocks while ``max_buffered`` chunks wait unread
+   (back-pressure) and fails after ``feed_timeout_s`` without progress.
+2. The TensorFlow process (:class:`FeedReader`) memory-maps each file, decodes whole columns
+   at once (``image``/``tokens`` hold ``numpy.save`` bytes of one fixed shape, so a column
+   is a strided view of one buffer), deletes the file, and re-batches rows into exact
+   batches on a prefetch thread.
+3. The end: when the driver's feed jobs have finished it publishes how many chunks each
+   executor received (:mod:`sparktf.train.control`); a reader ends after reading its count.
+   Partitions of any size, executors that got more or fewer rows, and a remainder shorter
+   than a batch therefore never leave a reader waiting. Rows that do not fill a last batch
+   are dropped (counted in ``dropped_rows``).
+
+When a TensorFlow process stops early (its step target reached, or it failed) it sets its
+manager's ``sparktf_state``; feeding tasks on that executor then skip their rows.
+
+Neither TensorFlow nor Spark is imported here: feeding tasks stay light.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import queue as queue_lib
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+FEED_KEY = "sparktf_feed"
+STATE_KEY = "sparktf_state"
+RUNNING, DONE, FAILED = "running", "done", "failed"
+DEFAULT_CHUNK_BYTES = 8 << 20
+DEFAULT_MAX_BUFFERED = 8
+SUMMARY_SCHEMA = "executor string, chunks long, rows long, skipped long"
+
+
+class FeedError(RuntimeError):
+    """The spark input mode cannot continue (the message says where and why)."""
+
+
+class FeedTimeout(FeedError, TimeoutError):
+    pass
+
+
+@dataclass(frozen=True)
+class Field:
+    """One fed column: an int64 scalar (``shape`` None) or an ndarray stored as np.save bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...] | None = None
+
+
+# ----------------------------------------------------------------------------- managers
+
+_MANAGERS: dict[Any, Any] = {}
+
+
+def connect_manager(address: Any, authkey: bytes):
+    """A connected TensorFlowOnSpark ``TFManager`` (cached per address in this process)."""
+    from tensorflowonspark import TFManager
+
+    key = address if isinstance(address, str) else tuple(address)
+    mgr = _MANAGERS.get(key)
+    if mgr is None:
+        mgr = TFManager.connect(address, bytes(authkey))
+        _MANAGERS[key] = mgr
+    return mgr
+
+
+def _get(mgr, key: str, default=None):
+    """A value of the manager's key-value store. TFManager's ``get`` returns a proxy of the
+    value (TensorFlowOnSpark compares ``str()`` of it); ``_getvalue()`` gives the value."""
+    from multiprocessing.managers import RemoteError
+
+    try:
+        value = mgr.get(key)
+    except (KeyError, RemoteError) as exc:
+        if isinstance(exc, RemoteError) and "KeyError" not in str(exc):
+            raise
+        return default
+    return value._getvalue() if hasattr(value, "_getvalue") else value
+
+
+def _feed_bases() -> list[str]:
+    """Where feed directories may live: ``SPARKTF_FEED_DIR``, else ``/dev/shm`` and the
+    system temporary directory."""
+    if os.environ.get("SPARKTF_FEED_DIR"):
+        return [os.environ["SPARKTF_FEED_DIR"]]
+    return ["/dev/shm", tempfile.gettempdir()]
+
+
+def feed_dir_names(token: str, key: str) -> list[str]:
+    """Every place the feed directory of node ``key`` of run ``token`` can be."""
+    return [os.path.join(base, f"sparktf-feed-{token[:8]}-{key}") for base in _feed_bases()]
+
+
+def node_local_dir(token: str, key: str, *, min_free: int = 1 << 30) -> str:
+    """The feed directory of one node: in ``/dev/shm`` when it has ``min_free`` bytes free,
+    else in the system temporary directory (``SPARKTF_FEED_DIR`` overrides both). The name is
+    fixed by run and node, so the Spark task that started the node can remove it whatever
+    happened to the node."""
+    candidates = feed_dir_names(token, key)
+    path = candidates[-1]
+    if len(candidates) > 1:
+        try:
+            st = os.statvfs("/dev/shm")
+            if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= min_free:
+                path = candidates[0]
+        except OSError:
+            pass
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def remove_feed_dirs(token: str, key: str) -> None:
+    for path in feed_dir_names(token, key):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- feeding side
+
+def make_feeder(nodes: dict[int, dict], token: str, control_url: str, *, feed_timeout_s: float,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                max_buffered: int = DEFAULT_MAX_BUFFERED) -> Callable:
+    """The ``mapInArrow`` function of the feeding job.
+
+    ``nodes`` maps a TensorFlowOnSpark executor id to its TFManager ``{"addr", "authkey",
+    "key"}``; ``token`` and ``control_url`` identify the run and its driver. Yields one
+    summary row per task (:data:`SUMMARY_SCHEMA`). A task ends early, without writing, once
+    its TensorFlow process has stopped reading or the driver has ended the run; it fails
+    promptly when the driver aborts the run (no task is killed: killing a PySpark worker
+    would orphan TensorFlowOnSpark's processes in it).
+    """
+
+    def feed(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+        from tensorflowonspark import util
+
+        from sparktf.train.control import RunFlags
+
+        flags = RunFlags(control_url, token)
+
+        executor_id = util.read_executor_id()
+        node = nodes.get(executor_id)
+        if node is None:
+            raise FeedError(
+                f"a feeding task ran on executor {executor_id}, which runs no TensorFlow "
+                f"process of this run: in spark input mode every executor must hold one "
+                f"(executors {sorted(nodes)})")
+        mgr = connect_manager(node["addr"], node["authkey"])
+        queue = mgr.get_queue("input")
+        target = _await_feed_dir(mgr, token, node["key"], feed_timeout_s, flags)
+        chunks = rows = skipped = 0
+        writing = target is not None
+        for batch in batches:
+            flags.check()
+            if writing and (flags.stopped or _get(mgr, STATE_KEY) != RUNNING):
+                writing = False
+            if not writing:
+                skipped += batch.num_rows
+                continue
+            step = max(1, chunk_bytes // max(1, batch.nbytes // max(1, batch.num_rows)))
+            for start in range(0, batch.num_rows, step):
+                piece = batch.slice(start, step)
+                if not _wait_for_room(mgr, queue, max_buffered, feed_timeout_s, node["key"],
+                                      flags):
+                    writing = False
+                    skipped += batch.num_rows - start
+                    break
+                path = os.path.join(target, f"{uuid.uuid4().hex}.arrow")
+                try:
+                    with pa.OSFile(path + ".tmp", "wb") as sink:
+                        with pa.ipc.new_file(sink, piece.schema) as writer:
+                            writer.write_batch(piece)
+                    os.rename(path + ".tmp", path)
+                except FileNotFoundError:  # the reader finished and removed its directory
+                    writing = False
+                    skipped += batch.num_rows - start
+                    break
+                queue.put((path, piece.num_rows))
+                chunks += 1
+                rows += piece.num_rows
+        yield pa.RecordBatch.from_pydict({"executor": [node["key"]], "chunks": [chunks],
+                                          "rows": [rows], "skipped": [skipped]})
+
+    return feed
+
+
+def _await_feed_dir(mgr, token: str, key: str, timeout_s: float, flags) -> str | None:
+    """The reader's directory, once it is ready; None if the reader already stopped."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        flags.check()
+        if flags.stopped:
+            return None
+        info = _get(mgr, FEED_KEY)
+        if info and info.get("token") == token:
+            return info["dir"] if _get(mgr, STATE_KEY) == RUNNING else None
+        if time.monotonic() > deadline:
+            raise FeedTimeout(f"the TensorFlow process of {key} did not open its feed within "
+                              f"{timeout_s:.0f} s (feed_timeout_s)")
+        time.sleep(0.05)
+
+
+def _wait_for_room(mgr, queue, max_buffered: int, timeout_s: float, key: str, flags) -> bool:
+    """Back-pressure: waits while ``max_buffered`` chunks are unread. False: reader stopped."""
+    deadline = None
+    delay = 0.001
+    while queue.qsize() >= max_buffered:
+        state = _get(mgr, STATE_KEY)
+        flags.check()
+        if state != RUNNING or flags.stopped:
+            return False
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + timeout_s
+        elif now > deadline:
+            raise FeedTimeout(f"the TensorFlow process of {key} took no rows for "
+                              f"{timeout_s:.0f} s (feed_timeout_s); it may be stuck")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return _get(mgr, STATE_KEY) == RUNNING
+
+
+# ----------------------------------------------------------------------------- decoding
+
+def _npy_layout(value: bytes) -> tuple[int, tuple[int, ...], np.dtype, bool]:
+    """(header bytes, shape, dtype, fortran order) of one ``numpy.save`` value."""
+    stream = io.BytesIO(value)
+    version = np.lib.format.read_magic(stream)
+    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+            else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read(stream)
+    return stream.tell(), tuple(shape), np.dtype(dtype), fortran
+
+
+def decode_ndarray_column(column, field: Field, *, where: str = "feed") -> np.ndarray:
+    """A binary column of ``numpy.save`` bytes (one fixed shape) as one ndarray [N, *shape].
+
+    When every value has the same length (the normal case) the column's data buffer is
+    viewed as an [N, length] matrix and the header columns are cut off: no per-row work.
+    """
+    import pyarrow as pa
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n = len(column)
+    dtype = np.dtype(field.dtype)
+    shape = tuple(field.shape or ())
+    if n == 0:
+        return np.zeros((0, *shape), dtype=dtype)
+    if column.null_count:
+        raise FeedError(f"{where}: column {field.name!r} has {column.null_count} null values")
+    header, got_shape, got_dtype, fortran = _npy_layout(column[0].as_py())
+    if got_shape != shape or got_dtype != dtype or fortran:
+        raise FeedError(f"{where}: column {field.name!r} holds {got_dtype}{list(got_shape)} "
+                        f"arrays, expected {dtype}{list(shape)}")
+    large = pa.types.is_large_binary(column.type)
+    buffers = column.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32,
+                            count=n + 1, offset=column.offset * (8 if large else 4))
+    lengths = np.diff(offsets)
+    width = int(lengths[0])
+    if (lengths == width).all() and width - header == dtype.itemsize * math.prod(shape):
+        data = np.frombuffer(buffers[2], dtype=np.uint8)
+        block = data[int(offsets[0]):int(offsets[0]) + n * width].reshape(n, width)
+        return np.ascontiguousarray(block[:, header:]).view(dtype).reshape(n, *shape)
+    return np.stack([np.load(io.BytesIO(v.as_py()), allow_pickle=False) for v in column])
+
+
+def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str, np.ndarray]:
+    out = {}
+    for f in fields:
+        if f.name not in table.column_names:
+            raise FeedError(f"{where}: no column {f.name!r} (columns: {table.column_names})")
+        column = table.column(f.name)
+        if f.shape is None:
+            out[f.name] = column.to_numpy().astype(f.dtype, copy=False)
+        else:
+            out[f.name] = decode_ndarray_column(column, f, where=where)
+    return out
+
+
+class Rebatcher:
+    """Turns chunks of any size into batches of exactly ``batch_size`` rows."""
+
+    def __init__(self, batch_size: int, rng: np.random.Generator | None = None):
+        self.batch_size = batch_size
+        self.rng = rng
+        self._parts: list[dict[str, np.ndarray]] = []
+        self._rows = 0
+
+    def add(self, chunk: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        n = len(next(iter(chunk.values())))
+        if self.rng is not None and n > 1:
+            order = self.rng.permutation(n)
+            chunk = {k: v[order] for k, v in chunk.items()}
+        self._parts.append(chunk)
+        self._rows += n
+        while self._rows >= self.batch_size:
+            yield self._take(self.batch_size)
+
+    def _take(self, count: int) -> dict[str, np.ndarray]:
+        taken, need = [], count
+        while need:
+            part = self._parts[0]
+            n = len(next(iter(part.values())))
+            if n <= need:
+                taken.append(self._parts.pop(0))
+                need -= n
+            else:
+                taken.append({k: v[:need] for k, v in part.items()})
+                self._parts[0] = {k: v[need:] for k, v in part.items()}
+                need = 0
+        self._rows -= count
+        if len(taken) == 1:
+            return taken[0]
+        return {k: np.concatenate([t[k] for t in taken]) for k in taken[0]}
+
+    @property
+    def leftover(self) -> int:
+        return self._rows
+
+
+# ----------------------------------------------------------------------------- reading side
+
+class FeedReader:
+    """The TensorFlow process's end of the feed: chunks in, exact batches out.
+
+    ``control`` is the node's :class:`~sparktf.train.control.ControlClient` (its
+    ``feed_end`` says when the feed is complete); ``key`` is this node's key there.
+    """
+
+    def __init__(self, *, mgr_address: Any, authkey: bytes, token: str, key: str,
+                 fields: list[Field], control, feed_timeout_s: float,
+                 shuffle_seed: int | None = None):
+        self.key, self.token, self.fields = key, token, fields
+        self.control = control
+        self.feed_timeout_s = feed_timeout_s
+        self.shuffle_seed = shuffle_seed
+        self.mgr = connect_manager(mgr_address, authkey)
+        self.queue = self.mgr.get_queue("input")
+        self.dir = node_local_dir(token, key)
+        self.chunks = self.rows = self.dropped_rows = 0
+        self.wait_s = 0.0
+        self._closed = False
+
+    def open(self) -> "FeedReader":
+        self.mgr.set(STATE_KEY, RUNNING)
+        self.mgr.set(FEED_KEY, {"token": self.token, "dir": self.dir})
+        log.info("feed for %s open in %s", self.key, self.dir)
+        return self
+
+    def _expected(self) -> int | None:
+        end = self.control.feed_end
+        return None if end is None else int(end.get(self.key, 0))
+
+    def chunk_stream(self) -> Iterator[dict[str, np.ndarray]]:
+        """Decoded chunks in arrival order, until the feed has ended."""
+        import pyarrow as pa
+
+        last = time.monotonic()
+        while True:
+            expected = self._expected()
+            if expected is not None and self.chunks >= expected:
+                return
+            try:
+                item = self.queue.get(timeout=0.5)
+            except queue_lib.Empty:
+                waited = time.monotonic() - last
+                if waited > self.feed_timeout_s:
+                    raise FeedTimeout(
+                        f"{self.key}: no rows arrived from Spark for {waited:.0f} s "
+                        f"(feed_timeout_s={self.feed_timeout_s:.0f}); {self.rows} rows read so "
+                        "far") from None
+                continue
+            if item is None:  # TensorFlowOnSpark's end-of-feed marker (its shutdown job)
+                self.queue.task_done()
+                return
+            path, count = item
+            started = time.monotonic()
+            self.wait_s += started - last
+            try:
+                with pa.memory_map(path) as source:
+                    table = pa.ipc.open_file(source).read_all()
+                chunk = decode_table(table, self.fields, where=f"feed chunk {path}")
+                del table
+            finally:
+                self.queue.task_done()
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            self.chunks += 1
+            self.rows += count
+            last = time.monotonic()
+            yield chunk
+
+    def batches(self, batch_size: int, *, prefetch: int = 4) -> Iterator[dict[str, np.ndarray]]:
+        """Exact batches of ``batch_size`` rows, read ahead on a thread."""
+        rng = np.random.default_rng(self.shuffle_seed) if self.shuffle_seed is not None else None
+        rebatcher = Rebatcher(batch_size, rng)
+        out: queue_lib.Queue = queue_lib.Queue(maxsize=prefetch)
+        stop = threading.Event()
+        END = object()
+
+        def produce() -> None:
+            try:
+                for chunk in self.chunk_stream():
+                    for batch in rebatcher.add(chunk):
+                        while not stop.is_set():
+                            try:
+                                out.put(batch, timeout=0.5)
+                                break
+                            except queue_lib.Full:
+                                continue
+                        if stop.is_set():
+                            return
+                self.dropped_rows = rebatcher.leftover
+                out.put(END)
+            except BaseException as exc:  # handed to the consumer
+                out.put(exc)
+
+        thread = threading.Thread(target=produce, name=f"sparktf-feed-{self.key}", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = out.get()
+                if item is END:
+                    if self.dropped_rows:
+                        log.info("%s: feed ended; %d rows short of a batch dropped", self.key,
+                                 self.dropped_rows)
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+
+    def close(self, state: str = DONE) -> None:
+        """Tells feeders to stop, deletes unread chunks and the directory."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.mgr.set(STATE_KEY, state)
+            while True:
+                try:
+                    item = self.queue.get_nowait()
+                except queue_lib.Empty:
+                    break
+                self.queue.task_done()
+                if item:
+                    try:
+                        os.unlink(item[0])
+                    except (FileNotFoundError, TypeError):
+                        pass
+        except Exception as exc:  # the manager may be gone with its Spark worker
+            log.debug("closing the feed of %s: %s", self.key, exc)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,159 @@
+"""Where a TensorFlow process's batches come from, for both input modes.
+
+Driver side, :func:`describe_data` reads the dataset's manifest once: rows of the split,
+the columns the model needs, the files of each format.
+
+Process side, :func:`open_batches` returns a :class:`Source` of numpy batches of exactly
+``batch_size`` rows:
+
+* ``spark``: the process's :class:`~sparktf.train.feed.FeedReader`;
+* ``files``: the process's shard of the split, repeated and reshuffled every pass, read
+  with :mod:`sparktf.datasets.readers` (TFRecord or Parquet, local or ``hdfs://``; by
+  files when their number is a multiple of the workers, else by records).
+
+Under the ``ps`` strategy the chief is the only reader: it reads every shard and hands
+batches to the workers (TF2 parameter-server workers run only the graph functions the
+coordinator sends; a Python reader -- and TensorFlow has no HDFS file system -- cannot run
+there).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from sparktf import storage
+from sparktf.train.config import ConfigError
+from sparktf.train.feed import Field
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- driver side
+
+def describe_data(data: str, split: str, file_format: str, features: tuple[str, ...]) -> dict:
+    """What a run needs to know about its dataset (JSON-able)."""
+    from sparktf.datasets import formats
+
+    manifest = formats.load_manifest(data)
+    if split not in manifest["splits"]:
+        raise ConfigError(f"dataset {data} has no split {split!r} "
+                          f"(it has {', '.join(manifest['splits'])})")
+    fields = [Field(f.name, f.dtype, tuple(f.shape) if f.shape else None)
+              for f in formats.manifest_fields(manifest)]
+    names = {f.name for f in fields}
+    missing = [name for name in features if name not in names]
+    if missing:
+        raise ConfigError(f"dataset {data} ({manifest['dataset']}) has no column(s) "
+                          f"{missing} that the model needs (it has {sorted(names)})")
+    wanted = [f for f in fields if f.name in features]
+    info = {"dataset": manifest["dataset"], "kind": manifest["kind"], "split": split,
+            "data": data,
+            "rows": int(manifest["splits"][split]["records"]),
+            "fields": [(f.name, f.dtype, list(f.shape) if f.shape else None) for f in wanted],
+            "files": {}, "parquet": None, "text": manifest.get("text")}
+    for fmt in manifest["formats"]:
+        info["files"][fmt] = formats.split_files(manifest, data, split, fmt)
+    if "parquet" in manifest["formats"]:
+        info["parquet"] = storage.join(data, split, "parquet")
+    if file_format not in manifest["formats"]:
+        info["missing_format"] = file_format
+    return info
+
+
+def fields_of(data_info: dict) -> list[Field]:
+    return [Field(name, dtype, tuple(shape) if shape else None)
+            for name, dtype, shape in data_info["fields"]]
+
+
+# ----------------------------------------------------------------------------- process side
+
+@dataclass
+class Source:
+    batches: Iterator[dict[str, Any]]
+    finite: bool
+    close_fn: Callable[[str], None] | None = None
+    reader: Any = None
+
+    @property
+    def rows(self) -> int | None:
+        return getattr(self.reader, "rows", None)
+
+    @property
+    def dropped_rows(self) -> int | None:
+        return getattr(self.reader, "dropped_rows", None)
+
+    def close(self, state: str) -> None:
+        if self.close_fn is not None:
+            self.close_fn(state)
+            self.close_fn = None
+
+
+def open_batches(spec: dict, plan: dict, control, batch_size: int) -> Source:
+    """This process's batches (``batch_size`` rows each)."""
+    data_info = spec["data_info"]
+    fields = fields_of(data_info)
+    if plan["strategy"] == "ps":
+        num_shards, shard = 1, 0
+    else:
+        num_shards, shard = int(plan["num_workers"]), int(plan["rank"])
+    seed = None if not spec["shuffle"] else int(spec["seed"]) + 1000 * shard
+    if spec["input_mode"] == "spark":
+        from sparktf.train.feed import FeedReader
+
+        reader = FeedReader(mgr_address=spec["mgr_address"], authkey=spec["mgr_authkey"],
+                            token=spec["token"], key=spec["key"], fields=fields,
+                            control=control, feed_timeout_s=float(spec["feed_timeout_s"]),
+                            shuffle_seed=seed).open()
+        from sparktf.train.node import on_exit
+
+        on_exit(lambda: reader.close("failed"))
+        return Source(reader.batches(batch_size), finite=True, close_fn=reader.close,
+                      reader=reader)
+    return Source(_file_batches(spec, fields, batch_size, num_shards, shard, seed), finite=True)
+
+
+def _file_batches(spec: dict, fields: list[Field], batch_size: int, num_shards: int,
+                  shard: int, seed: int | None) -> Iterator[dict[str, Any]]:
+    """Endless exact batches of this shard, from :mod:`sparktf.datasets.readers`."""
+    import tensorflow as tf
+
+    from sparktf.datasets import readers
+
+    info = spec["data_info"]
+    fmt = spec["file_format"]
+    options = dict(batch_size=batch_size, split=info["split"], num_shards=num_shards,
+                   shard_index=shard, shuffle=seed is not None, seed=seed, repeat=True,
+                   drop_remainder=True)
+    if fmt == "tfrecord":
+        dataset = readers.tfrecord_dataset(info["data"], verify_checksums=True, **options)
+    else:
+        dataset = readers.parquet_dataset(info["data"], **options)
+    names = [f.name for f in fields]
+    batches = iter(dataset)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except tf.errors.DataLossError as exc:  # TensorFlow's TFRecord reader: no file name
+            raise _locate_corruption(info["files"][fmt], num_shards, shard, exc) from None
+        yield {name: batch[name] for name in names}
+
+
+def _locate_corruption(files: list[str], num_shards: int, shard: int, exc) -> Exception:
+    """The error of a corrupt TFRecord file, naming it (TensorFlow's message gives only the
+    offset): the files this shard reads are checked one by one."""
+    from sparktf.datasets import tfrecord
+
+    import re
+
+    candidates = files[shard::num_shards] if len(files) % num_shards == 0 else files
+    said = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", exc.message.splitlines()[0]).strip()
+    for path in candidates:
+        try:
+            tfrecord.read_records(path, verify_data=True)
+        except (tfrecord.TFRecordError, OSError) as bad:
+            return tfrecord.TFRecordError(f"{bad} (TensorFlow: {said})")
+    return exc

@@ -1,0 +1,265 @@
+"""One TensorFlow process of a run: how it is started on an executor, and what it does.
+
+:func:`tfos_main` is the function TensorFlowOnSpark runs on each executor (in the Spark
+task for the ``files`` input mode, in TensorFlowOnSpark's background process for ``spark``).
+It does not run TensorFlow itself: it starts a fresh interpreter (``python -m
+sparktf.train.node SPEC``) and waits for it. TensorFlow thus never lives in a reused
+PySpark worker -- its gRPC server port, threads and memory go away with the process -- and
+a crash of TensorFlow cannot take the Spark worker down with it.
+
+The child process (:func:`main`):
+
+1. says hello to the driver's control server and gets its plan: its role (``chief``,
+   ``worker`` or ``ps``), its index and the TF cluster (:mod:`sparktf.train.control`);
+2. starts a heartbeat thread that exits the process at once when the driver aborts the run,
+   becomes unreachable, or the parent Spark task goes away (and asks the kernel to kill it
+   if the parent dies: ``PR_SET_PDEATHSIG``);
+3. runs its role: a ``ps`` task, or a ``worker`` under the ``ps`` strategy, serves its
+   ``tf.distribute.Server`` until the driver says stop (no ``Server.join()`` that never
+   returns); the chief and the all-reduce workers train (:mod:`sparktf.train.loop`);
+4. reports ``done`` or ``error`` (with the exception and the end of its traceback) and
+   exits through ``os._exit`` (TensorFlow's own teardown can hang in multi-worker runs).
+
+The same entry point serves the parameter servers that run on the driver (``ps_on_driver``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+log = logging.getLogger("sparktf.train.node")
+
+EXIT_ABORTED = 3
+_CLEANUPS: list = []
+
+
+def on_exit(fn) -> None:
+    """Registers ``fn()`` to run before this process exits (also when aborted)."""
+    _CLEANUPS.append(fn)
+
+
+class NodeFailed(RuntimeError):
+    """A TensorFlow process of the run failed; the message carries its error."""
+
+
+def error_summary(exc: BaseException, *, tail: int = 12) -> dict:
+    """Type, message and the last lines of the traceback of ``exc``."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    lines = text.rstrip().splitlines()
+    return {"type": type(exc).__name__, "message": str(exc).strip()[:4000],
+            "traceback": "\n".join(lines[-tail * 2:])}
+
+
+# ----------------------------------------------------------------------------- executor side
+
+def tfos_main(tf_args, ctx) -> None:
+    """TensorFlowOnSpark's map function: start this executor's TensorFlow process, wait."""
+    spec = dict(tf_args.spec)
+    spec["key"] = f"executor-{ctx.executor_id}"
+    spec["executor_id"] = ctx.executor_id
+    mgr = ctx.mgr
+    spec["mgr_address"] = mgr.address
+    spec["mgr_authkey"] = bytes(mgr._authkey)
+    run_child(spec, label=f"{ctx.job_name}:{ctx.task_index} (executor {ctx.executor_id})")
+
+
+def run_child(spec: dict, *, label: str) -> None:
+    """Runs ``python -m sparktf.train.node`` for ``spec``; raises NodeFailed on failure."""
+    with tempfile.TemporaryDirectory(prefix="sparktf-node-") as tmp:
+        spec_file = os.path.join(tmp, "spec.pickle")
+        error_file = os.path.join(tmp, "error.json")
+        spec = {**spec, "error_file": error_file}
+        with open(spec_file, "wb") as f:
+            pickle.dump(spec, f)
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env.pop("TF_CONFIG", None)  # the child sets its own from the driver's plan
+        child = subprocess.Popen([sys.executable, "-m", "sparktf.train.node", spec_file],
+                                 env=env, start_new_session=False)
+        try:
+            code = child.wait()
+        except BaseException:  # the Spark task is being killed: take the child with us
+            child.kill()
+            child.wait()
+            raise
+        finally:
+            from sparktf.train.feed import remove_feed_dirs
+
+            remove_feed_dirs(spec["token"], spec["key"])  # whatever became of the child
+        if code == 0:
+            return
+        if code == EXIT_ABORTED:  # it left because the run was aborted elsewhere
+            log.info("TensorFlow process %s left: the run was aborted", label)
+            return
+        if os.path.exists(error_file):
+            with open(error_file) as f:
+                err = json.load(f)
+            detail = f"{err['type']}: {err['message']}\n{err['traceback']}"
+            reported = bool(err.get("reported"))
+        else:  # it died without a word (killed, out of memory): tell the driver now
+            detail = (f"killed by signal {signal.Signals(-code).name} (out of memory?)"
+                      if code < 0 else f"exited with code {code} without reporting an error")
+            reported = _report_death(spec, label, detail)
+        message = f"TensorFlow process {label} exited with code {code}: {detail}"
+        if reported:
+            # The driver has the error and aborts the run. Ending this task normally keeps
+            # Spark from failing the stage and killing the other tasks' PySpark workers
+            # (which would orphan TensorFlowOnSpark's processes in them).
+            log.error("%s", message)
+            return
+        raise NodeFailed(message)
+
+
+def _report_death(spec: dict, label: str, why: str) -> bool:
+    try:
+        from sparktf.train.control import ControlClient
+
+        ControlClient(spec["control_url"], spec["token"], spec["key"]).post(
+            "error", {"type": "ProcessDied", "message": f"TensorFlow process {label}: {why}",
+                      "traceback": ""}, timeout=5.0)
+        return True
+    except Exception:  # the driver will notice the missing heartbeats
+        return False
+
+
+# ----------------------------------------------------------------------------- child process
+
+def _die_with_parent() -> None:
+    """Asks Linux to SIGKILL this process when its parent dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the heartbeat's parent check still applies
+        pass
+
+
+def _exit(code: int) -> None:
+    while _CLEANUPS:
+        try:
+            _CLEANUPS.pop()()
+        except Exception:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
+def serve(plan: dict, control) -> None:
+    """A ps task, or a worker of the ps strategy: serve until the driver says stop."""
+    import tensorflow as tf
+
+    cluster = tf.train.ClusterSpec(plan["cluster"])
+    server = tf.distribute.Server(cluster, job_name=plan["role"], task_index=plan["index"],
+                                  protocol="grpc", start=True)
+    log.info("%s serving at %s", plan["name"], server.target)
+    control.set_progress({"serving": server.target.decode() if isinstance(server.target, bytes)
+                          else str(server.target)})
+    control.wait_for_stop()
+    log.info("%s: run over, exiting", plan["name"])
+
+
+def consume_feed(spec: dict, plan: dict, control) -> dict:
+    """Reads the whole feed and drops it (measures the spark input mode alone)."""
+    from sparktf.train import inputs
+
+    started = time.time()
+    batch = int(spec["global_batch"]) // int(plan["num_workers"])
+    source = inputs.open_batches(spec, plan, control, batch)
+    rows, first = 0, None
+    for b in source.batches:
+        rows += len(next(iter(b.values())))
+        first = first or time.time()
+    source.close("done")
+    return {"rows": rows, "started": started, "first_batch": first, "ended": time.time(),
+            "wait_s": getattr(source.reader, "wait_s", None)}
+
+
+def main(argv: list[str]) -> None:
+    with open(argv[1], "rb") as f:
+        spec = pickle.load(f)
+    logging.basicConfig(level=spec.get("log_level", "INFO"), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [{spec['key']}] %(name)s: %(message)s")
+    for noisy in ("tensorflow", "absl", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _die_with_parent()
+
+    from sparktf.train.control import ControlClient
+
+    control = ControlClient(spec["control_url"], spec["token"], spec["key"],
+                            driver_lost_s=spec["driver_lost_s"])
+    done = threading.Event()
+
+    def on_abort(reason: str) -> None:
+        if done.is_set():
+            return
+        log.error("%s; exiting", reason)
+        _exit(EXIT_ABORTED)
+
+    try:
+        plan = control.hello(spec["startup_timeout_s"])
+        log.info("role %s in %s", plan["name"], json.dumps(plan["cluster"]))
+        control.start_heartbeat(on_abort)
+        _configure_process(spec, plan)
+        if plan["role"] == "ps" or (plan["strategy"] == "ps" and plan["role"] == "worker"):
+            serve(plan, control)
+        elif spec.get("consume_only"):  # bench/feed.py: the feed without TensorFlow
+            control.send("done", consume_feed(spec, plan, control))
+            control.wait_for_stop()
+        else:
+            from sparktf.train import loop
+
+            result = loop.run(spec, plan, control)
+            control.send("done", result)
+            if plan["role"] != "chief":
+                # Stay until the chief has finished too: a multi-worker process that leaves
+                # early can fail the chief's last collective or coordination heartbeat.
+                control.wait_for_stop()
+        done.set()
+        control.send("bye")
+        _exit(0)
+    except BaseException as exc:  # report, then exit non-zero: the Spark task fails with it
+        err = error_summary(exc)
+        log.error("failed: %s: %s\n%s", err["type"], err["message"], err["traceback"])
+        done.set()
+        err["reported"] = control.send("error", err, attempts=2) is not None
+        try:
+            with open(spec["error_file"], "w") as f:
+                json.dump(err, f)
+        except OSError:
+            pass
+        _exit(1)
+
+
+def _configure_process(spec: dict, plan: dict) -> None:
+    """Environment of the TensorFlow runtime, set before TensorFlow is imported."""
+    if plan["role"] == "ps" or spec["gpus_per_worker"] == 0:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only (ps tasks never take a GPU)
+    else:  # processes that share a GPU must not each take all of its memory
+        os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    cluster = {k: v for k, v in plan["cluster"].items() if v}
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": cluster, "task": {"type": plan["role"], "index": plan["index"]}})
+    threads = int(spec.get("threads_per_worker") or 0)
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

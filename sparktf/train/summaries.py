@@ -1,0 +1,74 @@
+"""TensorBoard summaries written with TensorFlow's core ops only.
+
+TensorFlow 2.21 no longer depends on the ``tensorboard`` package, and without it
+``tf.summary.scalar`` / ``histogram`` / ``image`` raise ``TBNotInstalledError``. The event
+format does not need the package: a summary is ``tf.summary.write`` of a tensor plus a
+``SummaryMetadata`` naming the TensorBoard plugin that displays it. This module writes
+exactly what TensorBoard's own v2 summary functions write:
+
+* scalars: a float32 scalar, plugin ``scalars`` (data class SCALAR);
+* histograms: a float64 [k, 3] tensor of (left edge, right edge, count), plugin
+  ``histograms`` (data class TENSOR);
+* images: a string vector ``[width, height, png, png, ...]``, plugin ``images`` (data class
+  BLOB_SEQUENCE).
+
+Viewing them needs TensorBoard (``pip install tensorboard``), writing them does not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_DATA_CLASS = {"scalars": 1, "histograms": 2, "images": 3}  # SCALAR, TENSOR, BLOB_SEQUENCE
+
+
+def _metadata(plugin: str, description: str = ""):
+    from tensorflow.core.framework import summary_pb2
+
+    meta = summary_pb2.SummaryMetadata()
+    meta.plugin_data.plugin_name = plugin
+    meta.plugin_data.content = b""
+    meta.summary_description = description
+    meta.data_class = _DATA_CLASS[plugin]
+    return meta
+
+
+def scalar(name: str, value, step: int) -> None:
+    import tensorflow as tf
+
+    tf.summary.write(name, tf.cast(value, tf.float32), step=step, metadata=_metadata("scalars"))
+
+
+def histogram_buckets(values: np.ndarray, bucket_count: int = 30) -> np.ndarray:
+    """(left, right, count) rows, as TensorBoard's histogram summary computes them."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return np.zeros((0, 3), dtype=np.float64)
+    low, high = float(values.min()), float(values.max())
+    if low == high:  # one bucket around the single value
+        return np.array([[low - 0.5, high + 0.5, float(values.size)]], dtype=np.float64)
+    counts, edges = np.histogram(values, bins=bucket_count, range=(low, high))
+    return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
+
+
+def histogram(name: str, values, step: int, bucket_count: int = 30) -> None:
+    import tensorflow as tf
+
+    buckets = histogram_buckets(np.asarray(values), bucket_count)
+    tf.summary.write(name, tf.constant(buckets, tf.float64), step=step,
+                     metadata=_metadata("histograms"))
+
+
+def image(name: str, images, step: int, max_outputs: int = 16) -> None:
+    """``images``: uint8 [N, H, W, C] with C in (1, 3, 4)."""
+    import tensorflow as tf
+
+    images = tf.convert_to_tensor(images)[:max_outputs]
+    if images.dtype != tf.uint8:
+        images = tf.image.convert_image_dtype(images, tf.uint8, saturate=True)
+    pngs = tf.map_fn(tf.image.encode_png, images, fn_output_signature=tf.string)
+    shape = tf.shape(images)
+    dims = tf.strings.as_string([shape[2], shape[1]])  # width, height
+    tf.summary.write(name, tf.concat([dims, pngs], axis=0), step=step,
+                     metadata=_metadata("images"))

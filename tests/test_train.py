@@ -1,0 +1,331 @@
+"""Tests of distributed training (sparktf.train) on the local-cluster session (2 executors).
+
+Layouts on two executors: all-reduce = chief + one worker; ps = chief (coordinator) + one
+worker on executors, the parameter server on the driver (``ps_on_driver``).
+
+Each TensorFlowOnSpark run costs tens of seconds here, so the runs are few and each checks
+several things: seven runs in all (both strategies x both input modes, a resume, ResNet-20,
+a corrupt shard). The fast tests at the top need no Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.datagen import write_cifar10, write_mnist
+from sparktf import storage
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MLP = {"hidden_units": 8}
+
+
+def node_processes() -> list[str]:
+    """TensorFlow processes of sparktf still running (there must be none after a run)."""
+    out = subprocess.run(["pgrep", "-af", "sparktf.train.node"], capture_output=True, text=True)
+    return [l for l in out.stdout.splitlines() if "pgrep" not in l]
+
+
+def assert_nothing_left(timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while node_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert node_processes() == []
+    assert [p for p in os.listdir("/dev/shm") if p.startswith("sparktf-feed-")] == []
+
+
+# ----------------------------------------------------------------------------- fast tests
+
+def test_configs_validate_and_count_executors():
+    from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig
+
+    assert ScalingConfig(strategy="allreduce", num_workers=3).num_executors == 3
+    assert ScalingConfig(strategy="ps", num_workers=2, num_ps=2).num_executors == 5
+    assert ScalingConfig(strategy="ps", num_workers=1, num_ps=1, ps_on_driver=True).num_executors == 2
+    with pytest.raises(ConfigError, match="strategy"):
+        ScalingConfig(strategy="mirrored")
+    with pytest.raises(ConfigError, match="input_mode"):
+        TrainConfig(model="resnet20", data="/d", input_mode="queue")
+    with pytest.raises(ConfigError, match="model_dir"):
+        RunConfig(model_dir="")
+    assert RunConfig(model_dir="/m", failure_timeout_s=120).heartbeat_timeout_s == 60
+
+
+def test_feed_decodes_columns_and_rebatches_exactly():
+    import pyarrow as pa
+
+    from sparktf.datasets.formats import encode_ndarray_column
+    from sparktf.train.feed import Field, Rebatcher, decode_table
+
+    images = np.random.default_rng(0).integers(0, 256, (10, 28, 28, 1), dtype=np.uint8)
+    table = pa.table({"image": encode_ndarray_column(images),
+                      "label": pa.array(np.arange(10), pa.int64())})
+    fields = [Field("image", "uint8", (28, 28, 1)), Field("label", "int64")]
+    decoded = decode_table(table.slice(3, 5), fields)  # a slice: offsets do not start at 0
+    np.testing.assert_array_equal(decoded["image"], images[3:8])
+    np.testing.assert_array_equal(decoded["label"], np.arange(3, 8))
+    rebatcher = Rebatcher(4)
+    out = [b for chunk in (decode_table(table.slice(0, 3), fields), decoded,
+                           decode_table(table.slice(8, 2), fields))
+           for b in rebatcher.add(chunk)]
+    assert [len(b["label"]) for b in out] == [4, 4]
+    np.testing.assert_array_equal(np.concatenate([b["label"] for b in out]),
+                                  [0, 1, 2, 3, 4, 5, 6, 7])
+    assert rebatcher.leftover == 2
+
+
+def test_control_channel_plans_progress_and_abort():
+    from sparktf.train.control import ControlClient, ControlServer
+
+    server = ControlServer("127.0.0.1")
+    try:
+        client = ControlClient(server.url, server.token, "executor-0")
+        server.publish_plans({"executor-0": {"name": "chief:0", "role": "chief"}})
+        assert client.hello(5)["name"] == "chief:0"
+        client.post("beat", {"progress": {"step": 3}})
+        assert server.snapshot()["executor-0"].progress == {"step": 3}
+        server.request_abort("boom")
+        client.post("beat")
+        assert client.abort == "boom" and client.stop
+        assert ControlClient(server.url, "wrong", "x").send("beat", attempts=1) is None
+    finally:
+        server.close()
+
+
+def test_summaries_and_checkpoint_state(tmp_path):
+    from sparktf.train import artifacts, summaries
+
+    buckets = summaries.histogram_buckets(np.arange(100.0), 10)
+    assert buckets.shape == (10, 3) and buckets[:, 2].sum() == 100
+    assert artifacts.latest_checkpoint_step(str(tmp_path)) == 0
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-40"\nall_model_checkpoint_paths: "ckpt-40"\n')
+    assert artifacts.latest_checkpoint_step(str(tmp_path)) == 40
+
+
+def test_job_help_and_usage_errors():
+    help_text = subprocess.run([sys.executable, str(ROOT / "jobs/train_resnet.py"), "--help"],
+                               capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0
+    for flag in ("--strategy", "--input-mode", "--gpus-per-worker", "--model-dir", "--epochs"):
+        assert flag in help_text.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "--model", "resnet20",
+                          "--data", "/nonexistent", "--model-dir", "/tmp/x",
+                          "--strategy", "mirrored"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- data
+
+@pytest.fixture(scope="module")
+def mnist(spark, tmp_path_factory):
+    """Tiny MNIST-format dataset (both formats, 2 shards; 100 train rows, 3 Parquet parts)."""
+    from sparktf.datasets.convert import convert
+
+    base = tmp_path_factory.mktemp("mnist")
+    write_mnist(base / "raw", n_train=100, n_test=10)
+    convert("mnist", str(base / "raw"), str(base / "data"), shards=2, spark=spark)
+    # A third Parquet part of another size: uneven partitions for the spark input mode.
+    parquet = base / "data" / "train" / "parquet"
+    spark.read.parquet(f"file://{parquet}").repartition(3).write.mode("overwrite") \
+        .parquet(f"file://{base / 'uneven'}")
+    return base
+
+
+@pytest.fixture(scope="module")
+def mnist_hdfs(mnist, hdfs):
+    uri = hdfs.fresh("mnist")
+    storage.copy_tree(str(mnist / "data"), uri)
+    return uri
+
+
+def _fit(spark, data, model_dir, *, strategy, input_mode, steps=None, epochs=None,
+         batch_size=8, model="mnist_mlp", model_config=None, **run):
+    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
+
+    scaling = ScalingConfig(strategy=strategy, num_workers=2 if strategy == "allreduce" else 1,
+                            num_ps=1, ps_on_driver=True, threads_per_worker=1)
+    run = {"checkpoint_every_steps": 4, "summary_every_steps": 2, "progress_every_s": 2.0,
+           "failure_timeout_s": 60.0, "feed_timeout_s": 60.0, **run}
+    return fit(TrainConfig(model=model, data=str(data), input_mode=input_mode, steps=steps,
+                           epochs=epochs, batch_size=batch_size,
+                           model_config=TINY_MLP if model_config is None else model_config),
+               scaling, RunConfig(model_dir=str(model_dir), **run), spark=spark)
+
+
+def _events(model_dir: str) -> dict[str, int]:
+    """Summary tags in the model directory's event files, with their counts."""
+    import tensorflow as tf
+
+    tags: dict[str, int] = {}
+    with storage.local_copy(storage.join(model_dir, "events")) as local:
+        for root, _, files in os.walk(local):
+            for name in files:
+                for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
+                    for value in event.summary.value:
+                        tags[value.tag] = tags.get(value.tag, 0) + 1
+    return tags
+
+
+# ----------------------------------------------------------------------------- runs
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnist_hdfs):
+    import tensorflow as tf
+
+    from sparktf.datasets.tfrecord import image_examples
+
+    model_dir = hdfs.fresh("allreduce-files")
+    result = _fit(spark, mnist_hdfs, model_dir, strategy="allreduce", input_mode="files",
+                  steps=6)
+    assert (result.start_step, result.final_step) == (0, 6)
+    assert result.checkpoint == storage.join(model_dir, "checkpoints", "ckpt-6")
+    assert storage.exists(result.checkpoint + ".index")
+    assert result.export_path == storage.join(model_dir, "export", "6")
+    assert {"loss", "accuracy", "learning_rate"} <= set(result.metrics)
+    assert result.time_to_first_step_s and result.time_to_first_step_s < result.elapsed_s
+    tags = _events(model_dir)
+    assert {"loss", "accuracy", "learning_rate", "examples_per_sec"} <= set(tags)
+    assert any(t.startswith("weights/") for t in tags)
+    with storage.local_copy(result.export_path) as local:
+        loaded = tf.saved_model.load(local)
+        images = np.random.default_rng(1).integers(0, 256, (3, 28, 28, 1), dtype=np.uint8)
+        examples = image_examples(images, np.zeros(3, np.int64), np.arange(3))
+        out = loaded.signatures["serving_default"](inputs=tf.constant(examples))
+        assert out["classes"].shape == (3,) and out["classes"].dtype == tf.int64
+        assert out["scores"].shape == (3, 10)
+        np.testing.assert_allclose(out["scores"].numpy().sum(axis=1), 1.0, rtol=1e-5)
+        direct = loaded.signatures["predict_images"](images=tf.constant(images))
+        np.testing.assert_allclose(direct["scores"], out["scores"], rtol=1e-5)
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_path):
+    """3 Parquet parts over 2 workers and a batch that does not divide them: the workers
+    receive different numbers of rows, and whoever runs out first ends the run for all."""
+    data = tmp_path / "data"
+    shutil.copytree(mnist / "data", data)
+    shutil.rmtree(data / "train" / "parquet")
+    shutil.copytree(mnist / "uneven", data / "train" / "parquet")
+    result = _fit(spark, data, tmp_path / "model", strategy="allreduce", input_mode="spark",
+                  epochs=1, batch_size=6, checkpoint_every_steps=100)
+    assert 1 <= result.final_step <= 100 // 6
+    assert result.export_path and storage.exists(result.export_path)
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mnist, tmp_path):
+    import tensorflow as tf
+
+    model_dir = hdfs.fresh("ps-resume")
+    first = _fit(spark, mnist / "data", model_dir, strategy="ps", input_mode="files", steps=4)
+    assert (first.start_step, first.final_step) == (0, 4)
+    second = _fit(spark, mnist / "data", model_dir, strategy="ps", input_mode="files", steps=8)
+    assert (second.start_step, second.final_step) == (4, 8)
+    assert second.checkpoint == storage.join(model_dir, "checkpoints", "ckpt-8")
+    with storage.local_copy(storage.join(model_dir, "checkpoints")) as local:
+        reader = tf.train.load_checkpoint(os.path.join(local, "ckpt-8"))
+        names = reader.get_variable_to_shape_map()
+        assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == 8
+        iterations = [n for n in names if n.startswith("optimizer/") and "iteration" in n]
+        assert iterations and reader.get_tensor(iterations[0]) == 8  # Adam's bias correction
+    exports = [storage.parse(p).path.rsplit("/", 1)[-1]
+               for p in storage.listdir(storage.join(model_dir, "export"))]
+    assert sorted(exports) == ["4", "8"]
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_ps_spark_feed(spark, mnist, tmp_path):
+    result = _fit(spark, mnist / "data", tmp_path / "model", strategy="ps", input_mode="spark",
+                  steps=6)
+    assert result.final_step == 6 and result.strategy == "ps" and result.input_mode == "spark"
+    assert result.examples == 6 * 8
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_resnet20_steps_and_image_signature(spark, tmp_path):
+    import tensorflow as tf
+
+    from sparktf.datasets.convert import convert
+
+    write_cifar10(tmp_path / "raw", n_train=40, n_test=8, train_files=2)
+    convert("cifar10", str(tmp_path / "raw"), str(tmp_path / "cifar"), shards=2,
+            output_formats=("tfrecord",), spark=spark)
+    result = _fit(spark, tmp_path / "cifar", tmp_path / "model", strategy="allreduce",
+                  input_mode="files", steps=3, batch_size=8, model="resnet20", model_config={})
+    assert result.final_step == 3 and np.isfinite(result.metrics["loss"])
+    loaded = tf.saved_model.load(result.export_path)
+    scores = loaded.signatures["predict_images"](images=tf.zeros([2, 32, 32, 3], tf.uint8))
+    assert scores["scores"].shape == (2, 10)
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
+    from sparktf.train import TrainingError
+
+    data = tmp_path / "data"
+    shutil.copytree(mnist / "data", data)
+    shard = sorted((data / "train" / "tfrecord").glob("*.tfrecord"))[1]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2: len(raw) // 2 + 64] = b"\xff" * 64
+    shard.write_bytes(bytes(raw))
+    started = time.monotonic()
+    with pytest.raises(TrainingError) as failure:
+        _fit(spark, data, tmp_path / "model", strategy="allreduce", input_mode="files",
+             steps=50, failure_timeout_s=60.0)
+    elapsed = time.monotonic() - started
+    message = str(failure.value)
+    print(f"error after {elapsed:.1f} s: {message}")
+    assert shard.name in message and "corrupt" in message
+    assert "worker:0" in message or "chief:0" in message
+    assert elapsed < 120
+    assert_nothing_left()
+    # The session is still usable after the failure.
+    assert spark.sparkContext.parallelize(range(4), 2).sum() == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_each_process_sees_its_gpu(request, tmp_path):
+    """Where a GPU is present: a job with --gpus-per-worker 1 gets its GPU through Spark's
+    resource scheduling (its own local-cluster application) and the chief's TensorFlow sees it."""
+    import json
+
+    tf = pytest.importorskip("tensorflow")
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("no GPU on this machine")
+    out = subprocess.run([str(ROOT / "scripts/gpu_discovery.sh")], capture_output=True,
+                         text=True)
+    assert '"name": "gpu"' in out.stdout and '"0"' in out.stdout
+    mnist = request.getfixturevalue("mnist")
+    result_file = tmp_path / "result.json"
+    job = subprocess.run(
+        [sys.executable, str(ROOT / "jobs/train.py"), "--model", "mnist_mlp",
+         "--model-config", '{"hidden_units": 8}', "--data", str(mnist / "data"),
+         "--model-dir", str(tmp_path / "model"), "--strategy", "allreduce",
+         "--num-workers", "1", "--gpus-per-worker", "1", "--steps", "3", "--batch-size", "8",
+         "--result-json", str(result_file)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert job.returncode == 0, job.stderr[-3000:]
+    result = json.loads(result_file.read_text())
+    assert result["final_step"] == 3 and len(result["gpus"]) == 1
+    assert_nothing_left()
