@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import psutil
 import pytest
 
 from sparktf import storage
-from tests.conftest import HDFS_SH, descendants, free_port
+from tests.conftest import HDFS_SH, ROOT, descendants, free_port
 
 pytestmark = pytest.mark.spark
 
@@ -77,64 +76,29 @@ def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
     assert status.returncode == 3 and "not running" in status.stdout
 
 
-def test_tensorflowonspark_allreduce_smoke(spark):
-    """Two TF nodes on the two executors, data fed from Spark, a custom strategy.run loop."""
-    from tensorflowonspark import TFCluster
+def test_tensorflowonspark_allreduce_smoke_through_submit(spark, tmp_path):
+    """scripts/submit.sh runs a 2-node all-reduce TensorFlowOnSpark job fed from Spark.
 
-    steps, batch = 4, 8
+    It runs as its own Spark application (spark-submit, local-cluster[2,1,1024]): the job
+    must exit 0 by itself and leave no executor, TF server or port behind.
+    """
+    import json
+    import socket
 
-    def main_fun(args, ctx):
-        import numpy as np
-        import tensorflow as tf
-        import keras
-
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-            optimizer = keras.optimizers.SGD(0.05)
-
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(
-                    tf.square(model(x)[:, 0] - y), global_batch_size=batch * 2)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        feed = ctx.get_data_feed(train_mode=True)
-        losses = []
-        for _ in range(args["steps"]):
-            rows = np.array(feed.next_batch(batch), dtype=np.float32)
-            per_replica = strategy.run(step, args=(rows[:, :4], rows[:, 4]))
-            losses.append(float(strategy.reduce("SUM", per_replica, axis=None)))
-        feed.terminate()
-        with open(os.path.join(args["out"], f"losses-{ctx.task_index}-{ctx.job_name}"), "w") as f:
-            f.write(" ".join(map(str, losses)))
-
-    import tempfile
-
-    out = tempfile.mkdtemp(prefix="tfos-smoke-")
-    rng = __import__("numpy").random.default_rng(0)
-    data = [[*map(float, x), float(x.sum())] for x in rng.normal(size=(steps * batch * 2, 4))]
     before = _executor_pids()
-    cluster = TFCluster.run(spark.sparkContext, main_fun, {"steps": steps, "out": out},
-                            num_executors=2, num_ps=0, input_mode=TFCluster.InputMode.SPARK,
-                            master_node="chief", reservation_timeout=120)
-    cluster.train(spark.sparkContext.parallelize(data, 2), num_epochs=1, feed_timeout=120)
-    cluster.shutdown(grace_secs=5, timeout=120)
-    results = sorted(os.listdir(out))
-    assert len(results) == 2, results
-    losses = [list(map(float, open(os.path.join(out, r)).read().split())) for r in results]
-    assert all(len(l) == steps for l in losses)
-    assert losses[0] == losses[1]  # synchronous all-reduce: both workers see the same loss
-    # Nothing left behind: the same executors, no TF server still listening on the ports.
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    run = subprocess.run([str(ROOT / "scripts" / "submit.sh"), str(ROOT / "tests" / "tfos_smoke.py"),
+                          str(out)], capture_output=True, text=True, timeout=400, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    losses = [list(map(float, (out / name).read_text().split()))
+              for name in sorted(os.listdir(out)) if name.startswith("losses-")]
+    assert len(losses) == 2 and all(len(l) == 4 for l in losses)
+    assert losses[0] == losses[1]  # synchronous all-reduce: both nodes see the same loss
+    # Nothing left behind: no new executor JVM, no TF node process, the TF ports free.
     assert _executor_pids() == before
-    ports = {node["port"] for node in cluster.cluster_info}
-    deadline = time.monotonic() + 30
-    while True:
-        held = {(c.laddr.port, c.pid) for c in psutil.net_connections("tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
-        if not held or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert not held, [(port, psutil.Process(pid).cmdline()[:3]) for port, pid in held]
+    assert not descendants("tfos_smoke")
+    for port in json.loads((out / "ports.json").read_text()):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
