@@ -329,3 +329,25 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
     result = json.loads(result_file.read_text())
     assert result["final_step"] == 3 and len(result["gpus"]) == 1
     assert_nothing_left()
+
+
+def test_ptb_stream_layout_continues_each_row_across_steps():
+    import numpy as np
+
+    from sparktf.train.inputs import stream_layout
+
+    n, length = 26, 5
+    tokens = np.arange(n * length).reshape(n, length)  # chunk k holds tokens 5k .. 5k+4
+    ids = np.arange(n)
+    shuffled = np.random.default_rng(0).permutation(n)  # reader order must not matter
+    parts = [stream_layout(tokens[shuffled], ids[shuffled], batch_size=2, num_shards=2, shard=s)
+             for s in range(2)]
+    rows = np.concatenate([p[0] for p in parts])  # the global batch's 4 streams
+    assert rows.shape == (4, 6, length)  # 26 chunks -> 4 streams of 6 steps, 2 dropped
+    for stream in rows:  # each row reads on where it stopped the step before
+        assert (np.diff(stream.reshape(-1)) == 1).all()
+    starts = [int(r[0, 0]) for r in rows]
+    assert starts == [0, 30, 60, 90]  # contiguous streams, in text order
+    assert set(np.concatenate([p[1].reshape(-1) for p in parts])) == set(range(24))
+    with pytest.raises(Exception, match="fewer than the global batch"):
+        stream_layout(tokens[:3], ids[:3], batch_size=2, num_shards=2, shard=0)

@@ -20,6 +20,8 @@ Importing this package does not import TensorFlow (the driver needs none).
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 import time
@@ -164,6 +166,11 @@ def fit(train: TrainConfig, scaling: ScalingConfig | None = None, run: RunConfig
     scaling = scaling or ScalingConfig()
     if run is None:
         raise ConfigError("a RunConfig with model_dir is required")
+    # Local paths are resolved here, on the driver: executors run in their own work dirs.
+    if run.model_dir:
+        run = dataclasses.replace(run, model_dir=storage.parse(run.model_dir).uri)
+    if train.data:
+        train = dataclasses.replace(train, data=storage.parse(train.data).uri)
     spec = plan_run(train, scaling, run)
     if spark is None:
         from sparktf.spark import get_session

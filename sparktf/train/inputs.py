@@ -123,6 +123,10 @@ def _file_batches(spec: dict, fields: list[Field], batch_size: int, num_shards: 
 
     info = spec["data_info"]
     fmt = spec["file_format"]
+    names = [f.name for f in fields]
+    if "tokens" in names and seed is None:
+        yield from _token_stream_batches(info, fmt, names, batch_size, num_shards, shard)
+        return
     options = dict(batch_size=batch_size, split=info["split"], num_shards=num_shards,
                    shard_index=shard, shuffle=seed is not None, seed=seed, repeat=True,
                    drop_remainder=True)
@@ -130,7 +134,6 @@ def _file_batches(spec: dict, fields: list[Field], batch_size: int, num_shards: 
         dataset = readers.tfrecord_dataset(info["data"], verify_checksums=True, **options)
     else:
         dataset = readers.parquet_dataset(info["data"], **options)
-    names = [f.name for f in fields]
     batches = iter(dataset)
     while True:
         try:
@@ -140,6 +143,51 @@ def _file_batches(spec: dict, fields: list[Field], batch_size: int, num_shards: 
         except tf.errors.DataLossError as exc:  # TensorFlow's TFRecord reader: no file name
             raise _locate_corruption(info["files"][fmt], num_shards, shard, exc) from None
         yield {name: batch[name] for name in names}
+
+
+def stream_layout(tokens, ids, batch_size: int, num_shards: int = 1, shard: int = 0):
+    """The book's PTB batching (11.2 reader) over consecutive chunks of a token stream.
+
+    ``tokens`` [N, L] are the split's chunks in text order and ``ids`` [N] their ids. The
+    chunks are cut into ``batch_size * num_shards`` contiguous streams (rows) of
+    ``N // (batch_size * num_shards)`` chunks; step t's global batch is chunk t of every
+    stream, so a row of step t+1 continues the text of the same row of step t and the LSTM
+    state carried across batches follows it. Returns this shard's rows: tokens [B, T, L]
+    and ids [B, T], with T the steps of one pass.
+    """
+    import numpy as np
+
+    rows = batch_size * num_shards
+    steps = len(tokens) // rows
+    if steps == 0:
+        raise ConfigError(f"the split has {len(tokens)} token chunks, fewer than the global "
+                          f"batch of {rows} streams: use a smaller --batch-size")
+    order = np.argsort(ids, kind="stable")
+    used = order[:rows * steps]
+    mine = slice(shard * batch_size, (shard + 1) * batch_size)
+    return (np.asarray(tokens)[used].reshape(rows, steps, -1)[mine],
+            np.asarray(ids)[used].reshape(rows, steps)[mine])
+
+
+def _token_stream_batches(info: dict, fmt: str, names: list[str], batch_size: int,
+                          num_shards: int, shard: int) -> Iterator[dict[str, Any]]:
+    """Endless passes of PTB batches in stream layout (:func:`stream_layout`), with a
+    ``reset`` flag on each pass's first step so that every stream starts from a zero state."""
+    import numpy as np
+
+    from sparktf.datasets import readers
+
+    read = readers.tfrecord_dataset if fmt == "tfrecord" else readers.parquet_dataset
+    chunks = list(read(info["data"], split=info["split"], batch_size=4096))
+    tokens = np.concatenate([c["tokens"].numpy() for c in chunks])
+    ids = np.concatenate([c["id"].numpy() for c in chunks])
+    rows, row_ids = stream_layout(tokens, ids, batch_size, num_shards, shard)
+    log.info("PTB streams: %d rows of %d steps for this process", rows.shape[0], rows.shape[1])
+    while True:
+        for t in range(rows.shape[1]):
+            batch = {"tokens": rows[:, t], "id": row_ids[:, t],
+                     "reset": np.full(batch_size, 1 if t == 0 else 0, np.int64)}
+            yield {name: batch[name] for name in (*names, "reset") if name in batch}
 
 
 def _locate_corruption(files: list[str], num_shards: int, shard: int, exc) -> Exception:
