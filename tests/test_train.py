@@ -208,6 +208,22 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnis
         np.testing.assert_allclose(direct["scores"], out["scores"], rtol=1e-5)
     assert_nothing_left()
 
+    # Convert -> train -> predict: the run's export serves sparktf.predict over the test split.
+    import io
+
+    import sparktf
+
+    table = spark.read.parquet(storage.join(mnist_hdfs, "test", "parquet"))
+    rows = sparktf.predict(table, model_dir, input_col="image", batch_size=5).collect()
+    assert len(rows) == table.count() > 0
+    stored = np.stack([np.load(io.BytesIO(r["image"])) for r in rows])
+    with storage.local_copy(result.export_path) as local:
+        expected = tf.saved_model.load(local).signatures["predict_images"](
+            images=tf.constant(stored))
+    np.testing.assert_array_equal([r["prediction"] for r in rows], expected["classes"].numpy())
+    np.testing.assert_allclose([r["probabilities"] for r in rows], expected["scores"].numpy(),
+                               rtol=1e-5, atol=1e-6)
+
 
 @pytest.mark.spark
 @pytest.mark.slow
