@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 import numpy as np
 
 from sparktf import storage
+from sparktf.datasets.formats import encode_ndarray_column
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
@@ -856,25 +857,6 @@ def _list_array(matrix: np.ndarray) -> "pa.Array":
                                     pa.array(np.ascontiguousarray(matrix).reshape(-1)))
 
 
-def _npy_array(images: np.ndarray) -> "pa.Array":
-    """A binary Arrow array of ``np.save`` bytes, one per row of ``images`` (n >= 1)."""
-    import pyarrow as pa
-
-    n = len(images)
-    images = np.ascontiguousarray(images)
-    sample = io.BytesIO()
-    np.save(sample, images[0])
-    header = np.frombuffer(sample.getvalue()[:len(sample.getvalue()) - images[0].nbytes],
-                           np.uint8)
-    width = len(header) + images[0].nbytes
-    rows = np.empty((n, width), np.uint8)
-    rows[:, :len(header)] = header
-    rows[:, len(header):] = images.reshape(n, -1).view(np.uint8)
-    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                  pa.py_buffer(rows.reshape(-1))])
-
-
 def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int
          ) -> list["pa.Array"]:
     import pyarrow as pa
@@ -906,4 +888,4 @@ def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int
             next_words[index] = last.argmax(axis=1)
         return [pa.array(next_words), _list_array(log_probs_out)]
     images = model(**inputs)["images"]
-    return [_npy_array(np.asarray(images, dtype=np.uint8))]
+    return [encode_ndarray_column(np.asarray(images, dtype=np.uint8))]

@@ -78,7 +78,7 @@ def test_publish_is_atomic(base):
             storage.write_text(storage.join(tmp, "part-0"), "rows")
             raise RuntimeError("failed half way")
     assert not storage.exists(target)
-    assert storage.listdir(base) == [] if storage.exists(base) else True
+    assert not storage.exists(base) or storage.listdir(base) == []  # no temporary left
 
     with storage.publish(target) as tmp:
         storage.write_text(storage.join(tmp, "part-0"), "v1")

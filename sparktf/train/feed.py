@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import os
 import queue as queue_lib
 import shutil
@@ -44,6 +43,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from sparktf.datasets import formats
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +260,8 @@ def _npy_layout(value: bytes) -> tuple[int, tuple[int, ...], np.dtype, bool]:
 def decode_ndarray_column(column, field: Field, *, where: str = "feed") -> np.ndarray:
     """A binary column of ``numpy.save`` bytes (one fixed shape) as one ndarray [N, *shape].
 
-    When every value has the same length (the normal case) the column's data buffer is
-    viewed as an [N, length] matrix and the header columns are cut off: no per-row work.
+    The first value's header is checked against ``field`` (for a readable error); the
+    column is then decoded at once by :func:`sparktf.datasets.formats.decode_ndarray_column`.
     """
     import pyarrow as pa
 
@@ -272,21 +273,11 @@ def decode_ndarray_column(column, field: Field, *, where: str = "feed") -> np.nd
         return np.zeros((0, *shape), dtype=dtype)
     if column.null_count:
         raise FeedError(f"{where}: column {field.name!r} has {column.null_count} null values")
-    header, got_shape, got_dtype, fortran = _npy_layout(column[0].as_py())
+    _, got_shape, got_dtype, fortran = _npy_layout(column[0].as_py())
     if got_shape != shape or got_dtype != dtype or fortran:
         raise FeedError(f"{where}: column {field.name!r} holds {got_dtype}{list(got_shape)} "
                         f"arrays, expected {dtype}{list(shape)}")
-    large = pa.types.is_large_binary(column.type)
-    buffers = column.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32,
-                            count=n + 1, offset=column.offset * (8 if large else 4))
-    lengths = np.diff(offsets)
-    width = int(lengths[0])
-    if (lengths == width).all() and width - header == dtype.itemsize * math.prod(shape):
-        data = np.frombuffer(buffers[2], dtype=np.uint8)
-        block = data[int(offsets[0]):int(offsets[0]) + n * width].reshape(n, width)
-        return np.ascontiguousarray(block[:, header:]).view(dtype).reshape(n, *shape)
-    return np.stack([np.load(io.BytesIO(v.as_py()), allow_pickle=False) for v in column])
+    return formats.decode_ndarray_column(column, dtype.str, shape)
 
 
 def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str, np.ndarray]:
