@@ -10,16 +10,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT))   # tests.datagen: raw files in the distribution formats
+sys.path.insert(0, str(ROOT))   # sparktf from the checkout, installed or not
 
 
 def free_port() -> int:
@@ -101,7 +101,7 @@ class PeakMemory:
         while not self._stop.wait(self.every_s):
             self._sample()
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._sample()
         self._thread.start()
         return self

@@ -30,16 +30,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402  (also puts the checkout on sys.path for tests.datagen)
+import common  # also puts the checkout on sys.path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-from tests.datagen import write_cifar10  # noqa: E402
+import numpy as np
 
-from sparktf import storage  # noqa: E402
-from sparktf.datasets import convert, sources, tfrecord  # noqa: E402
-from sparktf.datasets.formats import make_id  # noqa: E402
+from sparktf import storage
+from sparktf.datasets import convert, sources, tfrecord
+from sparktf.datasets.formats import make_id
+from sparktf.datasets.synthetic import write_cifar10
 
 RECORD = sources.CIFAR_RECORD_BYTES
 
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
             "seconds": round(seconds, 2), "records_per_s": round(records / seconds)}
         spark.stop()
 
-        import tensorflow as tf   # imported (and its writer warmed up) outside the timings
+        import tensorflow as tf  # imported (and its writer warmed up) outside the timings
 
         with tf.io.TFRecordWriter(str(work / "tf-warmup.tfrecord")) as writer:
             writer.write(b"warm-up")

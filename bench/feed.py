@@ -9,7 +9,7 @@ are cached in a local-cluster[2,1,1024] session. Per round:
 * ``spark_arrow_pass``: Spark's pass over the cached rows into Python as Arrow batches
   (``mapInArrow``, touching every batch) -- the transport the feed itself uses;
 * ``spark_rdd_pass``: Spark's classic pass, one Python row object per row
-  (``df.rdd.map(...).sum()``) -- what STACK.md measured at 43-55k rows/s;
+  (``df.rdd.map(...).sum()``) -- what docs/versions.md records at 43-55k rows/s;
 * ``sparktf_feed``: :mod:`sparktf.train.feed` into the two TensorFlow processes of an
   all-reduce layout, which decode every row into exact numpy batches of ``--batch-size`` and
   drop them (no training); rows/s from the first batch read to the last (the steady state;
@@ -26,7 +26,6 @@ Prints JSON and writes it to bench/results/.
 from __future__ import annotations
 
 import argparse
-import io
 import logging
 import os
 import sys
@@ -34,9 +33,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
-from sparktf import cli  # noqa: E402
+from sparktf import cli
 
 log = logging.getLogger("bench.feed")
 SHAPE = (32, 32, 3)
@@ -81,18 +80,20 @@ def rdd_pass(df) -> tuple[float, int]:
 
 def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
     """The spark input mode into two TensorFlow processes that only read."""
-    from sparktf.train import RunConfig, ScalingConfig, TrainConfig
+    from sparktf.datasets.formats import Field
+    from sparktf.train import RunConfig, RunPlan, ScalingConfig, TrainConfig
     from sparktf.train.cluster import ClusterRun
+    from sparktf.train.plan import DataInfo
 
     train = TrainConfig(model="bench", data="bench", input_mode="spark", shuffle=False)
-    scaling = ScalingConfig(strategy="allreduce", num_workers=2)
-    run = RunConfig(model_dir=model_dir, feed_timeout_s=120, failure_timeout_s=120)
-    spec = {"consume_only": True, "global_batch": batch_size * 2, "input_mode": "spark",
-            "shuffle": False, "seed": 0, "feed_timeout_s": 120.0, "gpus_per_worker": 0,
-            "threads_per_worker": 0, "log_level": "WARNING",
-            "data_info": {"fields": [("image", "uint8", list(SHAPE)), ("label", "int64", None)],
-                          "split": "train", "rows": rows}}
-    with ClusterRun(spark, train, scaling, run, spec, feed_passes=1, feed_df=df) as cluster:
+    plan = RunPlan(
+        train=train, scaling=ScalingConfig(strategy="allreduce", num_workers=2),
+        run=RunConfig(model_dir=model_dir, feed_timeout_s=120, failure_timeout_s=120),
+        model_config={}, global_batch=batch_size * 2, steps_per_epoch=1, target_steps=1,
+        feed_passes=1, log_level="WARNING",
+        data=DataInfo(dataset="bench", kind="image", data="bench", split="train", rows=rows,
+                      fields=(Field("image", "uint8", SHAPE), Field("label", "int64"))))
+    with ClusterRun(spark, plan, feed_df=df, consume_only=True) as cluster:
         cluster.start()
         done = cluster.wait(all_nodes=True)
         feed_started = cluster.feed_started_wall

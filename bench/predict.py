@@ -102,7 +102,7 @@ class ExecutorMemory:
         while not self._stop.wait(self.interval_s):
             self.sample()
 
-    def __enter__(self) -> "ExecutorMemory":
+    def __enter__(self) -> ExecutorMemory:
         self.sample()
         self._thread = threading.Thread(target=self._run, daemon=True, name="memory")
         self._thread.start()

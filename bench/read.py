@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tests.datagen import write_cifar10  # noqa: E402
-
-from sparktf import storage  # noqa: E402
-from sparktf.datasets import convert, formats, petastorm_io  # noqa: E402
+from sparktf import storage
+from sparktf.datasets import convert, formats, petastorm_io
+from sparktf.datasets.synthetic import write_cifar10
 
 
 def one_pass(make) -> tuple[float, int]:

@@ -36,9 +36,9 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
-from sparktf import cli  # noqa: E402
+from sparktf import cli
 
 log = logging.getLogger("bench.train")
 CONFIGS = [("allreduce", "files"), ("allreduce", "spark"), ("ps", "files"), ("ps", "spark")]

@@ -9,17 +9,12 @@ manifest.json and <split>/tfrecord, <split>/parquet (docs/datasets.md). Exit cod
 failures. Nothing is published unless the whole conversion succeeds.
 """
 
-from __future__ import annotations
+import sys
+from pathlib import Path
 
-from sparktf import cli
-from sparktf.datasets import convert
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def main(argv=None) -> int:
-    parser = cli.parser(__doc__.split("\n", 1)[0], config_section="convert_cifar10")
-    convert.add_job_flags(parser, "cifar10")
-    return convert.run_job("cifar10", cli.parse(parser, argv))
-
+from sparktf.jobs.convert import run_job
 
 if __name__ == "__main__":
-    cli.run(main)
+    run_job("cifar10", description=__doc__.split("\n", 1)[0])

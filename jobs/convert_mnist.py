@@ -9,17 +9,12 @@ manifest.json and <split>/tfrecord, <split>/parquet (docs/datasets.md). Exit cod
 failures. Nothing is published unless the whole conversion succeeds.
 """
 
-from __future__ import annotations
+import sys
+from pathlib import Path
 
-from sparktf import cli
-from sparktf.datasets import convert
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def main(argv=None) -> int:
-    parser = cli.parser(__doc__.split("\n", 1)[0], config_section="convert_mnist")
-    convert.add_job_flags(parser, "mnist")
-    return convert.run_job("mnist", cli.parse(parser, argv))
-
+from sparktf.jobs.convert import run_job
 
 if __name__ == "__main__":
-    cli.run(main)
+    run_job("mnist", description=__doc__.split("\n", 1)[0])

@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# The test command: set-up, a real HDFS on free ports, pytest, HDFS stopped whatever happens.
+# The test command: set-up, the style and architecture checks (ruff, import-linter), a real HDFS
+# on free ports, pytest, HDFS stopped whatever happens.
 #   scripts/test.sh [PYTEST-ARGS]     (e.g. scripts/test.sh -k storage -x)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 scripts/setup.sh || exit 1
+
+# Cheap checks first (seconds): all three run, then any failure stops the script before pytest.
+failed=()
+.venv/bin/ruff check . || failed+=("ruff check (lint; '.venv/bin/ruff check --fix .' fixes most)")
+.venv/bin/ruff format --check --output-format concise . \
+  || failed+=("ruff format --check (see the diff with '.venv/bin/ruff format --diff .')")
+.venv/bin/lint-imports --no-logo \
+  || failed+=("lint-imports (the import contracts in pyproject.toml [tool.importlinter])")
+if [ "${#failed[@]}" -gt 0 ]; then
+  printf 'test.sh: failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
 
 free_port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/sparktf-test.XXXXXX")"

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 import numpy as np
 
 from sparktf import storage
-from sparktf.datasets.formats import encode_ndarray_column
+from sparktf.datasets import formats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 log = logging.getLogger(__name__)
 
-NPY_MAGIC = b"\x93NUMPY"
 NPZ_MAGIC = b"PK\x03\x04"  # np.savez_compressed, as petastorm's CompressedNdarrayCodec writes
 LM_OUTPUTS = ("perplexity", "next_word")
 # TensorFlow DataType enum values (tensorflow/core/framework/types.proto) -> numpy names.
@@ -597,70 +596,37 @@ def _check_nulls(arr: "pa.Array", col: str, contract: str, row: Callable[[int], 
                                 f"{contract}")
 
 
-def _npy_header(head: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int] | None:
-    """(dtype, shape, fortran_order, header length) of ``np.save`` bytes, or None."""
-    f = io.BytesIO(head)
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            return None
-    except (ValueError, EOFError):
-        return None
-    return dtype, tuple(shape), fortran, f.tell()
-
-
-def _binary_parts(arr: "pa.Array") -> tuple[np.ndarray, np.ndarray]:
-    """Offsets (int64, len n+1) and the data buffer of a (sliced) binary array."""
-    import pyarrow as pa
-
-    _, offsets, data = arr.buffers()
-    otype = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
-    offs = np.frombuffer(offsets, dtype=otype)[arr.offset:arr.offset + len(arr) + 1]
-    values = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
-    return offs.astype(np.int64), values
-
-
 def _decode_binary(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str],
                    raw: tuple[np.dtype, tuple[int, ...]] | None
                    ) -> np.ndarray | list[np.ndarray]:
     """Rows of a binary column: stacked [n, *shape] when they are alike, else a list.
 
-    ``np.save`` bytes of identical header (petastorm's case) are sliced out of the Arrow
-    buffer in one step; ``raw`` (dtype, shape) allows plain bytes of that exact size.
+    ``np.save`` bytes of one dtype and shape (petastorm's NdarrayCodec) are decoded in one
+    step by the dataset codec (:func:`sparktf.datasets.formats.decode_ndarray_column`);
+    ``raw`` (dtype, shape) also allows plain bytes of that exact size, sliced out of the
+    Arrow buffer at once when every row is. Anything else (``np.savez_compressed`` bytes of
+    petastorm's CompressedNdarrayCodec, mixed forms, a bad row) is read row by row, so that
+    an error names the row.
     """
-    offsets, data = _binary_parts(arr)
     n = len(arr)
-    lengths = np.diff(offsets)
-    length = int(lengths[0])
-    if length > 0 and (lengths == length).all():
-        rows = data[offsets[0]:offsets[-1]].reshape(n, length)
-        magic = np.frombuffer(NPY_MAGIC, np.uint8)
-        has_magic = (rows[:, :len(magic)] == magic).all(axis=1) if length >= len(magic) \
-            else np.zeros(n, bool)
-        if has_magic.all():
-            head = _npy_header(rows[0, :min(length, 1 << 16)].tobytes())
-            if head is not None:
-                dtype, shape, fortran, size = head
-                payload = length - size
-                if not fortran and not dtype.hasobject \
-                        and payload == dtype.itemsize * math.prod(shape) \
-                        and (rows[:, :size] == rows[0, :size]).all():
-                    body = np.ascontiguousarray(rows[:, size:])
-                    return body.view(dtype).reshape(n, *shape)
-        elif raw is not None and not has_magic.any():
+    rows = formats.binary_matrix(arr)  # None unless every row has the same length
+    if rows is not None and n:
+        npy = _starts_with(rows, formats.NPY_MAGIC)
+        if npy.all():
+            try:
+                return formats.decode_ndarray_column(arr, name=col)
+            except formats.NdarrayColumnError:
+                pass  # read row by row below, naming the bad row
+        elif raw is not None and not npy.any():
             dtype, shape = raw
-            zipped = np.frombuffer(NPZ_MAGIC, np.uint8)
-            if length == dtype.itemsize * math.prod(shape) \
-                    and not (rows[:, :len(zipped)] == zipped).all(axis=1).any():
+            if rows.shape[1] == dtype.itemsize * math.prod(shape) \
+                    and not _starts_with(rows, NPZ_MAGIC).any():
                 return rows.view(dtype).reshape(n, *shape)
+    offsets, data = formats.binary_parts(arr)
     out = []
     for i in range(n):
         value = data[offsets[i]:offsets[i + 1]].tobytes()
-        if value.startswith(NPY_MAGIC) or value.startswith(NPZ_MAGIC):
+        if value.startswith(formats.NPY_MAGIC) or value.startswith(NPZ_MAGIC):
             try:
                 loaded = np.load(io.BytesIO(value), allow_pickle=False)
                 if isinstance(loaded, np.lib.npyio.NpzFile):  # CompressedNdarrayCodec
@@ -683,6 +649,13 @@ def _decode_binary(arr: "pa.Array", col: str, contract: str, row: Callable[[int]
             raise PredictInputError(f"column {col!r}: {row(i)} is not np.save bytes "
                                     f"({len(value)} bytes); expected {contract}")
     return out
+
+
+def _starts_with(rows: np.ndarray, prefix: bytes) -> np.ndarray:
+    """Per row of an (n, length) uint8 matrix: does it start with ``prefix``?"""
+    if rows.shape[1] < len(prefix):
+        return np.zeros(len(rows), dtype=bool)
+    return (rows[:, :len(prefix)] == np.frombuffer(prefix, np.uint8)).all(axis=1)
 
 
 def _decode_list(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str]
@@ -888,4 +861,4 @@ def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int
             next_words[index] = last.argmax(axis=1)
         return [pa.array(next_words), _list_array(log_probs_out)]
     images = model(**inputs)["images"]
-    return [encode_ndarray_column(np.asarray(images, dtype=np.uint8))]
+    return [formats.encode_ndarray_column(np.asarray(images, dtype=np.uint8))]

@@ -123,6 +123,13 @@ def is_hdfs(path: str) -> bool:
     return parse(path).scheme == "hdfs"
 
 
+def spark_uri(path: str | os.PathLike) -> str:
+    """``path`` as Spark (and petastorm) must see it: local paths as ``file://`` URIs, so
+    that a ``fs.defaultFS`` of HDFS in the Hadoop configuration does not redirect them."""
+    loc = parse(path)
+    return f"file://{loc.path}" if loc.scheme == "file" else loc.uri
+
+
 # ----------------------------------------------------------------------------- HDFS config
 
 def _conf_dir() -> Path | None:

@@ -1,6 +1,6 @@
 """Conversion of CIFAR-10, MNIST and PTB to TFRecord and Parquet (sparktf.datasets.convert).
 
-Tiny inputs in exactly the raw formats (tests/datagen.py), converted through the shared
+Tiny inputs in exactly the raw formats (sparktf.datasets.synthetic), converted through the shared
 local-cluster Spark session to local disk and to the real HDFS, then read back with plain
 ``tf.data.TFRecordDataset`` and the documented feature spec, and with petastorm.
 """
@@ -19,13 +19,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from tests.datagen import write_cifar10, write_mnist, write_ptb  # noqa: E402
-from sparktf import storage  # noqa: E402
-from sparktf.datasets import convert, formats, petastorm_io, tfrecord  # noqa: E402
-from sparktf.datasets.sources import SourceError  # noqa: E402
+from sparktf import storage
+from sparktf.datasets import convert, formats, petastorm_io, tfrecord
+from sparktf.datasets.sources import SourceError
+from sparktf.datasets.synthetic import write_cifar10, write_mnist, write_ptb
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,7 +127,7 @@ def test_cifar10_local(spark, tmp_path):
         assert_images(read_petastorm(out, split), data[split])
 
     # The Parquet files are plain Parquet to Spark SQL: image is the numpy.save bytes.
-    frame = spark.read.parquet(convert.spark_uri(f"{out}/train/parquet"))
+    frame = spark.read.parquet(storage.spark_uri(f"{out}/train/parquet"))
     assert dict(frame.dtypes) == {"image": "binary", "label": "bigint", "id": "bigint"}
     row = frame.orderBy("id").first()
     assert np.array_equal(formats.decode_ndarray_column([row.image], "uint8", (32, 32, 3))[0],
@@ -234,12 +234,18 @@ def test_ptb_unk_on_hdfs(spark, hdfs, tmp_path):
     storage.copy_tree(str(tmp_path / "raw"), f"{base}/in")
     manifest = convert.convert("ptb", f"{base}/in", f"{base}/out", unk="<unk>", shards=2,
                                output_formats=["tfrecord"], spark=spark)
-    assert manifest["splits"]["valid"]["unk_mapped"] == 1
+    valid = manifest["splits"]["valid"]
+    assert valid["unk_mapped"] == 1
     vocab = formats.load_vocab(f"{base}/out")
     words = data["texts"]["valid"].replace("\n", "<eos>").split()
     expected = [vocab.index("<unk>") if w == "zebra" else vocab.index(w) for w in words]
-    got = read_tfrecords(f"{base}/out", "valid")["tokens"].ravel().tolist()
-    assert got == expected[:len(got)]
+    seq_len = manifest["text"]["seq_len"]
+    kept = len(expected) // seq_len * seq_len          # whole records; the rest is dropped
+    assert words.index("zebra") < kept                 # the mapped word is in a written record
+    got = read_tfrecords(f"{base}/out", "valid")["tokens"]
+    assert got.shape == (valid["records"], seq_len) and valid["records"] == kept // seq_len
+    assert got.ravel().tolist() == expected[:kept]
+    assert valid["dropped_tokens"] == len(expected) - kept
     assert storage.exists(f"{base}/out/vocab.txt")
 
 
@@ -367,9 +373,13 @@ def test_ptb_unknown_word(spark, tmp_path):
     data = write_ptb(tmp_path / "raw", oov_word="zebra")
     text = data["texts"]["valid"]
     message = _expect_error(spark, "ptb", tmp_path / "raw", tmp_path / "out", "ptb.valid.txt",
-                            "'zebra' is not in the vocabulary", "--unk",
-                            f"byte offset {text.index('zebra')}")
-    assert message
+                            "'zebra' is not in the vocabulary", "--unk")
+    # The message names the file by its path and the byte offset of the word in that file.
+    valid = tmp_path / "raw" / "ptb.valid.txt"
+    assert message.startswith(f"{valid}: word 'zebra' is not in the vocabulary"), message
+    offset = text.index("zebra")
+    assert message.endswith(f"(at byte offset {offset})"), message
+    assert valid.read_bytes()[offset:offset + 6] == b"zebra "
     with pytest.raises(convert.OptionError, match="not a word of ptb.train.txt"):
         convert.convert("ptb", str(tmp_path / "raw"), str(tmp_path / "out"), unk="<nope>",
                         spark=spark)
@@ -455,8 +465,12 @@ def test_job_bad_input_exit_code(tmp_path):
     path = raw / "data_batch_1.bin"
     path.write_bytes(path.read_bytes()[:-1])
     result = _job("cifar10", "--input", str(raw), "--output", str(tmp_path / "out"))
-    assert result.returncode == 2
-    assert "data_batch_1.bin" in result.stderr and "byte offset" in result.stderr
+    assert result.returncode == 2, result.stderr[-3000:]
+    # 10 records of 3073 bytes, one byte short: the last record is the truncated one.
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert f"{path}: truncated" in errors[0]
+    assert errors[0].endswith(f"(at record 9, byte offset {9 * 3073})"), errors[0]
     assert_failed_cleanly(str(tmp_path / "out"))
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-from sparktf import models  # noqa: E402
-from sparktf.models import count_params  # noqa: E402
+from sparktf import models
+from sparktf.models import count_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,14 +86,31 @@ def test_unknown_names_and_keys_are_errors() -> None:
         models.get_task("resnet", filters=[16, 32])
 
 
+# The features each kind of model reads from a dataset, and the outputs it serves.
+FEATURES = {
+    "classifier": ("image", "label"),
+    "language_model": ("tokens",),
+    "regression": ("x", "y"),
+}
+GAN_FEATURES = {"dcgan": ("image", "label"), "dcgan_64": ("image",)}  # dcgan_64: unconditioned
+SERVING_OUTPUTS = {
+    "classifier": {"classes", "scores"},
+    "language_model": {"log_probs"},
+    "gan": {"images"},
+    "regression": {"y"},
+}
+
+
 @pytest.mark.parametrize("name", models.list_models())
 def test_task_config_is_json_and_rebuilds_the_same_task(name: str) -> None:
     task = models.get_task(name)
     assert task.kind in models.KINDS
-    assert task.features
+    assert task.features == (GAN_FEATURES[name] if task.kind == "gan" else FEATURES[task.kind])
+    assert set(task.features) <= set(task.example_batch(2))
     again = models.get_task(task.name, **json.loads(json.dumps(task.config)))
     assert again == task
-    assert task.signature_info()["serving_default"]["outputs"]
+    outputs = task.signature_info()["serving_default"]["outputs"]
+    assert set(outputs) == SERVING_OUTPUTS[task.kind]
 
 
 def test_presets_carry_the_book_hyperparameters() -> None:
@@ -173,14 +190,41 @@ def test_a_few_steps_reduce_the_loss(name: str, overrides: dict) -> None:
     metrics = _steps(task, model, batch, 3)
     if task.kind == "language_model":
         model.reset_states()
-    after = float(task.eval_step(model, batch, size)["loss"])
+    final = task.eval_step(model, batch, size)
+    after = float(final["loss"])
     assert np.isfinite([m["loss"] for m in metrics]).all()
     assert after < before
     assert metrics[0]["learning_rate"] == pytest.approx(task.config["learning_rate"])
     if task.kind == "classifier":
-        assert 0.0 <= metrics[-1]["accuracy"] <= 1.0
+        # The share of the batch the trained model's own predictions get right.
+        predicted = np.argmax(model(batch["image"], training=False).numpy(), axis=-1)
+        expected = np.mean(predicted == batch["label"].numpy())
+        assert float(final["accuracy"]) == pytest.approx(expected)
     if task.kind == "language_model":
         assert metrics[-1]["perplexity"] == pytest.approx(np.exp(metrics[-1]["loss"]), rel=1e-5)
+
+
+def _labels_matching(predicted: np.ndarray, matches: int, num_classes: int) -> tf.Tensor:
+    """Labels equal to ``predicted`` on the first ``matches`` rows and wrong on the others."""
+    labels = (predicted + 1) % num_classes
+    labels[:matches] = predicted[:matches]
+    return tf.constant(labels, tf.int64)
+
+
+@pytest.mark.parametrize("name", ["mnist_mlp", "resnet20"])  # no dropout: steps deterministic
+def test_classifier_steps_report_the_batch_accuracy(name: str) -> None:
+    """Labels built so that exactly 3 of 8 match the model's own predictions: 3/8 reported."""
+    task = models.get_task(name, **TINY[name])
+    model = task.build_model()
+    images = task.example_batch(8)["image"]
+    predicted = np.argmax(model(images, training=False).numpy(), axis=-1)
+    batch = {"image": images, "label": _labels_matching(predicted, 3, task.num_classes)}
+    assert float(task.eval_step(model, batch, 8)["accuracy"]) == 3 / 8
+    # The train step scores its training-mode forward pass, before it updates the weights.
+    predicted = np.argmax(model(images, training=True).numpy(), axis=-1)
+    batch = {"image": images, "label": _labels_matching(predicted, 5, task.num_classes)}
+    optimizer = task.make_optimizer(steps_per_epoch=100, model=model)
+    assert float(task.train_step(model, optimizer, batch, 8)["accuracy"]) == 5 / 8
 
 
 def test_dcgan_steps_reduce_each_networks_loss() -> None:

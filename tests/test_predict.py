@@ -37,6 +37,13 @@ def npy(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def npz(array: np.ndarray) -> bytes:
+    """What petastorm's CompressedNdarrayCodec stores."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, arr=array)
+    return buffer.getvalue()
+
+
 def file_uri(path) -> str:
     return "file://" + os.path.abspath(path)
 
@@ -155,6 +162,8 @@ def test_decoders_accept_npy_raw_and_arrays():
         "npy": pa.array([npy(x) for x in images], pa.binary()),
         "npy_flat": pa.array([npy(x.reshape(-1)) for x in images], pa.binary()),
         "raw": pa.array([x.tobytes() for x in images], pa.binary()),
+        "npz": pa.array([npz(x) for x in images], pa.binary()),
+        "npy_large": pa.array([npy(x) for x in images], pa.large_binary()),
         "ints": pa.array([x.reshape(-1).astype(int).tolist() for x in images],
                          pa.list_(pa.int32())),
         "nested": pa.array(images.astype(int).tolist(), pa.list_(pa.list_(pa.list_(pa.int64())))),
@@ -171,12 +180,25 @@ def test_decoders_accept_npy_raw_and_arrays():
             np.testing.assert_array_equal(got, expected, err_msg=name)
 
 
+def test_a_bad_row_among_npy_rows_is_named_by_its_id():
+    plan = inference._Plan(kind="images", model_uri="m", fingerprint="f",
+                           signature="predict_images", input_col="image", input_key="images",
+                           shape=SHAPE, batch_size=8, outputs=("prediction",), id_col="id")
+    good = npy(np.zeros(SHAPE, np.uint8))
+    for bad, found in ((npy(np.zeros(SHAPE, np.float32)), "has dtype float32"),
+                       (npy(np.zeros((27, 27, 1), np.uint8)), "has shape (27, 27, 1)"),
+                       (good[:-1], "holds np.save bytes that cannot be read")):
+        chunk = pa.RecordBatch.from_pydict({
+            "id": pa.array(np.arange(10, 16), pa.int64()),
+            "image": pa.array([good, good, bad, good, good, good], pa.binary())})
+        with pytest.raises(PredictInputError, match=r"column 'image': the row with id=12 "
+                           + re.escape(found)):
+            inference._decode(plan, chunk)
+
+
 def test_input_error_is_found_in_a_spark_failure_text():
-    sys.path.insert(0, str(REPO / "jobs"))
-    try:
-        import predict as job
-    finally:
-        sys.path.remove(str(REPO / "jobs"))
+    from sparktf.jobs import predict as job
+
     text = ("Traceback...\n  File x\nsparktf.inference.PredictInputError: column 'image': "
             "the row with id=2 has shape (27, 27, 1); expected ...\n\tat org.apache...")
     assert job.input_error(Exception(text)).startswith("column 'image': the row with id=2")

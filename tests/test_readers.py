@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import pytest
+import tensorflow as tf
 
-from tests.datagen import write_cifar10, write_ptb  # noqa: E402
-from sparktf import storage  # noqa: E402
-from sparktf.datasets import convert, formats, readers  # noqa: E402
+from sparktf import storage
+from sparktf.datasets import convert, formats, readers
+from sparktf.datasets.synthetic import write_cifar10, write_ptb
 
 READERS = {"tfrecord": readers.tfrecord_dataset, "parquet": readers.parquet_dataset}
 SEQ_LEN = 6

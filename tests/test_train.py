@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.datagen import write_cifar10, write_mnist
 from sparktf import storage
+from sparktf.datasets.synthetic import write_cifar10, write_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MLP = {"hidden_units": 8}
@@ -61,8 +61,8 @@ def test_configs_validate_and_count_executors():
 def test_feed_decodes_columns_and_rebatches_exactly():
     import pyarrow as pa
 
-    from sparktf.datasets.formats import encode_ndarray_column
-    from sparktf.train.feed import Field, Rebatcher, decode_table
+    from sparktf.datasets.formats import Field, encode_ndarray_column
+    from sparktf.train.feed import Rebatcher, decode_table
 
     images = np.random.default_rng(0).integers(0, 256, (10, 28, 28, 1), dtype=np.uint8)
     table = pa.table({"image": encode_ndarray_column(images),
@@ -236,8 +236,14 @@ def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_p
     shutil.copytree(mnist / "uneven", data / "train" / "parquet")
     result = _fit(spark, data, tmp_path / "model", strategy="allreduce", input_mode="spark",
                   epochs=1, batch_size=6, checkpoint_every_steps=100)
-    assert 1 <= result.final_step <= 100 // 6
-    assert result.export_path and storage.exists(result.export_path)
+    # One pass: every row reached exactly one of the two processes ...
+    assert len(result.fed_rows) == 2
+    assert sum(result.fed_rows.values()) == 100
+    # ... and the run stopped when the process with fewer rows had no full batch (3) left.
+    assert result.final_step == min(rows // 3 for rows in result.fed_rows.values())
+    assert result.export_path == storage.join(str(tmp_path / "model"), "export",
+                                              str(result.final_step))
+    assert storage.exists(result.export_path)
     assert_nothing_left()
 
 
@@ -267,10 +273,21 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
 @pytest.mark.spark
 @pytest.mark.slow
 def test_ps_spark_feed(spark, mnist, tmp_path):
+    import tensorflow as tf
+
     result = _fit(spark, mnist / "data", tmp_path / "model", strategy="ps", input_mode="spark",
                   steps=6)
     assert result.final_step == 6 and result.strategy == "ps" and result.input_mode == "spark"
-    assert result.examples == 6 * 8
+    # The chief (the only reader under ps) took at least the 6 batches the workers trained on.
+    assert len(result.fed_rows) == 1
+    assert sum(result.fed_rows.values()) >= 6 * 8
+    # Every scheduled step was applied exactly once by some worker: the optimizer's own
+    # iteration count in the final checkpoint equals the global step.
+    reader = tf.train.load_checkpoint(result.checkpoint)
+    names = reader.get_variable_to_shape_map()
+    assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == 6
+    iterations = [n for n in names if n.startswith("optimizer/") and "iteration" in n]
+    assert iterations and reader.get_tensor(iterations[0]) == 6
     assert_nothing_left()
 
 
@@ -287,9 +304,20 @@ def test_resnet20_steps_and_image_signature(spark, tmp_path):
     result = _fit(spark, tmp_path / "cifar", tmp_path / "model", strategy="allreduce",
                   input_mode="files", steps=3, batch_size=8, model="resnet20", model_config={})
     assert result.final_step == 3 and np.isfinite(result.metrics["loss"])
+    # The export serves the trained weights: the final checkpoint restored into a fresh
+    # ResNet-20 gives the export's scores, and training moved batch-norm statistics.
+    from sparktf import models
+
+    model = models.get_model("resnet20")
+    tf.train.Checkpoint(model=model).restore(result.checkpoint).expect_partial()
+    images = np.random.default_rng(3).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
     loaded = tf.saved_model.load(result.export_path)
-    scores = loaded.signatures["predict_images"](images=tf.zeros([2, 32, 32, 3], tf.uint8))
-    assert scores["scores"].shape == (2, 10)
+    scores = loaded.signatures["predict_images"](images=tf.constant(images))["scores"].numpy()
+    assert scores.shape == (4, 10)
+    np.testing.assert_allclose(scores, tf.nn.softmax(model(images, training=False)).numpy(),
+                               rtol=1e-4, atol=1e-5)
+    moving_means = [w for w in model.weights if "moving_mean" in w.path]
+    assert moving_means and any(np.abs(w.numpy()).max() > 0 for w in moving_means)
     assert_nothing_left()
 
 

@@ -4,11 +4,14 @@
   Parquet fields, manifest, id scheme) shared by writers and readers;
 - :mod:`sparktf.datasets.sources` — parsers of the raw files, with errors that name the file
   and the byte offset or record index;
-- :mod:`sparktf.datasets.convert` — the Spark conversion jobs;
+- :mod:`sparktf.datasets.convert` — the Spark conversion (its command line is
+  :mod:`sparktf.jobs.convert`);
 - :mod:`sparktf.datasets.readers` — ``tf.data`` readers (TFRecord and Parquet, local and HDFS);
 - :mod:`sparktf.datasets.tfrecord` — TFRecord framing and tf.train.Example encoding without
   TensorFlow (executors write through sparktf.storage, HDFS included);
-- :mod:`sparktf.datasets.petastorm_io` — everything that touches petastorm.
+- :mod:`sparktf.datasets.petastorm_io` — everything that touches petastorm;
+- :mod:`sparktf.datasets.synthetic` — synthetic raw files in the distribution formats (tests,
+  benchmarks, the demo datasets of the training jobs).
 
 The on-disk format is documented in docs/datasets.md.
 

@@ -15,6 +15,8 @@ units; executors do the reading, parsing, validating and writing, each task one 
 Everything is written below a temporary sibling of the output and published with a rename
 (``storage.publish``); on any error the temporary is deleted and nothing is published.
 See ``sparktf.datasets.formats`` for the layout and docs/datasets.md for the contract.
+The Spark plumbing (tasks, progress, readable failures) is ``sparktf.spark``; the command
+line of the conversion jobs is ``sparktf.jobs.convert``.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ import json
 import logging
 import math
 import re
-import threading
 import time
 from collections import Counter
-from contextlib import contextmanager, nullcontext
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
+from sparktf import spark as sparkutil
 from sparktf import storage
 from sparktf.datasets import formats, sources, tfrecord
 from sparktf.datasets.formats import DATASETS, FORMATS, PARQUET, TFRECORD
@@ -46,7 +50,6 @@ SHARD_MULTIPLE = 4              # ... rounded up to a multiple of 4 (1, 2, 4 wor
 ROW_GROUP_MB = 256              # Parquet row group size: one row group per file below this
 TEXT_RANGE_BYTES = 4 << 20      # PTB counting pass: bytes per task
 BLOCK_RECORDS = 1024            # records parsed, encoded and written at once by a task
-PROGRESS_EVERY_S = 1.0
 
 
 class ConversionError(RuntimeError):
@@ -55,6 +58,18 @@ class ConversionError(RuntimeError):
 
 class OptionError(ValueError):
     """Conversion options that cannot work (a usage error)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """How one conversion is done (checked options of :func:`convert`)."""
+
+    output_formats: tuple[str, ...]     # in FORMATS order
+    shards: int | None = None           # per split; None: the size-based default
+    seq_len: int = formats.DEFAULT_SEQ_LEN
+    unk: str | None = None
+    range_bytes: int = TEXT_RANGE_BYTES
+    block_records: int = BLOCK_RECORDS
 
 
 def convert(dataset: str, input_path: str, output: str, *,
@@ -76,19 +91,20 @@ def convert(dataset: str, input_path: str, output: str, *,
     OptionError for bad options, ConversionError when Spark fails otherwise; nothing is
     published then.
     """
-    spec = _check_options(dataset, output_formats, shards, seq_len, unk, range_bytes,
-                          block_records)
-    formats_ = tuple(f for f in FORMATS if f in output_formats)
+    options = Options(output_formats=tuple(f for f in FORMATS if f in output_formats),
+                      shards=shards, seq_len=seq_len, unk=unk, range_bytes=range_bytes,
+                      block_records=block_records)
+    spec = _check_options(dataset, output_formats, options)
     if not overwrite and storage.exists(output):
         raise storage.PathExistsError(
             f"{output} already exists: refusing to replace it (pass --overwrite to replace it)")
     containers = sources.discover(dataset, input_path)
     _precheck(dataset, containers)
     log.info("converting %s from %s (%d input files) to %s as %s", dataset, input_path,
-             len(containers), output, " and ".join(formats_))
+             len(containers), output, " and ".join(options.output_formats))
     session = _session(spark, dataset)
     started = time.monotonic()
-    job = _Job(session, spec, formats_, shards, seq_len, unk, range_bytes, block_records)
+    job = _Job(session, spec, options)
     with storage.publish(output, overwrite=overwrite) as tmp:
         storage.makedirs(tmp)
         manifest = job.run(containers, input_path, tmp)
@@ -141,38 +157,32 @@ def mnist_headers(files: list[dict]) -> tuple[int, int, int] | None:
     return shape
 
 
-def _check_options(dataset, formats_, shards, seq_len, unk, range_bytes, block_records):
+def _check_options(dataset: str, requested_formats: Sequence[str], options: Options):
+    """The dataset's spec, once ``dataset``, the formats asked for and ``options`` can work."""
     if dataset not in DATASETS:
         raise OptionError(f"unknown dataset {dataset!r}: expected one of "
                           f"{', '.join(DATASETS)}")
-    unknown = sorted(set(formats_) - set(FORMATS))
-    if unknown or not formats_:
-        raise OptionError(f"unknown or no output formats {unknown or list(formats_)}: "
+    unknown = sorted(set(requested_formats) - set(FORMATS))
+    if unknown or not requested_formats:
+        raise OptionError(f"unknown or no output formats {unknown or list(requested_formats)}: "
                           f"choose from {', '.join(FORMATS)}")
-    if shards is not None and shards < 1:
-        raise OptionError(f"shards must be at least 1, got {shards}")
-    if seq_len < 2:
+    if options.shards is not None and options.shards < 1:
+        raise OptionError(f"shards must be at least 1, got {options.shards}")
+    if options.seq_len < 2:
         raise OptionError(f"seq_len must be at least 2 (inputs and shifted targets), "
-                          f"got {seq_len}")
+                          f"got {options.seq_len}")
+    unk = options.unk
     if unk is not None and (not unk or unk.split() != [unk]):
         raise OptionError(f"unk must be one word without spaces, got {unk!r}")
-    if range_bytes < 1 or block_records < 1:
+    if options.range_bytes < 1 or options.block_records < 1:
         raise OptionError("range_bytes and block_records must be positive")
     return DATASETS[dataset]
 
 
 def _session(spark, dataset):
     if spark is None:
-        from sparktf.spark import get_session
-
-        return get_session(f"sparktf-convert-{dataset}")
+        return sparkutil.get_session(f"sparktf-convert-{dataset}")
     return spark() if callable(spark) else spark
-
-
-def spark_uri(path: str) -> str:
-    """A URI Spark resolves the same way sparktf.storage does (``file://`` for local)."""
-    loc = storage.parse(path)
-    return f"file://{loc.path}" if loc.scheme == "file" else loc.uri
 
 
 def shard_count(requested: int | None, raw_bytes: int, records: int) -> int:
@@ -196,80 +206,11 @@ def _version() -> str:
 
 # ----------------------------------------------------------------------------- running tasks
 
-def _catching(fn: Callable, item) -> dict:
-    """Runs one task; a SourceError comes back as data (no retries of a deterministic error)."""
-    try:
-        return {"result": fn(item)}
-    except SourceError as exc:
-        return {"error": exc.to_dict()}
-
-
-@contextmanager
-def _progress(sc, what: str, total: int) -> Iterator[Any]:
-    """An accumulator that tasks add 1 to; its count is logged while the job runs."""
-    done = sc.accumulator(0)
-    stop = threading.Event()
-
-    def report() -> None:
-        last = 0
-        while not stop.wait(PROGRESS_EVERY_S):
-            value = done.value
-            if value != last:
-                log.info("%s: %d/%d tasks done", what, value, total)
-                last = value
-
-    thread = threading.Thread(target=report, name=f"progress {what}", daemon=True)
-    started = time.monotonic()
-    thread.start()
-    try:
-        yield done
-    finally:
-        stop.set()
-        thread.join()
-    log.info("%s: %d/%d tasks done in %.1f s", what, done.value, total,
-             time.monotonic() - started)
-
-
-def _counted(fn: Callable, done, item):
-    result = fn(item)
-    done.add(1)
-    return result
-
-
-def _is_spark_error(exc: BaseException) -> bool:
-    return type(exc).__module__.split(".")[0] in ("py4j", "pyspark")
-
-
-def _spark_failure(what: str, exc: BaseException) -> Exception:
-    """A readable error from a failed Spark job: the Python error raised in the task."""
-    text = str(exc)
-    found = re.findall(r"^((?:sparktf|builtins)?[\w.]*(?:Error|Exception)): (.+)$", text, re.M)
-    for name, message in reversed(found):
-        if "Py4J" not in name and "SparkException" not in name and "PythonException" not in name:
-            return ConversionError(f"{what} failed: {name.rsplit('.', 1)[-1]}: {message}")
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return ConversionError(f"{what} failed: {first}")
-
-
 def run_tasks(sc, what: str, items: Sequence, fn: Callable) -> list:
-    """Runs ``fn`` on each item, one Spark task per item; returns the results in order.
-
-    A SourceError in any task is raised here (the first one in item order).
-    """
-    if not items:
-        return []
-    with _progress(sc, what, len(items)) as done:
-        task = functools.partial(_counted, functools.partial(_catching, fn), done)
-        try:
-            outcomes = sc.parallelize(list(items), len(items)).map(task).collect()
-        except Exception as exc:
-            if _is_spark_error(exc):
-                raise _spark_failure(what, exc) from None
-            raise
-    for outcome in outcomes:
-        if "error" in outcome:
-            raise SourceError(**outcome["error"])
-    return [o["result"] for o in outcomes]
+    """``sparktf.spark.run_tasks`` for conversion tasks: a SourceError in any task is raised
+    here (the first one in item order); other Spark failures are ConversionErrors."""
+    return sparkutil.run_tasks(sc, what, items, fn, expected=(SourceError,),
+                               failure=ConversionError)
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -455,11 +396,12 @@ def text_arrow_batches(batches, *, vocab, seq_len: int, unk_id: int | None, bloc
 class _Job:
     """One conversion: plans on the driver, runs the Spark passes, returns the manifest."""
 
-    def __init__(self, spark, spec, formats_, shards, seq_len, unk, range_bytes, block_records):
+    def __init__(self, spark, spec, options: Options):
         self.spark, self.sc = spark, spark.sparkContext
-        self.spec, self.formats, self.shards = spec, formats_, shards
-        self.seq_len, self.unk = seq_len, unk
-        self.range_bytes, self.block = range_bytes, block_records
+        self.spec, self.options = spec, options
+        self.formats, self.shards = options.output_formats, options.shards
+        self.seq_len, self.unk = options.seq_len, options.unk
+        self.range_bytes, self.block = options.range_bytes, options.block_records
 
     # -- common ---------------------------------------------------------------------------
 
@@ -470,7 +412,7 @@ class _Job:
             "format_version": formats.FORMAT_VERSION,
             "dataset": self.spec.name,
             "kind": self.spec.kind,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "created_by": f"sparktf {_version()}",
             "input": input_path,
             "formats": list(self.formats),
@@ -561,10 +503,11 @@ class _Job:
         try:
             with petastorm_io.materialize(self.spark, target, schema, row_group_mb=ROW_GROUP_MB):
                 frame.mapInArrow(arrow_fn, petastorm_io.spark_schema(schema)) \
-                    .write.mode("errorifexists").parquet(spark_uri(target))
+                    .write.mode("errorifexists").parquet(storage.spark_uri(target))
         except Exception as exc:
-            if _is_spark_error(exc):
-                raise _spark_failure(f"{split}: Parquet write", exc) from None
+            if sparkutil.is_spark_error(exc):
+                raise sparkutil.spark_failure(f"{split}: Parquet write", exc,
+                                              ConversionError) from None
             raise
         files = [p for p in storage.listdir(target) if p.endswith(".parquet")]
         parts = sorted(files, key=lambda p: int(re.search(r"part-(\d+)",
@@ -744,73 +687,3 @@ class _Job:
                           "chunks": c1 - c0,
                           "file": f"{split}/{TFRECORD}/{formats.TFRECORD_PART.format(shard)}"})
         return units
-
-
-# ----------------------------------------------------------------------------- jobs
-
-JOB_HELP = {
-    "cifar10": "CIFAR-10 binary version: a directory holding data_batch_1.bin ... "
-               "data_batch_5.bin and test_batch.bin (searched recursively), or "
-               "cifar-10-binary.tar.gz (the file, or a directory holding it)",
-    "mnist": "a directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-             "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each gzipped (.gz) or not",
-    "ptb": "the data/ directory of simple-examples, holding ptb.train.txt, ptb.valid.txt "
-           "and ptb.test.txt",
-}
-
-
-def add_job_flags(parser, dataset: str) -> None:
-    """The flags of jobs/convert_<dataset>.py."""
-    parser.add_argument("--input", required=True,
-                        help=f"input, a local path or hdfs://host:port/path: {JOB_HELP[dataset]}")
-    parser.add_argument("--output", required=True,
-                        help="dataset directory to create (local path or hdfs://host:port/path); "
-                             "written to a temporary sibling and renamed into place at the end")
-    parser.add_argument("--format", default=",".join(FORMATS),
-                        help="comma-separated output formats: tfrecord (OUT/<split>/tfrecord/"
-                             "part-*.tfrecord, tf.train.Example) and/or parquet (OUT/<split>/"
-                             "parquet/, a petastorm dataset)")
-    parser.add_argument("--shards", type=int, default=None,
-                        help="TFRecord part files (and Parquet files) per split; default: one per "
-                             f"{SHARD_TARGET_BYTES >> 20} MiB of input, rounded up to a multiple "
-                             f"of {SHARD_MULTIPLE}; never more than the split's records")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing OUTPUT (only once the new dataset is complete); "
-                             "without it an existing OUTPUT is left alone and the job fails")
-    if dataset == "ptb":
-        parser.add_argument("--seq-len", type=int, default=formats.DEFAULT_SEQ_LEN,
-                            help="token ids per record: consecutive, non-overlapping chunks of "
-                                 "the token stream; the model unrolls seq-len - 1 steps (inputs "
-                                 "tokens[:-1], targets tokens[1:]); the final partial chunk is "
-                                 "dropped")
-        parser.add_argument("--unk", default=None, metavar="WORD",
-                            help="map words of ptb.valid.txt / ptb.test.txt that are not in the "
-                                 "vocabulary (built from ptb.train.txt) to WORD (e.g. '<unk>'); "
-                                 "without it such a word is an error")
-
-
-def run_job(dataset: str, args) -> int:
-    """Runs one conversion from parsed job flags; input and flag problems are UsageErrors."""
-    from sparktf import cli
-
-    kinds = [f.strip() for f in args.format.split(",") if f.strip()]
-    sessions = []
-
-    def session():
-        from sparktf.spark import get_session
-
-        sessions.append(get_session(f"sparktf-convert-{dataset}", profile=args.profile))
-        return sessions[-1]
-
-    try:
-        convert(dataset, args.input, args.output, output_formats=kinds, shards=args.shards,
-                overwrite=args.overwrite,
-                seq_len=getattr(args, "seq_len", formats.DEFAULT_SEQ_LEN),
-                unk=getattr(args, "unk", None), spark=session)
-    except (SourceError, OptionError, storage.PathExistsError,
-            storage.UnknownSchemeError) as exc:
-        raise cli.UsageError(str(exc)) from exc
-    finally:
-        for spark in sessions:   # a clean stop: executors are not relaunched at exit
-            spark.stop()
-    return 0

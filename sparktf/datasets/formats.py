@@ -27,6 +27,7 @@ record's index in that file (for PTB: the index of the chunk in that file).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from dataclasses import dataclass
@@ -116,7 +117,11 @@ def feature_spec(kind: str = "image", *, seq_len: int | None = None) -> dict:
 
 @dataclass(frozen=True)
 class Field:
-    """One Parquet column: an ndarray field (``shape`` set, NdarrayCodec) or an int64 scalar."""
+    """One column of a dataset: an int64 scalar (``shape`` None) or an ndarray of one fixed
+    ``dtype`` and ``shape`` stored as ``numpy.save`` bytes (petastorm's NdarrayCodec).
+
+    The Parquet files, the training feed (``sparktf.train.feed``) and the readers describe
+    their columns with it."""
 
     name: str
     dtype: str
@@ -140,24 +145,87 @@ def manifest_fields(manifest: dict) -> list[Field]:
     return parquet_fields("text", seq_len=manifest["schema"]["tokens"]["shape"][0])
 
 
-def unischema(manifest: dict):
-    """The petastorm Unischema of a dataset's Parquet files."""
-    from sparktf.datasets import petastorm_io
+# ----------------------------------------------------------------------------- npy codec
+# An ndarray column holds, per row, the bytes ``numpy.save`` writes: a header (magic, version,
+# a dict literal of dtype, order and shape, padding) and the C-order data. Every value of a
+# column has the same dtype and shape, so the same header: whole columns are encoded and
+# decoded at once, as one (rows, bytes per value) matrix over the Arrow buffer.
 
-    return petastorm_io.unischema(f"sparktf_{manifest['dataset']}", manifest_fields(manifest))
+NPY_MAGIC = b"\x93NUMPY"
+_HEADER_LIMIT = 1 << 16  # bytes of a value read to parse its header
+
+
+class NdarrayColumnError(ValueError):
+    """A column that does not hold ``numpy.save`` bytes of the expected dtype and shape."""
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What the header of one ``numpy.save`` value says; ``size``: its length in bytes."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran_order: bool
+    size: int
+
+    @property
+    def data_bytes(self) -> int:
+        return self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
+
+
+def read_npy_header(value) -> NpyHeader:
+    """Parses the header at the start of ``value`` (bytes or a uint8 array; ``numpy.save``
+    format 1.0 or 2.0; the data after the header need not be there). A ValueError when
+    ``value`` does not start with one.
+
+    The header's length comes from its fixed-size prefix (magic, version, length); the
+    header itself is parsed by numpy, once per distinct header (a column repeats one).
+    """
+    prefix = bytes(value[:12])
+    if not prefix.startswith(NPY_MAGIC) or len(prefix) < 10:
+        raise ValueError(f"not numpy.save bytes (they start with {prefix[:8]!r})")
+    version = tuple(prefix[6:8])
+    if version == (1, 0):
+        size = 10 + int.from_bytes(prefix[8:10], "little")
+    elif version == (2, 0):
+        size = 12 + int.from_bytes(prefix[8:12], "little")
+    else:
+        raise ValueError(f"numpy.save format version {version} is not read here")
+    if size > len(value) or size > _HEADER_LIMIT:
+        raise ValueError(f"a numpy.save header of {size} bytes in {len(value)} bytes")
+    return _parse_header(bytes(value[:size]))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_header(header: bytes) -> NpyHeader:
+    stream = io.BytesIO(header)
+    try:
+        if np.lib.format.read_magic(stream) == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    except EOFError as exc:
+        raise ValueError(f"a truncated numpy.save header: {exc}") from None
+    return NpyHeader(np.dtype(dtype), tuple(int(d) for d in shape), bool(fortran), stream.tell())
 
 
 def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
-    """The bytes ``numpy.save`` writes before the data of a C-order array (NdarrayCodec).
+    """The bytes ``numpy.save`` writes before the data of a C-order array (NdarrayCodec)."""
+    return _npy_header(np.dtype(dtype).str, tuple(int(d) for d in shape))
 
-    Every value of an ndarray column has the same dtype and shape, so the same header: the
-    readers and writers encode and decode whole columns at once with it.
-    """
+
+@functools.lru_cache(maxsize=64)
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
     buf = io.BytesIO()
     empty = np.zeros(shape, dtype=dtype)
     np.save(buf, empty)
     data = buf.getvalue()
     return data[:len(data) - empty.nbytes]
+
+
+def describe_layout(dtype, shape) -> str:
+    """``uint8 (28, 28, 1)``: a dtype and shape for messages."""
+    return f"{np.dtype(dtype)} {tuple(shape)}"
 
 
 def encode_ndarray_column(values: np.ndarray):
@@ -179,49 +247,131 @@ def encode_ndarray_column(values: np.ndarray):
                                                         pa.py_buffer(data)]).cast(pa.binary())
 
 
-def decode_ndarray_column(values, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+def binary_parts(values) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets (int64, n + 1 of them) and the data buffer (uint8) of a pyarrow binary or
+    large_binary array, sliced or not, without touching the values one by one."""
+    import pyarrow as pa
+
+    _, offsets, data = values.buffers()
+    otype = np.int64 if pa.types.is_large_binary(values.type) else np.int32
+    offs = np.frombuffer(offsets, dtype=otype)[values.offset:values.offset + len(values) + 1]
+    buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
+    return offs.astype(np.int64), buf
+
+
+def binary_matrix(values) -> np.ndarray | None:
+    """The values of a binary column as one (n, length) uint8 matrix (a view of the Arrow
+    buffer); None when they are not all of one length. ``values``: a pyarrow binary array
+    without nulls."""
+    offsets, data = binary_parts(values)
+    n = len(values)
+    if n == 0:
+        return np.zeros((0, 0), dtype=np.uint8)
+    length = int(offsets[1] - offsets[0])
+    if not (np.diff(offsets) == length).all():
+        return None
+    return data[offsets[0]:offsets[-1]].reshape(n, length)
+
+
+def decode_ndarray_column(values, dtype: str | None = None, shape: tuple[int, ...] | None = None,
+                          *, name: str = "ndarray") -> np.ndarray:
     """Decodes a column of ``numpy.save`` bytes (NdarrayCodec) into one [n, *shape] array.
 
-    ``values``: a sequence of bytes (a numpy object array, a list) or a pyarrow binary array.
-    Every value must carry the header of ``dtype`` and ``shape``; anything else is a
-    ValueError (a file not written by sparktf, or corrupt).
+    ``values``: a pyarrow binary array (chunked or not, sliced or not) or a sequence of bytes.
+    With ``dtype`` and ``shape``, every value must be a C-order array of them; without, of
+    the dtype and shape the first value's header says. One vectorised pass over the column's
+    buffer (the headers compared as one block, the data copied once). Anything else raises
+    :class:`NdarrayColumnError` naming column ``name``, the row, what was expected and what
+    was found (a file not written by sparktf, or corrupt).
     """
-    header = npy_header(dtype, tuple(shape))
-    item = len(header) + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    n = len(values)
-    matrix = _packed_binary(values, item) if hasattr(values, "buffers") or \
-        hasattr(values, "combine_chunks") else None
-    if matrix is None:
-        if hasattr(values, "to_pylist"):
-            values = values.to_pylist()
-        joined = b"".join(values)
-        if len(joined) != n * item:
-            raise ValueError(f"ndarray column: expected {n} values of {item} bytes "
-                             f"({dtype} {tuple(shape)}), got {len(joined)} bytes in all")
-        matrix = np.frombuffer(joined, dtype=np.uint8).reshape(n, item)
-    if n and not (matrix[:, :len(header)] == np.frombuffer(header, dtype=np.uint8)).all():
-        raise ValueError(f"ndarray column: values are not numpy.save bytes of {dtype} "
-                         f"{tuple(shape)}")
-    return np.ascontiguousarray(matrix[:, len(header):]).view(dtype).reshape(n, *shape)
+    want = None if dtype is None else (np.dtype(dtype), tuple(int(d) for d in shape or ()))
+    matrix = _value_matrix(values, name, want)
+    n = len(matrix)
+    if n == 0:
+        return np.zeros((0, *want[1]), dtype=want[0]) if want else np.zeros(0, np.uint8)
+    if want is not None:  # the fast path: the header numpy writes today, byte for byte
+        header = np.frombuffer(npy_header(want[0].str, want[1]), dtype=np.uint8)
+        if matrix.shape[1] == header.size + want[0].itemsize * int(np.prod(want[1])) \
+                and (matrix[:, :header.size] == header).all():
+            return _body(matrix, header.size, *want)
+    # Any other header (another numpy's padding, or no dtype and shape given): parse row 0's
+    # and hold every row to it.
+    try:
+        head = read_npy_header(matrix[0])
+    except ValueError:
+        head = None
+    if head is None or head.fortran_order or head.dtype.hasobject \
+            or matrix.shape[1] != head.size + head.data_bytes \
+            or (want is not None and (head.dtype, head.shape) != want):
+        raise _error(name, 0, _found(matrix[0]), want)
+    same = (matrix[:, :head.size] == matrix[0, :head.size]).all(axis=1)
+    if not same.all():
+        i = int(np.flatnonzero(~same)[0])
+        raise _error(name, i, _found(matrix[i]) + ", a header unlike row 0's",
+                     want or (head.dtype, head.shape))
+    return _body(matrix, head.size, head.dtype, head.shape)
 
 
-def _packed_binary(values, item: int) -> np.ndarray | None:
-    """The values of a pyarrow binary array as an (n, item) matrix, without copying them one
-    by one; None when they are not all ``item`` bytes long or hold nulls."""
+def _body(matrix: np.ndarray, size: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    return np.ascontiguousarray(matrix[:, size:]).view(dtype).reshape(len(matrix), *shape)
+
+
+def _value_matrix(values, name: str, want) -> np.ndarray:
+    """``values`` as an (n, bytes per value) uint8 matrix, else NdarrayColumnError naming the
+    first null value or the first value of another length (than the expected one when
+    ``want`` is given, else than row 0's)."""
     import pyarrow as pa
 
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-    if values.null_count or not pa.types.is_binary(values.type):
-        return None
-    n = len(values)
-    _, offsets_buf, data_buf = values.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32)[values.offset:values.offset + n + 1]
-    if n and not (np.diff(offsets) == item).all():
-        return None
-    data = np.frombuffer(data_buf, dtype=np.uint8)[offsets[0]:offsets[0] + n * item] if n else \
-        np.zeros(0, dtype=np.uint8)
-    return data.reshape(n, item)
+    if isinstance(values, pa.Array):
+        if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+            raise _error(name, None, f"has Arrow type {values.type}", want)
+        if values.null_count:
+            i = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            raise _error(name, i, f"is null (nulls in the column: {values.null_count})", want)
+        matrix = binary_matrix(values)
+        if matrix is not None:
+            return matrix
+        offsets, data = binary_parts(values)
+        value = lambda i: data[offsets[i]:offsets[i + 1]]  # noqa: E731
+        lengths = np.diff(offsets)
+    else:
+        values = list(values)
+        if any(v is None for v in values):
+            raise _error(name, values.index(None), "is null", want)
+        if not values:
+            return np.zeros((0, 0), dtype=np.uint8)
+        lengths = np.array([len(v) for v in values], dtype=np.int64)
+        if (lengths == lengths[0]).all():
+            return np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), -1)
+        value = lambda i: np.frombuffer(values[i], dtype=np.uint8)  # noqa: E731
+    wrong = lengths != lengths[0]
+    if want is not None:
+        item = len(npy_header(want[0].str, want[1])) + want[0].itemsize * int(np.prod(want[1]))
+        wrong = lengths != item
+    i = int(np.flatnonzero(wrong)[0])
+    raise _error(name, i, _found(value(i)), want)
+
+
+def _found(value: np.ndarray) -> str:
+    """What one value holds, for messages."""
+    try:
+        head = read_npy_header(value)
+    except ValueError:
+        return f"holds {len(value)} bytes that are not numpy.save bytes"
+    order = "Fortran-order " if head.fortran_order else ""
+    extra = len(value) - head.size - head.data_bytes
+    tail = "" if extra == 0 else f", {-extra} bytes short" if extra < 0 else \
+        f", with {extra} bytes more than its header says"
+    return f"holds numpy.save bytes of {order}{describe_layout(head.dtype, head.shape)}{tail}"
+
+
+def _error(name: str, row: int | None, what: str, want) -> NdarrayColumnError:
+    where = f"column {name!r}" if row is None else f"column {name!r}: row {row}"
+    expected = (f"numpy.save bytes of {describe_layout(*want)}" if want is not None
+                else "numpy.save bytes of one dtype and shape")
+    return NdarrayColumnError(f"{where} {what}; expected {expected}")
 
 
 # ----------------------------------------------------------------------------- manifest

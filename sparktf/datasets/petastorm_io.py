@@ -21,13 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from sparktf import storage
-from sparktf.datasets.formats import Field
-
-
-def dataset_url(path: str) -> str:
-    """The URL petastorm expects: ``file:///abs/path`` or ``hdfs://host:port/path``."""
-    loc = storage.parse(path)
-    return f"file://{loc.path}" if loc.scheme == "file" else loc.uri
+from sparktf.datasets.formats import Field, manifest_fields
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,6 +79,11 @@ def unischema(name: str, fields: Sequence[Field]):
     return Unischema(name, out)
 
 
+def dataset_unischema(manifest: dict):
+    """The petastorm Unischema of a converted dataset's Parquet files (from its manifest)."""
+    return unischema(f"sparktf_{manifest['dataset']}", manifest_fields(manifest))
+
+
 def spark_schema(schema):
     """The Spark SQL schema of a Unischema (binary for ndarray fields, bigint for scalars)."""
     return schema.as_spark_schema()
@@ -99,7 +98,7 @@ def materialize(spark, path: str, schema, *, row_group_mb: int = 256) -> Iterato
     """
     from petastorm.etl.dataset_metadata import materialize_dataset
 
-    url = dataset_url(path)
+    url = storage.spark_uri(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         with materialize_dataset(spark, url, schema, row_group_mb,
@@ -113,8 +112,8 @@ def make_reader(path: str, **kwargs):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return petastorm.make_reader(dataset_url(path), filesystem=legacy_filesystem(path),
-                                     **kwargs)
+        return petastorm.make_reader(storage.spark_uri(path),
+                                     filesystem=legacy_filesystem(path), **kwargs)
 
 
 def make_batch_reader(paths: str | Sequence[str], **kwargs):
@@ -122,12 +121,13 @@ def make_batch_reader(paths: str | Sequence[str], **kwargs):
 
     ``paths``: a dataset directory or a list of its Parquet files. NdarrayCodec columns come
     back as arrays of ``numpy.save`` bytes: decode them with
-    ``formats.decode_ndarray_column``.
+    :func:`sparktf.datasets.formats.decode_ndarray_column`.
     """
     import petastorm
 
     first = paths if isinstance(paths, str) else paths[0]
-    urls = dataset_url(paths) if isinstance(paths, str) else [dataset_url(p) for p in paths]
+    urls = storage.spark_uri(paths) if isinstance(paths, str) else \
+        [storage.spark_uri(p) for p in paths]
     with warnings.catch_warnings():
         # It warns that a petastorm dataset "may give unexpected results": sparktf decodes
         # the ndarray columns itself, in batches.

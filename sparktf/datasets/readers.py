@@ -35,7 +35,7 @@ import contextlib
 import posixpath
 import queue
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf

@@ -26,8 +26,9 @@ import re
 import struct
 import tarfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Iterator
+from typing import IO
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class SourceError(ValueError):
         return _rebuild_source_error, (self.to_dict(),)
 
 
-def _rebuild_source_error(fields: dict) -> "SourceError":
+def _rebuild_source_error(fields: dict) -> SourceError:
     return SourceError(**fields)
 
 

@@ -15,8 +15,9 @@ columns of a records x bytes matrix), which runs at a few hundred MB/s per core.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import IO, Iterator, Sequence
+from typing import IO
 
 import numpy as np
 

@@ -10,25 +10,21 @@ Every name is either a family (``resnet``, ``alexnet_v2``, ``mnist_softmax``,
 ``mnist_mlp``, ``ptb_lstm``, ``dcgan``, ``linear_regression``) with its defaults, or a
 preset of one (``resnet20`` ... ``resnet164``, ``ptb_small`` / ``ptb_medium`` /
 ``ptb_large``, ``dcgan_64``).  Keyword overrides replace config entries; unknown keys
-are an error.  See :mod:`sparktf.models.base` for the step and metric conventions.
+are an error.
+
+Modules: :mod:`~sparktf.models.registry` (the names above),
+:mod:`~sparktf.models.task` (the :class:`ModelTask` contract, step and metric conventions),
+:mod:`~sparktf.models.classifier` (the image-classifier task), :mod:`~sparktf.models.layers`,
+:mod:`~sparktf.models.optim` (schedules, optimizers, clipping), :mod:`~sparktf.models.export`
+(SavedModel signatures), and one module per family.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import keras
-
 from sparktf.models.alexnet import AlexNetV2Task
-from sparktf.models.base import (
-    KINDS,
-    ClassifierTask,
-    ModelTask,
-    ScaleImage,
-    count_params,
-    reduce_metrics,
-)
+from sparktf.models.classifier import ClassifierTask
 from sparktf.models.dcgan import DCGAN, DCGANTask
+from sparktf.models.layers import ScaleImage, count_params
 from sparktf.models.linear import (
     BOOK_X,
     BOOK_Y,
@@ -37,17 +33,27 @@ from sparktf.models.linear import (
     least_squares_fit,
 )
 from sparktf.models.mnist import MnistMLPTask, MnistSoftmaxTask
+from sparktf.models.optim import reduce_metrics
 from sparktf.models.ptb import PTBLanguageModel, PTBTask
+from sparktf.models.registry import describe, get_model, get_task, list_models
 from sparktf.models.resnet import ResNetTask
+from sparktf.models.task import KINDS, ModelTask
 
 __all__ = [
     "BOOK_X",
     "BOOK_Y",
     "DCGAN",
     "KINDS",
+    "AlexNetV2Task",
     "ClassifierTask",
+    "DCGANTask",
+    "LinearRegressionTask",
+    "MnistMLPTask",
+    "MnistSoftmaxTask",
     "ModelTask",
     "PTBLanguageModel",
+    "PTBTask",
+    "ResNetTask",
     "ScaleImage",
     "book_dataset",
     "count_params",
@@ -58,62 +64,3 @@ __all__ = [
     "list_models",
     "reduce_metrics",
 ]
-
-_TASK_CLASSES: tuple[type[ModelTask], ...] = (
-    ResNetTask,
-    AlexNetV2Task,
-    MnistSoftmaxTask,
-    MnistMLPTask,
-    PTBTask,
-    DCGANTask,
-    LinearRegressionTask,
-)
-
-
-def _build_registry() -> dict[str, type[ModelTask]]:
-    registry: dict[str, type[ModelTask]] = {}
-    for cls in _TASK_CLASSES:
-        for preset, overrides in cls.presets.items():
-            unknown = sorted(set(overrides) - set(cls.defaults))
-            if unknown:
-                raise RuntimeError(f"preset {preset!r} sets unknown config keys {unknown}")
-        for name in (cls.family, *cls.presets):
-            if name in registry:
-                raise RuntimeError(f"model name {name!r} registered twice")
-            registry[name] = cls
-    return registry
-
-
-_REGISTRY = _build_registry()
-
-
-def list_models() -> list[str]:
-    """Every registered name (families and presets), sorted."""
-    return sorted(_REGISTRY)
-
-
-def get_task(name: str, **overrides: Any) -> ModelTask:
-    """The :class:`ModelTask` for ``name`` with ``overrides`` applied to its config."""
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {list_models()}") from None
-    return cls.make(name, overrides)
-
-
-def get_model(name: str, **overrides: Any) -> keras.Model:
-    """A built Keras model (weights created) for ``name`` with ``overrides``."""
-    return get_task(name, **overrides).build_model()
-
-
-def describe(name: str) -> dict[str, Any]:
-    """Family, kind, description and full default config of ``name``."""
-    task = get_task(name)
-    return {
-        "name": name,
-        "family": task.family,
-        "kind": task.kind,
-        "description": task.description,
-        "features": list(task.features),
-        "config": task.config,
-    }

@@ -12,11 +12,13 @@ decayed x0.94 every 2 epochs (staircase).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import keras
 
-from sparktf.models.base import ClassifierTask, l2_regularizer
+from sparktf.models.classifier import ClassifierTask
+from sparktf.models.layers import l2_regularizer
 
 
 class AlexNetV2Task(ClassifierTask):

@@ -21,26 +21,22 @@ losses of the last update of each net (0 steps: that net is only evaluated).
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf.models.base import (
-    SERIALIZABLE_PACKAGE,
-    Batch,
-    Endpoint,
-    Metrics,
-    ModelTask,
-    RegistryConfigMixin,
-    ScaleImage,
+from sparktf.models.export import Endpoint
+from sparktf.models.layers import SERIALIZABLE_PACKAGE, ScaleImage, images_to_uint8
+from sparktf.models.optim import (
     apply_gradients,
     build_optimizer,
     current_learning_rate,
-    images_to_uint8,
     learning_rate_schedule,
 )
+from sparktf.models.task import Batch, Metrics, ModelTask, RegistryConfigMixin
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)

@@ -8,21 +8,16 @@ is built in: :data:`BOOK_X`, :data:`BOOK_Y`, :func:`book_dataset`, and
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf.models.base import (
-    Batch,
-    Endpoint,
-    Metrics,
-    ModelTask,
-    RegistryModel,
-    apply_gradients,
-    current_learning_rate,
-)
+from sparktf.models.export import Endpoint
+from sparktf.models.optim import apply_gradients, current_learning_rate
+from sparktf.models.task import Batch, Metrics, ModelTask, RegistryModel
 
 BOOK_X = np.array(
     [3.3, 4.4, 5.5, 6.71, 6.93, 4.168, 9.779, 6.182, 7.59, 2.167,

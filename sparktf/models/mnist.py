@@ -12,11 +12,12 @@ Both take raw uint8 28x28x1 images and scale them to [0, 1] inside the model.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import keras
 
-from sparktf.models.base import ClassifierTask
+from sparktf.models.classifier import ClassifierTask
 
 _MNIST: Mapping[str, Any] = {
     "image_shape": [28, 28, 1],

@@ -16,23 +16,17 @@ replica); see :class:`PTBLanguageModel`.
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf.models.base import (
-    SERIALIZABLE_PACKAGE,
-    Batch,
-    Endpoint,
-    Metrics,
-    ModelTask,
-    RegistryConfigMixin,
-    apply_gradients,
-    count_params,
-    current_learning_rate,
-)
+from sparktf.models.export import Endpoint
+from sparktf.models.layers import SERIALIZABLE_PACKAGE, count_params
+from sparktf.models.optim import apply_gradients, current_learning_rate
+from sparktf.models.task import Batch, Metrics, ModelTask, RegistryConfigMixin
 
 logger = logging.getLogger(__name__)
 

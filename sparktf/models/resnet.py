@@ -12,12 +12,14 @@ ResNet-20/32/56/110 use n = 3/5/9/18 and ResNet-164 is the bottleneck net with n
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
 
-from sparktf.models.base import SERIALIZABLE_PACKAGE, ClassifierTask, l2_regularizer
+from sparktf.models.classifier import ClassifierTask
+from sparktf.models.layers import SERIALIZABLE_PACKAGE, l2_regularizer
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)

@@ -9,8 +9,8 @@ this module mirrors it to the model directory through :mod:`sparktf.storage`:
 * events: the chief's event files are copied every ``sync_every_s`` and at the end;
 * exports: written locally, then published atomically as ``export/<global step>/``.
 
-A rerun with the same model directory resumes: :meth:`ModelDir.fetch_latest` copies the
-latest checkpoint down (HDFS) or points at it (local).
+A rerun with the same model directory resumes: :meth:`ModelDir.attach` copies the latest
+checkpoint down (HDFS) or points at it (local) and restores it.
 
 Checkpoints are named by global step (``ckpt-<step>``), so the driver can tell the step of
 the latest checkpoint without TensorFlow (:func:`latest_checkpoint_step`).
@@ -85,6 +85,7 @@ class ModelDir:
         os.makedirs(self.checkpoint_dir, exist_ok=True)
         self._last_sync = time.monotonic()
         self._synced_sizes: dict[str, int] = {}
+        self._manager = None
 
     @property
     def checkpoint_dir(self) -> str:
@@ -96,7 +97,30 @@ class ModelDir:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def fetch_latest(self) -> str | None:
+    def attach(self, checkpoint, *, keep: int) -> str | None:
+        """Manages ``checkpoint`` (a ``tf.train.Checkpoint``) here, keeping ``keep`` saves,
+        and restores the model directory's latest checkpoint into it; returns that
+        checkpoint's local prefix, or None for a fresh start."""
+        import tensorflow as tf
+
+        self._manager = tf.train.CheckpointManager(checkpoint, self.checkpoint_dir,
+                                                   max_to_keep=keep, checkpoint_name=CKPT_NAME)
+        prefix = self._fetch_latest()
+        if prefix:
+            checkpoint.restore(prefix).expect_partial()
+            log.info("restored %s", prefix)
+        return prefix
+
+    def save(self, step: int) -> str:
+        """Saves the attached checkpoint as ``ckpt-<step>``; the writer mirrors it to the
+        model directory. Returns the checkpoint's prefix (URI for the writer)."""
+        prefix = self._manager.save(checkpoint_number=step)
+        if self.writer:
+            prefix = self._push_checkpoint(prefix, list(self._manager.checkpoints))
+            log.info("checkpoint %s", prefix)
+        return prefix
+
+    def _fetch_latest(self) -> str | None:
         """A local prefix of the model directory's latest checkpoint, or None."""
         prefix = latest_checkpoint(self.uri)
         if prefix is None:
@@ -117,7 +141,7 @@ class ModelDir:
                                             "but its files are missing")
         return os.path.join(target, name)
 
-    def push_checkpoint(self, prefix: str, kept: list[str]) -> str:
+    def _push_checkpoint(self, prefix: str, kept: list[str]) -> str:
         """Mirrors a new local checkpoint to the model directory; returns its URI."""
         name = os.path.basename(prefix)
         if not self.remote:
@@ -164,7 +188,7 @@ class ModelDir:
     def export_dir(self, version: int) -> str:
         return storage.join(self.uri, EXPORT, str(version))
 
-    def publish_export(self, write, version: int) -> str:
+    def export(self, write, version: int) -> str:
         """Calls ``write(local_dir)`` and publishes the result as ``export/<version>``."""
         target = self.export_dir(version)
         storage.makedirs(storage.join(self.uri, EXPORT))
@@ -180,8 +204,11 @@ class ModelDir:
                 write(storage.parse(tmp).path)
         return target
 
-    def write_run_info(self, info: dict) -> None:
-        storage.write_text(storage.join(self.uri, RUN_FILE), json.dumps(info, indent=2) + "\n")
+    def finish(self, run_info: dict) -> None:
+        """The writer's last word: every event file copied, the run's summary written."""
+        self.sync_events(force=True)
+        storage.write_text(storage.join(self.uri, RUN_FILE),
+                           json.dumps(run_info, indent=2) + "\n")
 
     def close(self) -> None:
         if self._scratch:

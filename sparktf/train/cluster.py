@@ -34,28 +34,26 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pickle
+import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from typing import Any
 
-from sparktf.train import feed as feed_lib
-from sparktf.train.config import ConfigError, RunConfig, ScalingConfig, TrainConfig
+import sparktf.train.feed as feed_lib
+from sparktf import spark as spark_lib
+from sparktf import storage
+from sparktf.train import node
+from sparktf.train.config import ConfigError, TrainingError
 from sparktf.train.control import ControlServer
+from sparktf.train.plan import ProcessSpec, Role, RunPlan
 
 log = logging.getLogger(__name__)
 
 CLEANUP_WAIT_S = 30.0
-
-
-class TrainingError(RuntimeError):
-    """The run failed; the message names the process and its error."""
 
 
 class _GuardedContext:
@@ -83,49 +81,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def registered_executors(sc) -> int:
-    """Executors registered with the driver (the driver itself not counted)."""
-    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
-    return max(0, len(infos) - 1)
-
-
-def wait_for_executors(sc, count: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        have = registered_executors(sc)
-        if have == count:
-            return
-        if have > count:
-            raise ConfigError(
-                f"the run needs exactly {count} Spark executors (one per TensorFlow process) "
-                f"but {have} are registered: extra executors would receive tasks meant for "
-                "TensorFlow processes. Size the Spark application (e.g. local-cluster"
-                f"[{count},1,1024], spark.executor.instances={count}) or change the scaling")
-        if time.monotonic() > deadline:
-            raise ConfigError(f"the run needs {count} Spark executors; only {have} registered "
-                              f"within {timeout_s:.0f} s")
-        time.sleep(0.5)
-
-
 class ClusterRun:
     """One run's TensorFlow cluster. Use as a context manager: ``with ClusterRun(...) as c:
     result = c.start().wait()``; leaving the block always takes everything down."""
 
-    def __init__(self, spark, train: TrainConfig, scaling: ScalingConfig, run: RunConfig,
-                 spec: dict[str, Any], *, feed_passes: int | None, feed_df=None):
+    def __init__(self, spark, plan: RunPlan, *, feed_df=None, consume_only: bool = False):
         self.spark = spark
         self.sc = spark.sparkContext
-        self.train, self.scaling, self.run = train, scaling, run
-        self.spec = spec
-        self.feed_passes = feed_passes
+        self.plan = plan
+        self.train, self.scaling, self.run = plan.train, plan.scaling, plan.run
         self.feed_df = feed_df  # a DataFrame to feed instead of the dataset's Parquet
+        self.consume_only = consume_only  # bench/feed.py: the processes only read the feed
+        self.spec: ProcessSpec | None = None
         self.control: ControlServer | None = None
         self.tfos = None
-        self.plans: dict[str, dict] = {}
+        self.roles: dict[str, Role] = {}
         self.driver_ps: list[tuple[str, subprocess.Popen, str]] = []
         self.feed_thread: threading.Thread | None = None
         self.feed_error: BaseException | None = None
-        self.fed = Counter()
+        self.fed = Counter()          # feed chunks per node key
+        self.fed_rows_by = Counter()  # rows per node key
         self.fed_rows = 0
         self.feed_started_wall: float | None = None
         self.started_wall = time.time()
@@ -154,19 +129,22 @@ class ClusterRun:
     def start(self) -> "ClusterRun":
         from tensorflowonspark import TFCluster, util
 
-        from sparktf.train import node
-
         scaling, run = self.scaling, self.run
         tfos_log = logging.getLogger("tensorflowonspark")
         if tfos_log.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
             tfos_log.setLevel(logging.WARNING)  # its INFO lines include the managers' authkeys
-        wait_for_executors(self.sc, scaling.num_executors, min(run.startup_timeout_s, 120.0))
+        try:
+            spark_lib.wait_for_executors(self.sc, scaling.num_executors,
+                                         min(run.startup_timeout_s, 120.0))
+        except spark_lib.ExecutorCountError as exc:
+            raise ConfigError(str(exc)) from None
         host = util.get_ip_address()
         self.control = ControlServer(host, on_event=self._on_event)
-        spec = {**self.spec, "control_url": self.control.url, "token": self.control.token,
-                "driver_lost_s": max(30.0, run.failure_timeout_s / 2),
-                "startup_timeout_s": run.startup_timeout_s}
-        self.spec = spec
+        self.spec = ProcessSpec(plan=self.plan, control_url=self.control.url,
+                                token=self.control.token,
+                                driver_lost_s=max(30.0, run.failure_timeout_s / 2),
+                                startup_timeout_s=run.startup_timeout_s,
+                                consume_only=self.consume_only)
         tfos_ps = scaling.num_workers + (0 if scaling.ps_on_driver else scaling.num_ps) \
             if scaling.strategy == "ps" else 0
         input_mode = (TFCluster.InputMode.SPARK if self.train.input_mode == "spark"
@@ -183,37 +161,38 @@ class ClusterRun:
                 sc=guarded, map_fun=node.tfos_main,
                 # a namespace: TensorFlowOnSpark tests `'num_gpus' in tf_args` and reads
                 # tf_args.num_gpus (a dict or None crashes in _get_gpus)
-                tf_args=argparse.Namespace(num_gpus=scaling.gpus_per_worker, spec=spec),
+                tf_args=argparse.Namespace(num_gpus=scaling.gpus_per_worker, spec=self.spec),
                 num_executors=scaling.num_executors, num_ps=tfos_ps, tensorboard=False,
                 input_mode=input_mode, master_node="chief",
                 reservation_timeout=int(run.startup_timeout_s), release_port=True)
         except SystemExit:
             raise TrainingError("TensorFlowOnSpark could not start the cluster: "
                                 f"{self._tfos_status.get('error', 'unknown error')}") from None
-        self.plans = self._make_plans(self.tfos.cluster_info, host)
+        self.roles = self._assign_roles(self.tfos.cluster_info, host)
         self._start_driver_ps()
-        self.control.publish_plans(self.plans)
-        for key, plan in sorted(self.plans.items(), key=lambda kv: kv[1]["name"]):
-            log.info("  %-9s %s", plan["name"], key)
+        self.control.publish_plans({key: {**role.to_dict(), "name": role.name}
+                                    for key, role in self.roles.items()})
+        for key, role in sorted(self.roles.items(), key=lambda kv: kv[1].name):
+            log.info("  %-9s %s", role.name, key)
         if self.train.input_mode == "spark":
             self.feed_thread = threading.Thread(target=self._feed, name="sparktf-feed",
                                                 daemon=True)
             self.feed_thread.start()
         return self
 
-    def _make_plans(self, cluster_info: list[dict], driver_host: str) -> dict[str, dict]:
+    def _assign_roles(self, cluster_info: list[dict], driver_host: str) -> dict[str, Role]:
+        """TensorFlow roles for TensorFlowOnSpark's nodes (ps strategy: its ps nodes are
+        first the workers, then the parameter servers) and the driver's ps processes."""
         scaling = self.scaling
         roles: dict[str, tuple[str, int]] = {}
         addresses: dict[str, str] = {}
-        for node in cluster_info:
-            key = f"executor-{node['executor_id']}"
-            addresses[key] = f"{node['host']}:{node['port']}"
-            job, index = node["job_name"], int(node["task_index"])
+        for info in cluster_info:
+            key = f"executor-{info['executor_id']}"
+            addresses[key] = f"{info['host']}:{info['port']}"
+            job, index = info["job_name"], int(info["task_index"])
             if job == "chief":
                 roles[key] = ("chief", 0)
-            elif scaling.strategy == "allreduce":
-                roles[key] = ("worker", index)
-            elif index < scaling.num_workers:
+            elif scaling.strategy == "allreduce" or index < scaling.num_workers:
                 roles[key] = ("worker", index)
             else:
                 roles[key] = ("ps", index - scaling.num_workers)
@@ -226,51 +205,34 @@ class ClusterRun:
         for key, (role, index) in sorted(roles.items(), key=lambda kv: kv[1]):
             cluster[role].append(addresses[key])
         cluster = {k: v for k, v in cluster.items() if v}
-        num_train = scaling.num_workers
-        plans = {}
-        for key, (role, index) in roles.items():
-            rank = 0 if role == "chief" else index + 1
-            plans[key] = {"key": key, "role": role, "index": index, "name": f"{role}:{index}",
-                          "rank": rank, "strategy": scaling.strategy, "num_workers": num_train,
-                          "cluster": cluster}
         self.tfos_nodes = {f"executor-{n['executor_id']}": n for n in cluster_info}
-        return plans
+        return {key: Role(key=key, role=role, index=index, strategy=scaling.strategy,
+                          num_workers=scaling.num_workers, cluster=cluster)
+                for key, (role, index) in roles.items()}
 
     def _start_driver_ps(self) -> None:
-        for key, plan in self.plans.items():
+        for key, role in self.roles.items():
             if not key.startswith("driver-"):
                 continue
             tmp = tempfile.mkdtemp(prefix="sparktf-ps-")
-            spec_file = os.path.join(tmp, "spec.pickle")
-            with open(spec_file, "wb") as f:
-                pickle.dump({**self.spec, "key": key, "executor_id": None,
-                             "error_file": os.path.join(tmp, "error.json")}, f)
-            env = dict(os.environ)
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            env.pop("TF_CONFIG", None)
-            proc = subprocess.Popen([sys.executable, "-m", "sparktf.train.node", spec_file],
-                                    env=env)
+            proc = node.start_process(self.spec.for_node(key), os.path.join(tmp, "error.json"))
             self.driver_ps.append((key, proc, tmp))
-            log.info("started %s on the driver (pid %d)", plan["name"], proc.pid)
+            log.info("started %s on the driver (pid %d)", role.name, proc.pid)
 
     # -- feeding ------------------------------------------------------------------------
 
     def feeding_keys(self) -> list[str]:
-        return [k for k, p in self.plans.items() if not k.startswith("driver-")
-                and (p["role"] == "chief" or self.scaling.strategy == "allreduce")]
+        return [k for k, r in self.roles.items() if not k.startswith("driver-") and r.trains]
 
     def _feed(self) -> None:
         """Feeds ``feed_passes`` passes over the split (None: until the run stops)."""
         try:
-            from sparktf.datasets.convert import spark_uri
-
             self.sc.setJobGroup(self.feed_group, "sparktf: feed rows to TensorFlow",
                                 interruptOnCancel=False)
-            info = self.spec["data_info"]
-            names = [name for name, _, _ in info["fields"]]
+            data = self.plan.data
             df = self.feed_df if self.feed_df is not None else \
-                self.spark.read.parquet(spark_uri(info["parquet"]))
-            df = df.select(*names)
+                self.spark.read.parquet(storage.spark_uri(data.parquet))
+            df = df.select(*data.names)
             keys = self.feeding_keys()
             partitions = df.rdd.getNumPartitions()
             if partitions < 2 * len(keys):
@@ -284,11 +246,13 @@ class ClusterRun:
                                           feed_timeout_s=self.run.feed_timeout_s)
             done_passes = 0
             self.feed_started_wall = time.time()
-            while self.feed_passes is None or done_passes < self.feed_passes:
+            passes = self.plan.feed_passes
+            while passes is None or done_passes < passes:
                 if self.control.stop:
                     return
                 for row in df.mapInArrow(feeder, feed_lib.SUMMARY_SCHEMA).collect():
                     self.fed[row.executor] += row.chunks
+                    self.fed_rows_by[row.executor] += row.rows
                     self.fed_rows += row.rows
                 done_passes += 1
                 log.debug("fed pass %d: %d rows so far", done_passes, self.fed_rows)
@@ -307,8 +271,8 @@ class ClusterRun:
         ``{key: result}``.
         """
         run = self.run
-        chief_key = next(k for k, p in self.plans.items() if p["role"] == "chief")
-        expected = set(self.plans)
+        chief_key = next(k for k, r in self.roles.items() if r.is_chief)
+        expected = set(self.roles)
         start = time.monotonic()
         last_progress = 0.0
         tfos_error_seen = None
@@ -323,13 +287,13 @@ class ClusterRun:
                 tfos_error_seen = tfos_error_seen or now
                 if now - tfos_error_seen > 5.0:  # give the process's own report time to arrive
                     self._fail("a TensorFlowOnSpark task failed: "
-                               + _spark_error_text(self._tfos_status["error"]))
+                               + spark_lib.spark_error_text(self._tfos_status["error"]))
             if self.feed_error is not None:
                 self._fail("feeding rows to TensorFlow failed: "
-                           + _spark_error_text(str(self.feed_error)))
+                           + spark_lib.spark_error_text(str(self.feed_error)))
             for key, proc, _ in self.driver_ps:
                 if proc.poll() is not None:
-                    self._fail(f"{self.plans[key]['name']} on the driver exited with code "
+                    self._fail(f"{self.roles[key].name} on the driver exited with code "
                                f"{proc.returncode}")
             chief = nodes.get(chief_key)
             if all_nodes:
@@ -339,7 +303,7 @@ class ClusterRun:
                 return chief.done
             for key in expected:
                 node = nodes.get(key)
-                name = self.plans[key]["name"]
+                name = self.roles[key].name
                 if node is None:
                     if now - start > run.startup_timeout_s:
                         self._fail(f"{name} ({key}) did not start within "
@@ -354,7 +318,7 @@ class ClusterRun:
                 log.info("%s", format_progress(chief.progress))
 
     def _describe_error(self, key: str, err: dict) -> str:
-        name = self.plans.get(key, {}).get("name", key)
+        name = self.roles[key].name if key in self.roles else key
         return f"{name} ({key}) failed: {err.get('type')}: {err.get('message')}"
 
     def _fail(self, message: str) -> None:
@@ -380,7 +344,7 @@ class ClusterRun:
         # Processes leave on stop/abort; wait for their goodbyes (a dead one never says it).
         while time.monotonic() < deadline:
             nodes = control.snapshot()
-            pending = [k for k in self.plans if not (nodes.get(k) and (nodes[k].bye
+            pending = [k for k in self.roles if not (nodes.get(k) and (nodes[k].bye
                                                                        or nodes[k].error))]
             alive = [k for k in pending if nodes.get(k) is not None
                      and time.monotonic() - nodes[k].last_seen < 3.0]
@@ -402,8 +366,6 @@ class ClusterRun:
                 log.warning("%s on the driver did not exit; killing it", key)
                 proc.kill()
                 proc.wait()
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
         if self.tfos is not None:
             self.tfos.server.stop()
@@ -442,14 +404,6 @@ class ClusterRun:
                     self.sc._jsc.sc().cancelJob(int(job))
                 return
             time.sleep(0.2)
-
-
-def _spark_error_text(text: str, limit: int = 3000) -> str:
-    """The useful part of a Py4J/Spark error: the Python exception lines, not the JVM trace."""
-    lines = [l for l in str(text).splitlines() if l.strip()]
-    keep = [l for l in lines if not l.lstrip().startswith("at ") and "java." not in l[:40]]
-    tail = keep[-12:] if len(keep) > 12 else keep
-    return "\n".join(tail)[-limit:]
 
 
 def format_progress(p: dict) -> str:

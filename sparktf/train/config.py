@@ -9,7 +9,8 @@
   limits that bound a failure or a stalled feed.
 
 Everything is plain data (JSON-able with :func:`dataclasses.asdict`), validated on
-construction, so a config travels unchanged from the driver to every TensorFlow process.
+construction; the driver's :class:`~sparktf.train.plan.RunPlan` carries the three unchanged
+to every TensorFlow process.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ FILE_FORMATS = ("tfrecord", "parquet")
 
 class ConfigError(ValueError):
     """A configuration that cannot run (the message says which setting and why)."""
+
+
+class TrainingError(RuntimeError):
+    """The run failed; the message names the process and its error."""
 
 
 def _positive(name: str, value: float | int | None, *, allow_none: bool = False,
@@ -198,6 +203,8 @@ class TrainResult:
     strategy: str
     input_mode: str
     gpus: list[str] = field(default_factory=list)  # GPUs the chief's TensorFlow saw
+    # spark input mode: rows fed to each training process (by node key), one number per process
+    fed_rows: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,7 +213,3 @@ class TrainResult:
 def steps_for(epochs: float, rows: int, global_batch: int) -> int:
     """Global steps in ``epochs`` passes over ``rows`` rows at ``global_batch`` per step."""
     return max(1, math.floor(epochs * (rows // global_batch)))
-
-
-def to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)

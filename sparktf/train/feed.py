@@ -2,7 +2,7 @@
 
 TensorFlowOnSpark's own feed (``TFCluster.train`` / ``DataFeed.next_batch``) pushes every row
 through a multiprocessing-manager queue; measured here it delivers about a tenth of what
-Spark reads (see STACK.md). This module keeps TensorFlowOnSpark's plumbing -- the executor's
+Spark reads (see docs/versions.md). This module keeps TensorFlowOnSpark's plumbing -- the executor's
 ``TFManager`` and its ``input`` queue, which pair a Spark task with the TensorFlow process on
 the same executor -- but moves the rows around the queue:
 
@@ -30,7 +30,6 @@ Neither TensorFlow nor Spark is imported here: feeding tasks stay light.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import queue as queue_lib
@@ -39,12 +38,11 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from sparktf.datasets import formats
+from sparktf.datasets.formats import Field, NdarrayColumnError, decode_ndarray_column
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +60,6 @@ class FeedError(RuntimeError):
 
 class FeedTimeout(FeedError, TimeoutError):
     pass
-
-
-@dataclass(frozen=True)
-class Field:
-    """One fed column: an int64 scalar (``shape`` None) or an ndarray stored as np.save bytes."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...] | None = None
 
 
 # ----------------------------------------------------------------------------- managers
@@ -247,40 +236,11 @@ def _wait_for_room(mgr, queue, max_buffered: int, timeout_s: float, key: str, fl
 
 # ----------------------------------------------------------------------------- decoding
 
-def _npy_layout(value: bytes) -> tuple[int, tuple[int, ...], np.dtype, bool]:
-    """(header bytes, shape, dtype, fortran order) of one ``numpy.save`` value."""
-    stream = io.BytesIO(value)
-    version = np.lib.format.read_magic(stream)
-    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-            else np.lib.format.read_array_header_2_0)
-    shape, fortran, dtype = read(stream)
-    return stream.tell(), tuple(shape), np.dtype(dtype), fortran
-
-
-def decode_ndarray_column(column, field: Field, *, where: str = "feed") -> np.ndarray:
-    """A binary column of ``numpy.save`` bytes (one fixed shape) as one ndarray [N, *shape].
-
-    The first value's header is checked against ``field`` (for a readable error); the
-    column is then decoded at once by :func:`sparktf.datasets.formats.decode_ndarray_column`.
-    """
-    import pyarrow as pa
-
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    n = len(column)
-    dtype = np.dtype(field.dtype)
-    shape = tuple(field.shape or ())
-    if n == 0:
-        return np.zeros((0, *shape), dtype=dtype)
-    if column.null_count:
-        raise FeedError(f"{where}: column {field.name!r} has {column.null_count} null values")
-    _, got_shape, got_dtype, fortran = _npy_layout(column[0].as_py())
-    if got_shape != shape or got_dtype != dtype or fortran:
-        raise FeedError(f"{where}: column {field.name!r} holds {got_dtype}{list(got_shape)} "
-                        f"arrays, expected {dtype}{list(shape)}")
-    return formats.decode_ndarray_column(column, dtype.str, shape)
-
-
 def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str, np.ndarray]:
+    """The columns ``fields`` of an Arrow table as numpy arrays: int64 scalars as they are,
+    ndarray columns decoded at once by :func:`sparktf.datasets.formats.decode_ndarray_column`
+    (one vectorised pass over the column's buffer). A FeedError starting with ``where`` when
+    a column is missing or does not hold what its field says."""
     out = {}
     for f in fields:
         if f.name not in table.column_names:
@@ -288,8 +248,11 @@ def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str
         column = table.column(f.name)
         if f.shape is None:
             out[f.name] = column.to_numpy().astype(f.dtype, copy=False)
-        else:
-            out[f.name] = decode_ndarray_column(column, f, where=where)
+            continue
+        try:
+            out[f.name] = decode_ndarray_column(column, f.dtype, f.shape, name=f.name)
+        except NdarrayColumnError as exc:
+            raise FeedError(f"{where}: {exc}") from exc
     return out
 
 

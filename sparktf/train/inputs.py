@@ -1,10 +1,7 @@
 """Where a TensorFlow process's batches come from, for both input modes.
 
-Driver side, :func:`describe_data` reads the dataset's manifest once: rows of the split,
-the columns the model needs, the files of each format.
-
-Process side, :func:`open_batches` returns a :class:`Source` of numpy batches of exactly
-``batch_size`` rows:
+:func:`open_batches` returns a :class:`Source` of numpy batches of exactly ``batch_size``
+rows, from the plan's dataset description (:class:`~sparktf.train.plan.DataInfo`):
 
 * ``spark``: the process's :class:`~sparktf.train.feed.FeedReader`;
 * ``files``: the process's shard of the split, repeated and reshuffled every pass, read
@@ -23,48 +20,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from sparktf import storage
 from sparktf.train.config import ConfigError
-from sparktf.train.feed import Field
+from sparktf.train.plan import DataInfo, ProcessSpec, Role
 
 log = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------- driver side
-
-def describe_data(data: str, split: str, file_format: str, features: tuple[str, ...]) -> dict:
-    """What a run needs to know about its dataset (JSON-able)."""
-    from sparktf.datasets import formats
-
-    manifest = formats.load_manifest(data)
-    if split not in manifest["splits"]:
-        raise ConfigError(f"dataset {data} has no split {split!r} "
-                          f"(it has {', '.join(manifest['splits'])})")
-    fields = [Field(f.name, f.dtype, tuple(f.shape) if f.shape else None)
-              for f in formats.manifest_fields(manifest)]
-    names = {f.name for f in fields}
-    missing = [name for name in features if name not in names]
-    if missing:
-        raise ConfigError(f"dataset {data} ({manifest['dataset']}) has no column(s) "
-                          f"{missing} that the model needs (it has {sorted(names)})")
-    wanted = [f for f in fields if f.name in features]
-    info = {"dataset": manifest["dataset"], "kind": manifest["kind"], "split": split,
-            "data": data,
-            "rows": int(manifest["splits"][split]["records"]),
-            "fields": [(f.name, f.dtype, list(f.shape) if f.shape else None) for f in wanted],
-            "files": {}, "parquet": None, "text": manifest.get("text")}
-    for fmt in manifest["formats"]:
-        info["files"][fmt] = formats.split_files(manifest, data, split, fmt)
-    if "parquet" in manifest["formats"]:
-        info["parquet"] = storage.join(data, split, "parquet")
-    if file_format not in manifest["formats"]:
-        info["missing_format"] = file_format
-    return info
-
-
-def fields_of(data_info: dict) -> list[Field]:
-    return [Field(name, dtype, tuple(shape) if shape else None)
-            for name, dtype, shape in data_info["fields"]]
 
 
 # ----------------------------------------------------------------------------- process side
@@ -90,50 +49,48 @@ class Source:
             self.close_fn = None
 
 
-def open_batches(spec: dict, plan: dict, control, batch_size: int) -> Source:
+def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Source:
     """This process's batches (``batch_size`` rows each)."""
-    data_info = spec["data_info"]
-    fields = fields_of(data_info)
-    if plan["strategy"] == "ps":
+    plan = spec.plan
+    if role.strategy == "ps":
         num_shards, shard = 1, 0
     else:
-        num_shards, shard = int(plan["num_workers"]), int(plan["rank"])
-    seed = None if not spec["shuffle"] else int(spec["seed"]) + 1000 * shard
-    if spec["input_mode"] == "spark":
+        num_shards, shard = role.num_workers, role.rank
+    seed = plan.train.seed + 1000 * shard if plan.train.shuffle else None
+    if plan.train.input_mode == "spark":
+        from sparktf.train import exit_hooks
         from sparktf.train.feed import FeedReader
 
-        reader = FeedReader(mgr_address=spec["mgr_address"], authkey=spec["mgr_authkey"],
-                            token=spec["token"], key=spec["key"], fields=fields,
-                            control=control, feed_timeout_s=float(spec["feed_timeout_s"]),
+        reader = FeedReader(mgr_address=spec.mgr_address, authkey=spec.mgr_authkey,
+                            token=spec.token, key=spec.key, fields=list(plan.data.fields),
+                            control=control, feed_timeout_s=plan.run.feed_timeout_s,
                             shuffle_seed=seed).open()
-        from sparktf.train.node import on_exit
-
-        on_exit(lambda: reader.close("failed"))
+        exit_hooks.on_exit(lambda: reader.close("failed"))
         return Source(reader.batches(batch_size), finite=True, close_fn=reader.close,
                       reader=reader)
-    return Source(_file_batches(spec, fields, batch_size, num_shards, shard, seed), finite=True)
+    batches = _file_batches(plan.data, plan.train.file_format, batch_size, num_shards, shard,
+                            seed)
+    return Source(batches, finite=True)
 
 
-def _file_batches(spec: dict, fields: list[Field], batch_size: int, num_shards: int,
-                  shard: int, seed: int | None) -> Iterator[dict[str, Any]]:
+def _file_batches(data: DataInfo, fmt: str, batch_size: int, num_shards: int, shard: int,
+                  seed: int | None) -> Iterator[dict[str, Any]]:
     """Endless exact batches of this shard, from :mod:`sparktf.datasets.readers`."""
     import tensorflow as tf
 
     from sparktf.datasets import readers
 
-    info = spec["data_info"]
-    fmt = spec["file_format"]
-    names = [f.name for f in fields]
+    names = data.names
     if "tokens" in names and seed is None:
-        yield from _token_stream_batches(info, fmt, names, batch_size, num_shards, shard)
+        yield from _token_stream_batches(data, fmt, batch_size, num_shards, shard)
         return
-    options = dict(batch_size=batch_size, split=info["split"], num_shards=num_shards,
+    options = dict(batch_size=batch_size, split=data.split, num_shards=num_shards,
                    shard_index=shard, shuffle=seed is not None, seed=seed, repeat=True,
                    drop_remainder=True)
     if fmt == "tfrecord":
-        dataset = readers.tfrecord_dataset(info["data"], verify_checksums=True, **options)
+        dataset = readers.tfrecord_dataset(data.data, verify_checksums=True, **options)
     else:
-        dataset = readers.parquet_dataset(info["data"], **options)
+        dataset = readers.parquet_dataset(data.data, **options)
     batches = iter(dataset)
     while True:
         try:
@@ -141,7 +98,7 @@ def _file_batches(spec: dict, fields: list[Field], batch_size: int, num_shards: 
         except StopIteration:
             return
         except tf.errors.DataLossError as exc:  # TensorFlow's TFRecord reader: no file name
-            raise _locate_corruption(info["files"][fmt], num_shards, shard, exc) from None
+            raise _locate_corruption(data.files[fmt], num_shards, shard, exc) from None
         yield {name: batch[name] for name in names}
 
 
@@ -169,8 +126,8 @@ def stream_layout(tokens, ids, batch_size: int, num_shards: int = 1, shard: int 
             np.asarray(ids)[used].reshape(rows, steps)[mine])
 
 
-def _token_stream_batches(info: dict, fmt: str, names: list[str], batch_size: int,
-                          num_shards: int, shard: int) -> Iterator[dict[str, Any]]:
+def _token_stream_batches(data: DataInfo, fmt: str, batch_size: int, num_shards: int,
+                          shard: int) -> Iterator[dict[str, Any]]:
     """Endless passes of PTB batches in stream layout (:func:`stream_layout`), with a
     ``reset`` flag on each pass's first step so that every stream starts from a zero state."""
     import numpy as np
@@ -178,7 +135,7 @@ def _token_stream_batches(info: dict, fmt: str, names: list[str], batch_size: in
     from sparktf.datasets import readers
 
     read = readers.tfrecord_dataset if fmt == "tfrecord" else readers.parquet_dataset
-    chunks = list(read(info["data"], split=info["split"], batch_size=4096))
+    chunks = list(read(data.data, split=data.split, batch_size=4096))
     tokens = np.concatenate([c["tokens"].numpy() for c in chunks])
     ids = np.concatenate([c["id"].numpy() for c in chunks])
     rows, row_ids = stream_layout(tokens, ids, batch_size, num_shards, shard)
@@ -187,7 +144,7 @@ def _token_stream_batches(info: dict, fmt: str, names: list[str], batch_size: in
         for t in range(rows.shape[1]):
             batch = {"tokens": rows[:, t], "id": row_ids[:, t],
                      "reset": np.full(batch_size, 1 if t == 0 else 0, np.int64)}
-            yield {name: batch[name] for name in (*names, "reset") if name in batch}
+            yield {name: batch[name] for name in (*data.names, "reset") if name in batch}
 
 
 def _locate_corruption(files: list[str], num_shards: int, shard: int, exc) -> Exception:

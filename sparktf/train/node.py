@@ -3,20 +3,22 @@
 :func:`tfos_main` is the function TensorFlowOnSpark runs on each executor (in the Spark
 task for the ``files`` input mode, in TensorFlowOnSpark's background process for ``spark``).
 It does not run TensorFlow itself: it starts a fresh interpreter (``python -m
-sparktf.train.node SPEC``) and waits for it. TensorFlow thus never lives in a reused
+sparktf.train.node ERROR_FILE``, its :class:`~sparktf.train.plan.ProcessSpec` pickled on its
+standard input: a private pipe, no file) and waits for it. TensorFlow thus never lives in a reused
 PySpark worker -- its gRPC server port, threads and memory go away with the process -- and
 a crash of TensorFlow cannot take the Spark worker down with it.
 
 The child process (:func:`main`):
 
 1. says hello to the driver's control server and gets its plan: its role (``chief``,
-   ``worker`` or ``ps``), its index and the TF cluster (:mod:`sparktf.train.control`);
+   ``worker`` or ``ps``), its index and the TF cluster (:class:`~sparktf.train.plan.Role`,
+   through :mod:`sparktf.train.control`);
 2. starts a heartbeat thread that exits the process at once when the driver aborts the run,
    becomes unreachable, or the parent Spark task goes away (and asks the kernel to kill it
    if the parent dies: ``PR_SET_PDEATHSIG``);
 3. runs its role: a ``ps`` task, or a ``worker`` under the ``ps`` strategy, serves its
    ``tf.distribute.Server`` until the driver says stop (no ``Server.join()`` that never
-   returns); the chief and the all-reduce workers train (:mod:`sparktf.train.loop`);
+   returns); the chief and the all-reduce workers train (:mod:`sparktf.train.trainer`);
 4. reports ``done`` or ``error`` (with the exception and the end of its traceback) and
    exits through ``os._exit`` (TensorFlow's own teardown can hang in multi-worker runs).
 
@@ -37,15 +39,14 @@ import threading
 import time
 import traceback
 
+from sparktf.train import exit_hooks
+from sparktf.train.control import ControlClient
+from sparktf.train.feed import remove_feed_dirs
+from sparktf.train.plan import ProcessSpec, Role
+
 log = logging.getLogger("sparktf.train.node")
 
 EXIT_ABORTED = 3
-_CLEANUPS: list = []
-
-
-def on_exit(fn) -> None:
-    """Registers ``fn()`` to run before this process exits (also when aborted)."""
-    _CLEANUPS.append(fn)
 
 
 class NodeFailed(RuntimeError):
@@ -64,28 +65,32 @@ def error_summary(exc: BaseException, *, tail: int = 12) -> dict:
 
 def tfos_main(tf_args, ctx) -> None:
     """TensorFlowOnSpark's map function: start this executor's TensorFlow process, wait."""
-    spec = dict(tf_args.spec)
-    spec["key"] = f"executor-{ctx.executor_id}"
-    spec["executor_id"] = ctx.executor_id
-    mgr = ctx.mgr
-    spec["mgr_address"] = mgr.address
-    spec["mgr_authkey"] = bytes(mgr._authkey)
+    spec: ProcessSpec = tf_args.spec.for_node(
+        f"executor-{ctx.executor_id}", executor_id=ctx.executor_id,
+        mgr_address=ctx.mgr.address, mgr_authkey=bytes(ctx.mgr._authkey))
     run_child(spec, label=f"{ctx.job_name}:{ctx.task_index} (executor {ctx.executor_id})")
 
 
-def run_child(spec: dict, *, label: str) -> None:
-    """Runs ``python -m sparktf.train.node`` for ``spec``; raises NodeFailed on failure."""
+def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:
+    """Starts ``python -m sparktf.train.node`` for ``spec`` (pickled on its stdin)."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.pop("TF_CONFIG", None)  # the child sets its own from the driver's plan
+    child = subprocess.Popen([sys.executable, "-m", "sparktf.train.node", error_file],
+                             env=env, stdin=subprocess.PIPE)
+    try:
+        child.stdin.write(pickle.dumps(spec))
+        child.stdin.close()
+    except BrokenPipeError:  # it died at once: its exit code tells
+        pass
+    return child
+
+
+def run_child(spec: ProcessSpec, *, label: str) -> None:
+    """Runs the TensorFlow process of ``spec`` and waits; raises NodeFailed on failure."""
     with tempfile.TemporaryDirectory(prefix="sparktf-node-") as tmp:
-        spec_file = os.path.join(tmp, "spec.pickle")
         error_file = os.path.join(tmp, "error.json")
-        spec = {**spec, "error_file": error_file}
-        with open(spec_file, "wb") as f:
-            pickle.dump(spec, f)
-        env = dict(os.environ)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env.pop("TF_CONFIG", None)  # the child sets its own from the driver's plan
-        child = subprocess.Popen([sys.executable, "-m", "sparktf.train.node", spec_file],
-                                 env=env, start_new_session=False)
+        child = start_process(spec, error_file)
         try:
             code = child.wait()
         except BaseException:  # the Spark task is being killed: take the child with us
@@ -93,9 +98,7 @@ def run_child(spec: dict, *, label: str) -> None:
             child.wait()
             raise
         finally:
-            from sparktf.train.feed import remove_feed_dirs
-
-            remove_feed_dirs(spec["token"], spec["key"])  # whatever became of the child
+            remove_feed_dirs(spec.token, spec.key)  # whatever became of the child
         if code == 0:
             return
         if code == EXIT_ABORTED:  # it left because the run was aborted elsewhere
@@ -120,11 +123,9 @@ def run_child(spec: dict, *, label: str) -> None:
         raise NodeFailed(message)
 
 
-def _report_death(spec: dict, label: str, why: str) -> bool:
+def _report_death(spec: ProcessSpec, label: str, why: str) -> bool:
     try:
-        from sparktf.train.control import ControlClient
-
-        ControlClient(spec["control_url"], spec["token"], spec["key"]).post(
+        ControlClient(spec.control_url, spec.token, spec.key).post(
             "error", {"type": "ProcessDied", "message": f"TensorFlow process {label}: {why}",
                       "traceback": ""}, timeout=5.0)
         return True
@@ -146,11 +147,7 @@ def _die_with_parent() -> None:
 
 
 def _exit(code: int) -> None:
-    while _CLEANUPS:
-        try:
-            _CLEANUPS.pop()()
-        except Exception:
-            pass
+    exit_hooks.run_all()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -160,27 +157,26 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def serve(plan: dict, control) -> None:
+def serve(role: Role, control) -> None:
     """A ps task, or a worker of the ps strategy: serve until the driver says stop."""
     import tensorflow as tf
 
-    cluster = tf.train.ClusterSpec(plan["cluster"])
-    server = tf.distribute.Server(cluster, job_name=plan["role"], task_index=plan["index"],
+    cluster = tf.train.ClusterSpec(role.cluster)
+    server = tf.distribute.Server(cluster, job_name=role.role, task_index=role.index,
                                   protocol="grpc", start=True)
-    log.info("%s serving at %s", plan["name"], server.target)
+    log.info("%s serving at %s", role.name, server.target)
     control.set_progress({"serving": server.target.decode() if isinstance(server.target, bytes)
                           else str(server.target)})
     control.wait_for_stop()
-    log.info("%s: run over, exiting", plan["name"])
+    log.info("%s: run over, exiting", role.name)
 
 
-def consume_feed(spec: dict, plan: dict, control) -> dict:
+def consume_feed(spec: ProcessSpec, role: Role, control) -> dict:
     """Reads the whole feed and drops it (measures the spark input mode alone)."""
     from sparktf.train import inputs
 
     started = time.time()
-    batch = int(spec["global_batch"]) // int(plan["num_workers"])
-    source = inputs.open_batches(spec, plan, control, batch)
+    source = inputs.open_batches(spec, role, control, spec.plan.per_process_batch)
     rows, first = 0, None
     for b in source.batches:
         rows += len(next(iter(b.values())))
@@ -191,18 +187,16 @@ def consume_feed(spec: dict, plan: dict, control) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    with open(argv[1], "rb") as f:
-        spec = pickle.load(f)
-    logging.basicConfig(level=spec.get("log_level", "INFO"), stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s [{spec['key']}] %(name)s: %(message)s")
+    error_file = argv[1]
+    spec: ProcessSpec = pickle.load(sys.stdin.buffer)
+    logging.basicConfig(level=spec.plan.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [{spec.key}] %(name)s: %(message)s")
     for noisy in ("tensorflow", "absl", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     _die_with_parent()
 
-    from sparktf.train.control import ControlClient
-
-    control = ControlClient(spec["control_url"], spec["token"], spec["key"],
-                            driver_lost_s=spec["driver_lost_s"])
+    control = ControlClient(spec.control_url, spec.token, spec.key,
+                            driver_lost_s=spec.driver_lost_s)
     done = threading.Event()
 
     def on_abort(reason: str) -> None:
@@ -212,21 +206,20 @@ def main(argv: list[str]) -> None:
         _exit(EXIT_ABORTED)
 
     try:
-        plan = control.hello(spec["startup_timeout_s"])
-        log.info("role %s in %s", plan["name"], json.dumps(plan["cluster"]))
+        role = Role.from_dict(control.hello(spec.startup_timeout_s))
+        log.info("role %s in %s", role.name, json.dumps(role.cluster))
         control.start_heartbeat(on_abort)
-        _configure_process(spec, plan)
-        if plan["role"] == "ps" or (plan["strategy"] == "ps" and plan["role"] == "worker"):
-            serve(plan, control)
-        elif spec.get("consume_only"):  # bench/feed.py: the feed without TensorFlow
-            control.send("done", consume_feed(spec, plan, control))
+        _configure_process(spec, role)
+        if not role.trains:
+            serve(role, control)
+        elif spec.consume_only:  # bench/feed.py: the feed without TensorFlow
+            control.send("done", consume_feed(spec, role, control))
             control.wait_for_stop()
         else:
-            from sparktf.train import loop
+            from sparktf.train.trainer import Trainer
 
-            result = loop.run(spec, plan, control)
-            control.send("done", result)
-            if plan["role"] != "chief":
+            control.send("done", Trainer(spec, role, control).run())
+            if not role.is_chief:
                 # Stay until the chief has finished too: a multi-worker process that leaves
                 # early can fail the chief's last collective or coordination heartbeat.
                 control.wait_for_stop()
@@ -239,26 +232,26 @@ def main(argv: list[str]) -> None:
         done.set()
         err["reported"] = control.send("error", err, attempts=2) is not None
         try:
-            with open(spec["error_file"], "w") as f:
+            with open(error_file, "w") as f:
                 json.dump(err, f)
         except OSError:
             pass
         _exit(1)
 
 
-def _configure_process(spec: dict, plan: dict) -> None:
+def _configure_process(spec: ProcessSpec, role: Role) -> None:
     """Environment of the TensorFlow runtime, set before TensorFlow is imported."""
-    if plan["role"] == "ps" or spec["gpus_per_worker"] == 0:
+    scaling = spec.plan.scaling
+    if role.role == "ps" or scaling.gpus_per_worker == 0:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only (ps tasks never take a GPU)
     else:  # processes that share a GPU must not each take all of its memory
         os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-    cluster = {k: v for k, v in plan["cluster"].items() if v}
+    cluster = {k: v for k, v in role.cluster.items() if v}
     os.environ["TF_CONFIG"] = json.dumps(
-        {"cluster": cluster, "task": {"type": plan["role"], "index": plan["index"]}})
-    threads = int(spec.get("threads_per_worker") or 0)
-    if threads:
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+        {"cluster": cluster, "task": {"type": role.role, "index": role.index}})
+    if scaling.threads_per_worker:
+        os.environ.setdefault("OMP_NUM_THREADS", str(scaling.threads_per_worker))
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(scaling.threads_per_worker)
 
 
 if __name__ == "__main__":

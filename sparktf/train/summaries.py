@@ -72,3 +72,44 @@ def image(name: str, images, step: int, max_outputs: int = 16) -> None:
     dims = tf.strings.as_string([shape[2], shape[1]])  # width, height
     tf.summary.write(name, tf.concat([dims, pngs], axis=0), step=step,
                      metadata=_metadata("images"))
+
+
+class EventWriter:
+    """The chief's TensorBoard output for one run, in ``model_dir.events_dir`` (no-ops
+    when disabled: processes other than the chief write no events)."""
+
+    def __init__(self, model_dir, *, enabled: bool):
+        import tensorflow as tf
+
+        self.model_dir = model_dir
+        self.writer = tf.summary.create_file_writer(model_dir.events_dir) if enabled else None
+
+    @property
+    def enabled(self) -> bool:
+        return self.writer is not None
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=step):
+            for name, value in values.items():
+                scalar(name, value, step)
+        self.model_dir.sync_events()
+
+    def histograms(self, step: int, names: list[str], weights: list[np.ndarray]) -> None:
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=step):
+            for name, value in zip(names, weights):
+                histogram(f"weights/{name}", value, step)
+
+    def images(self, step: int, name: str, images) -> None:
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=step):
+            image(name, images, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()

@@ -1,6 +1,6 @@
-"""Tiny raw datasets in exactly the distribution formats, for tests (importable helpers).
+"""Synthetic raw datasets in exactly the distribution formats: for tests, benchmarks, the demo.
 
-    from tests.datagen import write_cifar10, write_mnist, write_ptb
+    from sparktf.datasets.synthetic import write_cifar10, write_mnist, write_ptb
     data = write_cifar10(tmp_path / "cifar", n_train=50, n_test=20)
     data["train"]["images"]      # uint8 [50, 32, 32, 3] (HWC), as the converted dataset holds it
     data["train"]["labels"], data["train"]["ids"]
@@ -8,13 +8,17 @@
 Each writer returns the arrays it wrote, in the order of the records in the files, with the
 ids the conversion gives them (``sparktf.datasets.formats.make_id``). Files are written to a
 local directory; copy them with ``sparktf.storage.copy_tree`` for HDFS.
+
+By default the content is random (uniform pixels and labels, Zipf-distributed words): what a
+test of the conversion needs. With ``learnable=True`` there is something to learn (each class
+has its own image pattern plus noise; the words follow a Markov chain), so accuracy rises
+within an epoch: what the demo datasets of the training jobs need (``write_raw``).
 """
 
 from __future__ import annotations
 
 import gzip as gzip_module
 import io
-import os
 import struct
 import tarfile
 from collections import Counter
@@ -24,18 +28,37 @@ import numpy as np
 
 from sparktf.datasets.formats import make_id
 
+PATTERN_SEED = 1234          # the class patterns of learnable images: the same in every file
+MARKOV_LINE_WORDS = 20       # words per line of learnable PTB text
+
 
 def _even_split(n: int, parts: int) -> list[int]:
     return [n * (i + 1) // parts - n * i // parts for i in range(parts)]
 
 
-def _cifar_bytes(labels: np.ndarray, images_hwc: np.ndarray) -> bytes:
+def _images(rng: np.random.Generator, n: int, shape: tuple[int, ...],
+            learnable: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(images uint8 [n, *shape], labels int64 [n])``: uniform noise and labels, or with
+    ``learnable`` each label's own pattern (fixed by ``PATTERN_SEED``) plus noise."""
+    if not learnable:
+        images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+        labels = rng.integers(0, 10, n).astype(np.int64)
+        return images, labels
+    labels = rng.integers(0, 10, n)
+    patterns = np.random.default_rng(PATTERN_SEED).integers(0, 256, (10, *shape))
+    noise = rng.normal(0, 40, (n, *shape))
+    images = np.clip(patterns.astype(np.float32)[labels] * 0.7 + noise + 30, 0, 255)
+    return images.astype(np.uint8), labels.astype(np.int64)
+
+
+def cifar_bytes(labels: np.ndarray, images_hwc: np.ndarray) -> bytes:
+    """CIFAR-10 binary records: a label byte, then the image as 3 x 32 x 32 (CHW) bytes."""
     chw = images_hwc.transpose(0, 3, 1, 2).reshape(len(labels), -1)
     return np.concatenate([labels.astype(np.uint8)[:, None], chw], axis=1).tobytes()
 
 
 def write_cifar10(directory, *, n_train: int = 50, n_test: int = 20, train_files: int = 5,
-                  seed: int = 0, archive: bool = False) -> dict:
+                  seed: int = 0, archive: bool = False, learnable: bool = False) -> dict:
     """CIFAR-10 binary files: ``data_batch_1.bin`` ... and ``test_batch.bin``.
 
     With ``archive``, only ``cifar-10-binary.tar.gz`` (members under
@@ -51,13 +74,12 @@ def write_cifar10(directory, *, n_train: int = 50, n_test: int = 20, train_files
     splits = {"train": n_train, "test": n_test}
     file_index = 0
     for split, n in splits.items():
-        images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-        labels = rng.integers(0, 10, n).astype(np.int64)
+        images, labels = _images(rng, n, (32, 32, 3), learnable)
         counts = _even_split(n, train_files) if split == "train" else [n]
         ids, start = [], 0
         for k, count in enumerate(counts):
             name = f"data_batch_{k + 1}.bin" if split == "train" else "test_batch.bin"
-            members[name] = _cifar_bytes(labels[start:start + count], images[start:start + count])
+            members[name] = cifar_bytes(labels[start:start + count], images[start:start + count])
             ids.append(make_id(file_index, np.arange(count)))
             file_index += 1
             start += count
@@ -80,16 +102,19 @@ def write_cifar10(directory, *, n_train: int = 50, n_test: int = 20, train_files
 
 
 def idx_images(images: np.ndarray) -> bytes:
+    """An IDX3 images file (magic 2051, count, rows, cols, then the pixels)."""
     n, rows, cols = images.shape[:3]
     return struct.pack(">IIII", 2051, n, rows, cols) + images.astype(np.uint8).tobytes()
 
 
 def idx_labels(labels: np.ndarray) -> bytes:
+    """An IDX1 labels file (magic 2049, count, then one byte per label)."""
     return struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes()
 
 
 def write_mnist(directory, *, n_train: int = 60, n_test: int = 20, rows: int = 28,
-                cols: int = 28, gzip: bool = True, seed: int = 0) -> dict:
+                cols: int = 28, gzip: bool = True, seed: int = 0,
+                learnable: bool = False) -> dict:
     """MNIST IDX files (``train-images-idx3-ubyte[.gz]`` etc.).
 
     Returns ``{"train": {...}, "test": {...}, "files": [paths]}`` with ``images`` (uint8
@@ -102,8 +127,7 @@ def write_mnist(directory, *, n_train: int = 60, n_test: int = 20, rows: int = 2
     # file_index: t10k-images 0, t10k-labels 1, train-images 2, train-labels 3
     for split, prefix, n, file_index in (("train", "train", n_train, 2),
                                          ("test", "t10k", n_test, 0)):
-        images = rng.integers(0, 256, (n, rows, cols), dtype=np.uint8)
-        labels = rng.integers(0, 10, n).astype(np.int64)
+        images, labels = _images(rng, n, (rows, cols), learnable)
         for name, data in ((f"{prefix}-images-idx3-ubyte", idx_images(images)),
                            (f"{prefix}-labels-idx1-ubyte", idx_labels(labels))):
             path = directory / (name + (".gz" if gzip else ""))
@@ -124,35 +148,52 @@ def ptb_reference(texts: dict[str, str]) -> tuple[list[str], dict[str, list[int]
                    for split, ws in words.items()}
 
 
-def write_ptb(directory, *, lines: tuple[int, int, int] = (40, 12, 12), vocab_size: int = 30,
-              seed: int = 0, oov_word: str | None = None, seq_len: int = 21) -> dict:
-    """PTB files ``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt`` (lines like the real
-    ones: `` w1 w2 ... \\n``).
+def _zipf_lines(rng: np.random.Generator, words: list[str], n_lines: int) -> list[list[str]]:
+    """Lines of 1 to 14 words drawn with Zipf-like frequencies (the first word most often)."""
+    weights = 1.0 / np.arange(1, len(words) + 1)
+    weights /= weights.sum()
+    return [list(rng.choice(words, size=int(rng.integers(1, 15)), p=weights))
+            for _ in range(n_lines)]
 
-    ``oov_word``: put this word (absent from train) into valid. Returns ``{"texts", "vocab",
-    "ids" (token ids per split, the book's reader), "chunks" and "chunk_ids" per split for
-    ``seq_len``, "files"}``.
+
+def _markov_lines(rng: np.random.Generator, words: list[str], n_lines: int) -> list[list[str]]:
+    """Lines of ``MARKOV_LINE_WORDS`` words of one Markov chain over ``words`` (each word
+    has 3 possible successors): a language model can learn it."""
+    ids = [0]
+    for _ in range(n_lines * MARKOV_LINE_WORDS - 1):
+        ids.append((ids[-1] * 7 + int(rng.integers(0, 3))) % len(words))
+    return [[words[i] for i in ids[k:k + MARKOV_LINE_WORDS]]
+            for k in range(0, len(ids), MARKOV_LINE_WORDS)]
+
+
+def write_ptb(directory, *, lines: tuple[int, int, int] = (40, 12, 12), vocab_size: int = 30,
+              seed: int = 0, oov_word: str | None = None, seq_len: int = 21,
+              learnable: bool = False) -> dict:
+    """PTB files ``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt`` (lines like the real
+    ones: `` w1 w2 ... \\n``) of ``lines`` lines each.
+
+    The words are ``w0`` ... and ``<unk>`` (``vocab_size`` in all). ``oov_word``: put this
+    word (absent from train) into valid. Returns ``{"texts", "vocab", "ids" (token ids per
+    split, the book's reader), "chunks" and "chunk_ids" per split for ``seq_len``,
+    "files"}``.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     words = [f"w{i}" for i in range(vocab_size - 1)] + ["<unk>"]
-    weights = 1.0 / np.arange(1, vocab_size + 1)
-    weights /= weights.sum()
+    make_lines = _markov_lines if learnable else _zipf_lines
     texts = {}
     for split, n_lines in zip(("train", "valid", "test"), lines):
-        out_lines = []
-        for _ in range(n_lines):
-            line = list(rng.choice(words, size=int(rng.integers(1, 15)), p=weights))
-            if split == "valid" and oov_word and not out_lines:
-                line.insert(len(line) // 2, oov_word)
-            out_lines.append(" " + " ".join(line) + " \n")
-        texts[split] = "".join(out_lines)
+        split_lines = make_lines(rng, words, n_lines)
+        if split == "valid" and oov_word and split_lines:
+            first = split_lines[0]
+            first.insert(len(first) // 2, oov_word)
+        texts[split] = "".join(" " + " ".join(line) + " \n" for line in split_lines)
     files = []
     for split, text in texts.items():
-        path = os.path.join(directory, f"ptb.{split}.txt")
-        Path(path).write_text(text)
-        files.append(path)
+        path = directory / f"ptb.{split}.txt"
+        path.write_text(text)
+        files.append(str(path))
     vocab, ids = ptb_reference(texts)
     file_index = {"test": 0, "train": 1, "valid": 2}
     chunks, chunk_ids = {}, {}
@@ -162,3 +203,21 @@ def write_ptb(directory, *, lines: tuple[int, int, int] = (40, 12, 12), vocab_si
         chunk_ids[split] = make_id(file_index[split], np.arange(n))
     return {"texts": texts, "vocab": vocab, "ids": ids, "chunks": chunks,
             "chunk_ids": chunk_ids, "files": files}
+
+
+def write_raw(dataset: str, directory, *, n_train: int, n_test: int, seed: int = 0,
+              learnable: bool = True) -> dict:
+    """The raw files of ``dataset`` ("cifar10", "mnist", "ptb") in ``directory``, learnable
+    by default. ``n_train``/``n_test``: records (images) or tokens (about; PTB, whose valid
+    and test splits get ``n_test`` each). Returns what the writer returns."""
+    if dataset == "cifar10":
+        return write_cifar10(directory, n_train=n_train, n_test=n_test, seed=seed,
+                             learnable=learnable)
+    if dataset == "mnist":
+        return write_mnist(directory, n_train=n_train, n_test=n_test, gzip=False, seed=seed,
+                           learnable=learnable)
+    if dataset == "ptb":
+        per_line = MARKOV_LINE_WORDS if learnable else 8
+        lines = tuple(max(1, -(-n // per_line)) for n in (n_train, n_test, n_test))
+        return write_ptb(directory, lines=lines, vocab_size=200, seed=seed, learnable=learnable)
+    raise ValueError(f"unknown dataset {dataset!r}: expected cifar10, mnist or ptb")

@@ -20,6 +20,16 @@ import sys
 from typing import Sequence
 
 from sparktf import cli
+from sparktf.spark import get_session, profile_conf
+from sparktf.train import (
+    ConfigError,
+    RunConfig,
+    ScalingConfig,
+    TrainConfig,
+    demo,
+    fit,
+    gpu_spark_conf,
+)
 
 log = logging.getLogger("sparktf.jobs.train")
 
@@ -83,8 +93,6 @@ def parser(description: str, section: str, default_model: str | None):
 
 
 def configs(args):
-    from sparktf.train import RunConfig, ScalingConfig, TrainConfig
-
     if not args.model:
         raise cli.UsageError("--model is required")
     if not args.data:
@@ -108,8 +116,6 @@ def configs(args):
 
 def session_overrides(conf: dict[str, str], scaling) -> dict[str, str]:
     """Spark settings the run needs: GPUs, and a local-cluster master sized to the run."""
-    from sparktf.train import gpu_spark_conf
-
     overrides = dict(gpu_spark_conf(scaling))
     master = conf.get("spark.master", "")
     match = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*(\d+)\]", master)
@@ -121,9 +127,6 @@ def session_overrides(conf: dict[str, str], scaling) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None, *, section: str = "train",
          default_model: str | None = None, description: str = "") -> int:
-    from sparktf.spark import get_session, profile_conf
-    from sparktf.train import ConfigError, fit
-
     args = cli.parse(parser(description or "Train a model on Spark executors",
                             section, default_model), argv)
     try:
@@ -140,8 +143,6 @@ def main(argv: Sequence[str] | None = None, *, section: str = "train",
                         overrides=session_overrides(conf, scaling))
     try:
         if train.data == "demo":
-            from sparktf.train import demo
-
             train = dataclasses.replace(train, data=demo.ensure_dataset(train.model, spark))
         try:
             result = fit(train, scaling, run, spark=spark)

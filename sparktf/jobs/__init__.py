@@ -1,0 +1,14 @@
+"""The command lines of the jobs in ``jobs/``, one module per job family.
+
+- :mod:`sparktf.jobs.convert` — ``jobs/convert_<dataset>.py``: raw CIFAR-10, MNIST, PTB to
+  TFRecord and Parquet (:func:`sparktf.datasets.convert.convert`);
+- :mod:`sparktf.jobs.train` — ``jobs/train*.py``: flags to configs to
+  :func:`sparktf.train.fit`;
+- :mod:`sparktf.jobs.predict` — ``jobs/predict.py``: batch prediction over a Parquet table
+  (:func:`sparktf.inference.predict`).
+
+Each script in ``jobs/`` is a thin entry point: its docstring (the ``--help`` description),
+an import and ``run_job(...)``. Flag defaults come from ``conf/jobs/<job>.json`` (see
+:mod:`sparktf.cli`). This is the top layer: nothing else in sparktf imports it, and this
+package imports none of its modules (each job imports only what it needs).
+"""

@@ -1,0 +1,98 @@
+"""The driver's entry point: :func:`fit` plans a run, brings its cluster up, returns the result.
+
+Importing this module does not import TensorFlow (the driver needs none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+from sparktf import storage
+from sparktf.train import artifacts
+from sparktf.train.cluster import ClusterRun
+from sparktf.train.config import ConfigError, RunConfig, ScalingConfig, TrainConfig, TrainResult
+from sparktf.train.plan import plan_run
+
+log = logging.getLogger("sparktf.train")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GPU_DISCOVERY_SCRIPT = REPO_ROOT / "scripts" / "gpu_discovery.sh"
+
+
+def gpu_spark_conf(scaling: ScalingConfig) -> dict[str, str]:
+    """Spark settings that give each executor (and each TensorFlow task) its GPUs.
+
+    Spark's resource scheduling assigns GPU addresses found by ``scripts/gpu_discovery.sh``;
+    TensorFlowOnSpark reads them from the task's resources and sets
+    ``CUDA_VISIBLE_DEVICES``, so every TensorFlow process sees only its own GPUs. Empty
+    when ``gpus_per_worker`` is 0. These must be set when the Spark application starts.
+    """
+    if not scaling.gpus_per_worker:
+        return {}
+    n = str(scaling.gpus_per_worker)
+    script = str(GPU_DISCOVERY_SCRIPT)
+    return {
+        "spark.executor.resource.gpu.amount": n,
+        "spark.executor.resource.gpu.discoveryScript": script,
+        "spark.task.resource.gpu.amount": n,
+        # local-cluster / standalone workers announce their GPUs too
+        "spark.worker.resource.gpu.amount": n,
+        "spark.worker.resource.gpu.discoveryScript": script,
+    }
+
+
+def fit(train: TrainConfig, scaling: ScalingConfig | None = None, run: RunConfig | None = None,
+        *, spark=None) -> TrainResult:
+    """Trains ``train.model`` on Spark executors; returns when the chief has exported.
+
+    ``spark``: the SparkSession to run on (default ``sparktf.spark.get_session``, with the GPU
+    settings of ``scaling``). It must have exactly ``scaling.num_executors`` executors.
+    Raises :class:`ConfigError` for settings that cannot work (before anything starts) and
+    :class:`~sparktf.train.config.TrainingError` when a TensorFlow process or a Spark job of
+    the run fails; in both cases nothing of the run is left running.
+    """
+    scaling = scaling or ScalingConfig()
+    if run is None:
+        raise ConfigError("a RunConfig with model_dir is required")
+    # Local paths are resolved here, on the driver: executors run in their own work dirs.
+    run = dataclasses.replace(run, model_dir=storage.parse(run.model_dir).uri)
+    train = dataclasses.replace(train, data=storage.parse(train.data).uri)
+    plan = plan_run(train, scaling, run)
+    if spark is None:
+        from sparktf.spark import get_session
+
+        spark = get_session(f"sparktf-train-{train.model}", overrides=gpu_spark_conf(scaling))
+    conf = spark.sparkContext.getConf()
+    if train.input_mode == "spark" and conf.get("spark.python.worker.reuse", "true") != "true":
+        raise ConfigError("the spark input mode needs spark.python.worker.reuse=true")
+    if conf.get("spark.task.maxFailures", "4") != "1":
+        log.warning("spark.task.maxFailures is not 1: a failed TensorFlow task would be "
+                    "retried into a cluster that has moved on; set it to 1")
+    storage.makedirs(run.model_dir)
+    resumed = artifacts.latest_checkpoint_step(run.model_dir)
+    log.info("training %s on %s (%s split, %d rows, input mode %s): global batch %d, "
+             "%d steps per epoch, steps %d -> %d%s", train.model, train.data, train.split,
+             plan.data.rows, train.input_mode, plan.global_batch, plan.steps_per_epoch,
+             resumed, plan.target_steps, f" (resuming from {run.model_dir})" if resumed else "")
+    started_wall = time.time()
+    started = time.monotonic()
+    with ClusterRun(spark, plan) as cluster:
+        cluster.start()
+        result = cluster.wait()
+    first = result.get("first_step_wall")
+    out = TrainResult(
+        model_dir=run.model_dir, start_step=int(result["start_step"]),
+        final_step=int(result["final_step"]), metrics=dict(result.get("metrics") or {}),
+        checkpoint=result.get("checkpoint"), export_path=result.get("export_path"),
+        elapsed_s=time.monotonic() - started, examples=int(result.get("examples") or 0),
+        examples_per_sec=float(result.get("examples_per_sec") or 0.0),
+        time_to_first_step_s=(first - started_wall) if first else None,
+        strategy=scaling.strategy, input_mode=train.input_mode,
+        gpus=list(result.get("gpus") or []),
+        fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None)
+    log.info("done: step %d, %s, %.0f examples/s, %.1f s%s", out.final_step,
+             ", ".join(f"{k} {v:.4g}" for k, v in out.metrics.items()), out.examples_per_sec,
+             out.elapsed_s, f", exported {out.export_path}" if out.export_path else "")
+    return out

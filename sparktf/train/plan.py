@@ -1,0 +1,227 @@
+"""The run plan: everything a TensorFlow process needs to know, typed, built once on the driver.
+
+:func:`plan_run` checks the three configs against the model and the dataset and derives what
+every process must agree on (the global batch, steps per epoch, the target step, the
+columns the model reads). The result, a frozen :class:`RunPlan`, travels pickled to every
+TensorFlow process inside a :class:`ProcessSpec`, which adds how the process reaches the
+driver and, on the executor, which TensorFlowOnSpark node it is. The driver's answer to a
+process's hello is a :class:`Role`. All three are read by attribute: a misspelt setting
+fails on the driver, before anything starts.
+
+No TensorFlow here: the driver imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparktf import storage
+from sparktf.datasets import formats
+from sparktf.datasets.formats import Field
+from sparktf.train.config import (
+    ConfigError,
+    RunConfig,
+    ScalingConfig,
+    TrainConfig,
+    steps_for,
+)
+
+ROLES = ("chief", "worker", "ps")
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a run needs to know about its dataset split (read from the manifest once)."""
+
+    dataset: str
+    kind: str
+    data: str                                 # the dataset directory (URI)
+    split: str
+    rows: int
+    fields: tuple[Field, ...]                 # the columns the model reads, in order
+    files: dict[str, list[str]] = field(default_factory=dict)  # format -> files of the split
+    parquet: str | None = None                # the split's Parquet directory, if converted
+    text: dict | None = None                  # the manifest's text section (PTB)
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.fields[0].shape[0])
+
+
+def describe_data(data: str, split: str, features: tuple[str, ...]) -> DataInfo:
+    """Reads the dataset's manifest: rows of ``split``, the ``features`` columns, its files."""
+    manifest = formats.load_manifest(data)
+    if split not in manifest["splits"]:
+        raise ConfigError(f"dataset {data} has no split {split!r} "
+                          f"(it has {', '.join(manifest['splits'])})")
+    fields = formats.manifest_fields(manifest)
+    names = {f.name for f in fields}
+    missing = [name for name in features if name not in names]
+    if missing:
+        raise ConfigError(f"dataset {data} ({manifest['dataset']}) has no column(s) "
+                          f"{missing} that the model needs (it has {sorted(names)})")
+    return DataInfo(
+        dataset=manifest["dataset"], kind=manifest["kind"], data=data, split=split,
+        rows=int(manifest["splits"][split]["records"]),
+        fields=tuple(Field(f.name, f.dtype, tuple(f.shape) if f.shape else None)
+                     for f in fields if f.name in features),
+        files={fmt: formats.split_files(manifest, data, split, fmt)
+               for fmt in manifest["formats"]},
+        parquet=(storage.join(data, split, "parquet")
+                 if formats.PARQUET in manifest["formats"] else None),
+        text=manifest.get("text"))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The three configs plus what the driver derived from them and the dataset."""
+
+    train: TrainConfig
+    scaling: ScalingConfig
+    run: RunConfig
+    model_config: dict[str, Any]   # the registry overrides, completed (batch size, vocab)
+    data: DataInfo
+    global_batch: int
+    steps_per_epoch: int
+    target_steps: int
+    feed_passes: int | None        # spark input mode: passes over the split (None: endless)
+    log_level: str = "INFO"
+
+    @property
+    def per_process_batch(self) -> int:
+        """Rows one training process takes per step (ps: the chief reads whole batches)."""
+        if self.scaling.strategy == "ps":
+            return self.global_batch
+        return self.global_batch // self.scaling.num_workers
+
+
+def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunPlan:
+    """Checks the configs against the model and the dataset; returns the run's plan."""
+    from sparktf import models
+
+    overrides = dict(train.model_config)
+    if train.batch_size:
+        overrides["batch_size"] = int(train.batch_size)
+    try:
+        task = models.get_task(train.model, **overrides)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if task.kind == "regression":
+        raise ConfigError(f"{train.model} trains on its built-in data, not on a converted "
+                          "dataset: it has no distributed training job")
+    data = describe_data(train.data, train.split, task.features)
+    if task.kind == "language_model":
+        vocab = (data.text or {}).get("vocab_size")
+        if "vocab_size" not in overrides and vocab:
+            overrides["vocab_size"] = int(vocab)
+            task = models.get_task(train.model, **overrides)
+        if task.seq_len != data.seq_len:
+            raise ConfigError(f"{train.model} unrolls {task.num_steps} steps (sequences of "
+                              f"{task.seq_len} tokens) but {train.data} holds sequences of "
+                              f"{data.seq_len}: set num_steps={data.seq_len - 1} in "
+                              "--model-config or convert with a matching seq_len")
+    global_batch = int(task.batch_size)
+    _check_layout(train, scaling, data, global_batch)
+    steps_per_epoch = max(1, data.rows // global_batch)
+    return RunPlan(
+        train=train, scaling=scaling, run=run, model_config=overrides, data=data,
+        global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+        target_steps=_target_steps(train, task, data.rows, global_batch, steps_per_epoch),
+        feed_passes=math.ceil(train.epochs) if train.epochs and not train.steps else None,
+        log_level=logging.getLevelName(logging.getLogger().level or logging.INFO))
+
+
+def _check_layout(train: TrainConfig, scaling: ScalingConfig, data: DataInfo,
+                  global_batch: int) -> None:
+    if scaling.strategy == "allreduce":
+        replicas = scaling.num_workers * max(1, scaling.gpus_per_worker)
+        if global_batch % replicas:
+            raise ConfigError(f"batch size {global_batch} must be divisible by the "
+                              f"{replicas} all-reduce replicas")
+    if train.input_mode == "spark" and not data.parquet:
+        raise ConfigError(f"the spark input mode reads Parquet, but {train.data} has none "
+                          "(convert with --formats parquet)")
+    if train.input_mode == "files" and train.file_format not in data.files:
+        raise ConfigError(f"{train.data} has no {train.file_format} files "
+                          f"(it has {', '.join(data.files)})")
+    if data.rows < global_batch:
+        raise ConfigError(f"the {train.split} split has {data.rows} rows, fewer than one batch "
+                          f"({global_batch})")
+
+
+def _target_steps(train: TrainConfig, task, rows: int, global_batch: int,
+                  steps_per_epoch: int) -> int:
+    if train.steps and train.epochs:
+        return min(int(train.steps), steps_for(train.epochs, rows, global_batch))
+    if train.steps:
+        return int(train.steps)
+    if train.epochs:
+        return steps_for(train.epochs, rows, global_batch)
+    if task.max_steps:
+        return int(task.max_steps)
+    return int(task.epochs) * steps_per_epoch
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What one TensorFlow process is started with: the plan, the driver's control channel,
+    and (filled in on the executor) which TensorFlowOnSpark node it belongs to."""
+
+    plan: RunPlan
+    control_url: str
+    token: str
+    driver_lost_s: float
+    startup_timeout_s: float
+    key: str = ""                   # "executor-<id>" or "driver-ps-<i>"
+    executor_id: int | None = None
+    mgr_address: Any = None         # the executor's TFManager (spark input mode)
+    mgr_authkey: bytes | None = None
+    consume_only: bool = False      # bench/feed.py: read the feed, train nothing
+
+    def for_node(self, key: str, **node: Any) -> "ProcessSpec":
+        return dataclasses.replace(self, key=key, **node)
+
+
+@dataclass(frozen=True)
+class Role:
+    """The driver's answer to a process's hello: its place in the TensorFlow cluster."""
+
+    key: str
+    role: str                       # chief | worker | ps
+    index: int
+    strategy: str
+    num_workers: int                # training processes (all-reduce) or ps workers
+    cluster: dict[str, list[str]]   # TF cluster spec: job -> addresses
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def rank(self) -> int:
+        """Position among the all-reduce workers (the chief is 0)."""
+        return 0 if self.role == "chief" else self.index + 1
+
+    @property
+    def is_chief(self) -> bool:
+        return self.role == "chief"
+
+    @property
+    def trains(self) -> bool:
+        """Runs the training loop (the chief; every worker under all-reduce)."""
+        return self.is_chief or (self.strategy == "allreduce" and self.role == "worker")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Role":
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
