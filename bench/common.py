@@ -19,7 +19,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT))   # sparktf from the checkout, installed or not
+sys.path.insert(0, str(ROOT))  # sparktf from the checkout, installed or not
 
 
 def free_port() -> int:
@@ -35,13 +35,22 @@ def hdfs() -> Iterator[str]:
     Sets SPARKTF_WEBHDFS_URL and HADOOP_CONF_DIR for the block; always stops the NameNode.
     """
     with tempfile.TemporaryDirectory(prefix="sparktf-bench-hdfs-") as base:
-        args = ["--port", str(free_port()), "--http-port", str(free_port()),
-                "--dir", f"{base}/hdfs", "--conf-dir", f"{base}/conf"]
+        args = [
+            "--port",
+            str(free_port()),
+            "--http-port",
+            str(free_port()),
+            "--dir",
+            f"{base}/hdfs",
+            "--conf-dir",
+            f"{base}/conf",
+        ]
         script = str(ROOT / "scripts" / "hdfs.sh")
         saved = {k: os.environ.get(k) for k in ("SPARKTF_WEBHDFS_URL", "HADOOP_CONF_DIR")}
         try:
-            out = subprocess.run([script, "start", *args], capture_output=True, text=True,
-                                 timeout=240, check=True).stdout
+            out = subprocess.run(
+                [script, "start", *args], capture_output=True, text=True, timeout=240, check=True
+            ).stdout
             values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
             os.environ["SPARKTF_WEBHDFS_URL"] = values["WEBHDFS_URL"]
             os.environ["HADOOP_CONF_DIR"] = f"{base}/conf"
@@ -112,8 +121,10 @@ class PeakMemory:
         self._sample()
 
     def report(self) -> dict:
-        return {"peak_mib_by_process_kind": {k: round(v, 1) for k, v in sorted(self.peaks.items())},
-                "peak_mib_total": round(self.peak_total, 1)}
+        return {
+            "peak_mib_by_process_kind": {k: round(v, 1) for k, v in sorted(self.peaks.items())},
+            "peak_mib_total": round(self.peak_total, 1),
+        }
 
 
 def write_results(name: str, result: dict) -> Path:
@@ -127,8 +138,11 @@ def write_results(name: str, result: dict) -> Path:
 
 
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)}
+    return {
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+    }
 
 
 def timed(fn, *args, **kwargs) -> tuple[float, object]:

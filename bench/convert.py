@@ -51,7 +51,7 @@ def raw_files(directory: Path) -> list[Path]:
 def parse_blocks(path: Path, block: int = 1024):
     data = np.fromfile(path, dtype=np.uint8).reshape(-1, RECORD)
     for start in range(0, len(data), block):
-        rows = data[start:start + block]
+        rows = data[start : start + block]
         images = rows[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
         yield start, rows[:, 0].astype(np.int64), np.ascontiguousarray(images)
 
@@ -80,11 +80,20 @@ def baseline_tf(raw: Path, out: Path) -> int:
         with tf.io.TFRecordWriter(str(out / f"{path.stem}.tfrecord")) as writer:
             for start, labels, images in parse_blocks(path):
                 for i, (label, image) in enumerate(zip(labels, images)):
-                    example = tf.train.Example(features=tf.train.Features(feature={
-                        "image": tf.train.Feature(bytes_list=tf.train.BytesList(
-                            value=[image.tobytes()])),
-                        "label": int64(label), "height": int64(32), "width": int64(32),
-                        "channels": int64(3), "id": int64(make_id(index, start + i))}))
+                    example = tf.train.Example(
+                        features=tf.train.Features(
+                            feature={
+                                "image": tf.train.Feature(
+                                    bytes_list=tf.train.BytesList(value=[image.tobytes()])
+                                ),
+                                "label": int64(label),
+                                "height": int64(32),
+                                "width": int64(32),
+                                "channels": int64(3),
+                                "id": int64(make_id(index, start + i)),
+                            }
+                        )
+                    )
                     writer.write(example.SerializeToString())
                 records += len(labels)
     return records
@@ -92,9 +101,14 @@ def baseline_tf(raw: Path, out: Path) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs=2, default=[12_500, 50_000],
-                        help="two training-record counts to convert (the test split gets a "
-                             "fifth as many: 50,000 gives the size of CIFAR-10)")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs=2,
+        default=[12_500, 50_000],
+        help="two training-record counts to convert (the test split gets a "
+        "fifth as many: 50,000 gives the size of CIFAR-10)",
+    )
     parser.add_argument("--shards", type=int, default=4, help="--shards of the conversion")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -102,16 +116,26 @@ def main(argv=None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sparktf-bench-convert-"))
     work.mkdir(parents=True, exist_ok=True)
-    result: dict = {"benchmark": "convert", "machine": common.machine(), "shards": args.shards,
-                    "runs": []}
+    result: dict = {
+        "benchmark": "convert",
+        "machine": common.machine(),
+        "shards": args.shards,
+        "runs": [],
+    }
     try:
         from sparktf.spark import get_session
 
         seconds, spark = common.timed(get_session, "sparktf-bench-convert")
         result["spark_startup_s"] = round(seconds, 2)
         write_cifar10(work / "warm", n_train=200, n_test=40, seed=9)
-        convert.convert("cifar10", str(work / "warm"), str(work / "warm-out"),
-                        output_formats=["tfrecord", "parquet"], shards=args.shards, spark=spark)
+        convert.convert(
+            "cifar10",
+            str(work / "warm"),
+            str(work / "warm-out"),
+            output_formats=["tfrecord", "parquet"],
+            shards=args.shards,
+            spark=spark,
+        )
 
         for n in args.sizes:
             raw = work / f"raw-{n}"
@@ -120,23 +144,40 @@ def main(argv=None) -> int:
             mb = records * RECORD / 1e6
             run = {"records": records, "input_mb": round(mb, 1)}
             with common.PeakMemory() as memory:
-                seconds, _ = common.timed(convert.convert, "cifar10", str(raw),
-                                          str(work / f"spark-{n}"), output_formats=["tfrecord"],
-                                          shards=args.shards, spark=spark)
-            run["spark_tfrecord"] = {"seconds": round(seconds, 2),
-                                     "records_per_s": round(records / seconds),
-                                     "mb_per_s": round(mb / seconds, 1), **memory.report()}
+                seconds, _ = common.timed(
+                    convert.convert,
+                    "cifar10",
+                    str(raw),
+                    str(work / f"spark-{n}"),
+                    output_formats=["tfrecord"],
+                    shards=args.shards,
+                    spark=spark,
+                )
+            run["spark_tfrecord"] = {
+                "seconds": round(seconds, 2),
+                "records_per_s": round(records / seconds),
+                "mb_per_s": round(mb / seconds, 1),
+                **memory.report(),
+            }
             run["_raw"] = raw
             result["runs"].append(run)
 
         # Both formats once, at the smaller size, for scale.
         raw = result["runs"][0]["_raw"]
-        seconds, _ = common.timed(convert.convert, "cifar10", str(raw), str(work / "spark-both"),
-                                  output_formats=["tfrecord", "parquet"], shards=args.shards,
-                                  spark=spark)
+        seconds, _ = common.timed(
+            convert.convert,
+            "cifar10",
+            str(raw),
+            str(work / "spark-both"),
+            output_formats=["tfrecord", "parquet"],
+            shards=args.shards,
+            spark=spark,
+        )
         records = result["runs"][0]["records"]
         result["spark_tfrecord_and_parquet_small"] = {
-            "seconds": round(seconds, 2), "records_per_s": round(records / seconds)}
+            "seconds": round(seconds, 2),
+            "records_per_s": round(records / seconds),
+        }
         spark.stop()
 
         import tensorflow as tf  # imported (and its writer warmed up) outside the timings
@@ -155,18 +196,21 @@ def main(argv=None) -> int:
                 run[f"baseline_{name}"] = {
                     "seconds": round(seconds, 2),
                     "records_per_s": round(written / seconds),
-                    "mb_per_s": round(run["input_mb"] / seconds, 1)}
+                    "mb_per_s": round(run["input_mb"] / seconds, 1),
+                }
                 run[f"ratio_vs_{name}"] = round(spark_rate / (written / seconds), 2)
         # The sparktf baseline writes the very bytes the Spark job writes.
         check = work / "base-numpy+sparktf-{}".format(result["runs"][0]["records"])
         spark_parts = sorted((work / f"spark-{args.sizes[0]}" / "train" / "tfrecord").iterdir())
         spark_bytes = b"".join(p.read_bytes() for p in spark_parts)
-        base_bytes = b"".join(p.read_bytes() for p in sorted(check.iterdir())
-                              if p.name.startswith("data_batch"))
+        base_bytes = b"".join(
+            p.read_bytes() for p in sorted(check.iterdir()) if p.name.startswith("data_batch")
+        )
         result["baseline_bytes_identical_to_spark_output"] = spark_bytes == base_bytes
         small, large = (r["spark_tfrecord"]["peak_mib_by_process_kind"] for r in result["runs"])
         result["peak_memory_growth_large_vs_small"] = {
-            k: round(large.get(k, 0) / small[k], 2) for k in small if small[k]}
+            k: round(large.get(k, 0) / small[k], 2) for k in small if small[k]
+        }
         result["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
         common.write_results("convert", result)
     finally:

@@ -53,8 +53,13 @@ def make_rows(batches):
         rng = np.random.default_rng(int(ids[0]) if len(ids) else 0)
         images = rng.integers(0, 256, (len(ids), *SHAPE), dtype=np.uint8)
         yield pa.RecordBatch.from_arrays(
-            [encode_ndarray_column(images), pa.array(ids % 10, pa.int64()),
-             pa.array(ids, pa.int64())], names=["image", "label", "id"])
+            [
+                encode_ndarray_column(images),
+                pa.array(ids % 10, pa.int64()),
+                pa.array(ids, pa.int64()),
+            ],
+            names=["image", "label", "id"],
+        )
 
 
 def arrow_pass(df) -> tuple[float, int]:
@@ -87,12 +92,24 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
 
     train = TrainConfig(model="bench", data="bench", input_mode="spark", shuffle=False)
     plan = RunPlan(
-        train=train, scaling=ScalingConfig(strategy="allreduce", num_workers=2),
+        train=train,
+        scaling=ScalingConfig(strategy="allreduce", num_workers=2),
         run=RunConfig(model_dir=model_dir, feed_timeout_s=120, failure_timeout_s=120),
-        model_config={}, global_batch=batch_size * 2, steps_per_epoch=1, target_steps=1,
-        feed_passes=1, log_level="WARNING",
-        data=DataInfo(dataset="bench", kind="image", data="bench", split="train", rows=rows,
-                      fields=(Field("image", "uint8", SHAPE), Field("label", "int64"))))
+        model_config={},
+        global_batch=batch_size * 2,
+        steps_per_epoch=1,
+        target_steps=1,
+        feed_passes=1,
+        log_level="WARNING",
+        data=DataInfo(
+            dataset="bench",
+            kind="image",
+            data="bench",
+            split="train",
+            rows=rows,
+            fields=(Field("image", "uint8", SHAPE), Field("label", "int64")),
+        ),
+    )
     with ClusterRun(spark, plan, feed_df=df, consume_only=True) as cluster:
         cluster.start()
         done = cluster.wait(all_nodes=True)
@@ -101,12 +118,18 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
     ended = max(d["ended"] for d in done.values())
     first = min(d["first_batch"] for d in done.values())
     seconds = ended - first
-    return {"rows_per_s": read / seconds, "rows_read": read, "rows_fed": cluster.fed_rows,
-            "seconds_first_to_last_batch": round(seconds, 2),
-            "seconds_from_feed_job_start": round(ended - feed_started, 2),
-            "rows_per_s_from_feed_job_start": read / (ended - feed_started),
-            "per_process": {k: {"rows": d["rows"], "waited_for_rows_s": round(d["wait_s"], 2)}
-                            for k, d in done.items()}}
+    return {
+        "rows_per_s": read / seconds,
+        "rows_read": read,
+        "rows_fed": cluster.fed_rows,
+        "seconds_first_to_last_batch": round(seconds, 2),
+        "seconds_from_feed_job_start": round(ended - feed_started, 2),
+        "rows_per_s_from_feed_job_start": read / (ended - feed_started),
+        "per_process": {
+            k: {"rows": d["rows"], "waited_for_rows_s": round(d["wait_s"], 2)}
+            for k, d in done.items()
+        },
+    }
 
 
 def tfos_consume(args, ctx):
@@ -125,10 +148,15 @@ def tfos_datafeed(spark, df, batch_size: int, out: str) -> dict:
 
     TFCluster.tf_status.clear()
     rdd = df.rdd.map(lambda r: (bytes(r.image), r.label))
-    cluster = TFCluster.run(sc=spark.sparkContext, map_fun=tfos_consume,
-                            tf_args=argparse.Namespace(batch_size=batch_size, out=out),
-                            num_executors=2, num_ps=0, input_mode=TFCluster.InputMode.SPARK,
-                            master_node="chief")
+    cluster = TFCluster.run(
+        sc=spark.sparkContext,
+        map_fun=tfos_consume,
+        tf_args=argparse.Namespace(batch_size=batch_size, out=out),
+        num_executors=2,
+        num_ps=0,
+        input_mode=TFCluster.InputMode.SPARK,
+        master_node="chief",
+    )
     started = time.time()
     cluster.train(rdd, num_epochs=1, feed_timeout=600)
     cluster.shutdown(timeout=120)
@@ -148,8 +176,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256, help="rows per batch per process")
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--tfos", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure TensorFlowOnSpark's own DataFeed")
+    p.add_argument(
+        "--tfos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure TensorFlowOnSpark's own DataFeed",
+    )
     args = p.parse_args(argv)
     cli.setup_logging("WARNING")
     logging.getLogger("bench").setLevel(logging.INFO)
@@ -158,23 +190,38 @@ def main(argv=None) -> int:
 
     from sparktf.spark import get_session
 
-    spark = get_session("sparktf-bench-feed", profile="local",
-                        overrides={"spark.master": "local-cluster[2,1,1024]",
-                                   "spark.executorEnv.PYTHONPATH": str(common.ROOT)})
-    result: dict = {"benchmark": "feed", "rows": args.rows, "row_bytes": 3072,
-                    "batch_size": args.batch_size, "partitions": args.partitions,
-                    "machine": common.machine(), "rounds": {}}
+    spark = get_session(
+        "sparktf-bench-feed",
+        profile="local",
+        overrides={
+            "spark.master": "local-cluster[2,1,1024]",
+            "spark.executorEnv.PYTHONPATH": str(common.ROOT),
+        },
+    )
+    result: dict = {
+        "benchmark": "feed",
+        "rows": args.rows,
+        "row_bytes": 3072,
+        "batch_size": args.batch_size,
+        "partitions": args.partitions,
+        "machine": common.machine(),
+        "rounds": {},
+    }
     try:
         with common.PeakMemory() as memory, tempfile.TemporaryDirectory() as tmp:
-            df = spark.range(args.rows, numPartitions=args.partitions) \
-                .mapInArrow(make_rows, "image binary, label long, id long").cache()
+            df = (
+                spark.range(args.rows, numPartitions=args.partitions)
+                .mapInArrow(make_rows, "image binary, label long, id long")
+                .cache()
+            )
             df.count()
             for r in range(args.rounds):
                 round_ = {}
                 round_["spark_arrow_pass"], _ = arrow_pass(df)
                 round_["spark_rdd_pass"], _ = rdd_pass(df)
-                feed = sparktf_feed(spark, df, args.rows, args.batch_size,
-                                    os.path.join(tmp, f"model-{r}"))
+                feed = sparktf_feed(
+                    spark, df, args.rows, args.batch_size, os.path.join(tmp, f"model-{r}")
+                )
                 round_["sparktf_feed"] = feed["rows_per_s"]
                 round_["sparktf_feed_detail"] = feed
                 if args.tfos and r == args.rounds - 1:
@@ -185,24 +232,34 @@ def main(argv=None) -> int:
                     os.makedirs(out)
                     tfos = tfos_datafeed(spark, df, args.batch_size, out)
                     result["tfos_datafeed"] = tfos
-                log.info("round %d: %s", r, {k: round(v) for k, v in round_.items()
-                                              if isinstance(v, float)})
+                log.info(
+                    "round %d: %s",
+                    r,
+                    {k: round(v) for k, v in round_.items() if isinstance(v, float)},
+                )
                 result["rounds"][r] = round_
-        best = {k: max(rd[k] for rd in result["rounds"].values())
-                for k in ("spark_arrow_pass", "spark_rdd_pass", "sparktf_feed")}
+        best = {
+            k: max(rd[k] for rd in result["rounds"].values())
+            for k in ("spark_arrow_pass", "spark_rdd_pass", "sparktf_feed")
+        }
         if "tfos_datafeed" in result:
             best["tfos_datafeed"] = result["tfos_datafeed"]["rows_per_s"]
         result["rows_per_s"] = {k: round(v) for k, v in best.items()}
         result["ratios"] = {
-            "sparktf_feed_vs_spark_arrow_pass": round(best["sparktf_feed"] /
-                                                      best["spark_arrow_pass"], 3),
-            "sparktf_feed_vs_spark_rdd_pass": round(best["sparktf_feed"] /
-                                                    best["spark_rdd_pass"], 3)}
+            "sparktf_feed_vs_spark_arrow_pass": round(
+                best["sparktf_feed"] / best["spark_arrow_pass"], 3
+            ),
+            "sparktf_feed_vs_spark_rdd_pass": round(
+                best["sparktf_feed"] / best["spark_rdd_pass"], 3
+            ),
+        }
         if "tfos_datafeed" in best:
             result["ratios"]["tfos_datafeed_vs_spark_rdd_pass"] = round(
-                best["tfos_datafeed"] / best["spark_rdd_pass"], 3)
+                best["tfos_datafeed"] / best["spark_rdd_pass"], 3
+            )
             result["ratios"]["sparktf_feed_vs_tfos_datafeed"] = round(
-                best["sparktf_feed"] / best["tfos_datafeed"], 2)
+                best["sparktf_feed"] / best["tfos_datafeed"], 2
+            )
         result.update(memory.report())
     finally:
         spark.stop()

@@ -92,7 +92,8 @@ class ExecutorMemory:
             py = sum(self._memory(p) for p in children)
             own = self._memory(executor) + py
             self.peak_per_executor[executor.pid] = max(
-                self.peak_per_executor.get(executor.pid, 0), own)
+                self.peak_per_executor.get(executor.pid, 0), own
+            )
             total += own
             python += py
         self.peak_total = max(self.peak_total, total)
@@ -116,10 +117,11 @@ class ExecutorMemory:
 
     def report(self) -> dict:
         mb = 1 << 20
-        return {"peak_total_mb": round(self.peak_total / mb),
-                "peak_python_workers_mb": round(self.peak_python / mb),
-                "peak_per_executor_mb": sorted(round(v / mb) for v in
-                                               self.peak_per_executor.values())}
+        return {
+            "peak_total_mb": round(self.peak_total / mb),
+            "peak_python_workers_mb": round(self.peak_python / mb),
+            "peak_per_executor_mb": sorted(round(v / mb) for v in self.peak_per_executor.values()),
+        }
 
 
 # ----------------------------------------------------------------------------- data, models
@@ -150,11 +152,13 @@ def write_table(images: np.ndarray, directory: Path, files: int) -> str:
 
     directory.mkdir(parents=True)
     for part, index in enumerate(np.array_split(np.arange(len(images)), files)):
-        table = pa.table({
-            "id": pa.array(index, pa.int64()),
-            "label": pa.array(index % 10, pa.int64()),
-            "image": pa.array([npy(images[i]) for i in index], pa.binary()),
-        })
+        table = pa.table(
+            {
+                "id": pa.array(index, pa.int64()),
+                "label": pa.array(index % 10, pa.int64()),
+                "image": pa.array([npy(images[i]) for i in index], pa.binary()),
+            }
+        )
         pq.write_table(table, directory / f"part-{part:05d}.parquet")
     return "file://" + str(directory)
 
@@ -171,7 +175,7 @@ def single_process(model_dir: str, images: np.ndarray, batch_size: int, repeats:
     for _ in range(repeats):
         start = time.perf_counter()
         for i in range(0, len(images), batch_size):
-            fn(images=tf.constant(images[i:i + batch_size]))["scores"].numpy()
+            fn(images=tf.constant(images[i : i + batch_size]))["scores"].numpy()
         best.append(len(images) / (time.perf_counter() - start))
     return float(np.mean(best))
 
@@ -202,8 +206,12 @@ def make_batch_udf(model_dir: str, batch_size: int):
 
         return predict
 
-    return_type = T.StructType([T.StructField("prediction", T.LongType()),
-                                T.StructField("probabilities", T.ArrayType(T.FloatType()))])
+    return_type = T.StructType(
+        [
+            T.StructField("prediction", T.LongType()),
+            T.StructField("probabilities", T.ArrayType(T.FloatType())),
+        ]
+    )
     return predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size)
 
 
@@ -230,8 +238,12 @@ def main(argv=None) -> int:
     p.add_argument("--mlp-rows", type=int, default=32768)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--partitions", type=int, default=4,
-                   help="Parquet files, hence Spark partitions (2 per executor by default)")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=4,
+        help="Parquet files, hence Spark partitions (2 per executor by default)",
+    )
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--results", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
@@ -246,11 +258,18 @@ def main(argv=None) -> int:
     results: dict = {
         "benchmark": "predict",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
-        "config": {"batch_size": args.batch_size, "repeats": args.repeats,
-                   "partitions": args.partitions, "spark_profile": "local",
-                   "tf_threads_per_worker": "spark.task.cpus (1)"},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "config": {
+            "batch_size": args.batch_size,
+            "repeats": args.repeats,
+            "partitions": args.partitions,
+            "spark_profile": "local",
+            "tf_threads_per_worker": "spark.task.cpus (1)",
+        },
         "models": {},
     }
     with tempfile.TemporaryDirectory(prefix="sparktf-bench-") as tmp:
@@ -275,6 +294,7 @@ def main(argv=None) -> int:
                     log.info("%s: %s", name, variant)
                     df = spark.read.parquet(table)
                     if variant == "sparktf_predict":
+
                         def build(df=df, model_dir=model_dir):
                             return sparktf.predict(df, model_dir, batch_size=args.batch_size)
                     else:  # one UDF for all passes: its model cache is keyed by the UDF
@@ -282,6 +302,7 @@ def main(argv=None) -> int:
 
                         def build(df=df, udf=udf):
                             return df.withColumn("preds", udf("image"))
+
                     measured[name][variant] = timed_spark(build, rows, args.repeats)
             finally:
                 spark.stop()
@@ -290,11 +311,14 @@ def main(argv=None) -> int:
             rates = {k: v[1] for k, v in measured[name].items()}
             results["models"][name] = {
                 "rows": rows,
-                "rows_per_s": {"single_process_tf": round(baseline),
-                               **{k: round(v) for k, v in rates.items()}},
+                "rows_per_s": {
+                    "single_process_tf": round(baseline),
+                    **{k: round(v) for k, v in rates.items()},
+                },
                 "ratio_sparktf_vs_single_process": round(rates["sparktf_predict"] / baseline, 3),
                 "ratio_sparktf_vs_predict_batch_udf": round(
-                    rates["sparktf_predict"] / rates["predict_batch_udf"], 3),
+                    rates["sparktf_predict"] / rates["predict_batch_udf"], 3
+                ),
                 "warmup_pass_s": {k: round(v, 1) for k, v in warmups.items()},
                 "executor_memory": {k: v[2] for k, v in measured[name].items()},
             }

@@ -43,21 +43,25 @@ def one_pass(make) -> tuple[float, int]:
 def baseline(files: list[str], batch_size: int):
     import tensorflow as tf
 
-    spec = {k: v for k, v in formats.feature_spec("image").items()
-            if k in ("image", "label", "id")}
+    spec = {k: v for k, v in formats.feature_spec("image").items() if k in ("image", "label", "id")}
 
     def parse(serialized):
         f = tf.io.parse_example(serialized, spec)
         image = tf.reshape(tf.io.decode_raw(f["image"], tf.uint8), [-1, 32, 32, 3])
         return {"image": image, "label": f["label"], "id": f["id"]}
 
-    return (tf.data.TFRecordDataset(files, num_parallel_reads=4).batch(batch_size)
-            .map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+    return (
+        tf.data.TFRecordDataset(files, num_parallel_reads=4)
+        .batch(batch_size)
+        .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def petastorm_rowwise(path: str, limit: int) -> float:
-    with petastorm_io.make_reader(path, num_epochs=1, shuffle_row_groups=False,
-                                  workers_count=2) as reader:
+    with petastorm_io.make_reader(
+        path, num_epochs=1, shuffle_row_groups=False, workers_count=2
+    ) as reader:
         started = time.perf_counter()
         n = 0
         for _ in reader:
@@ -72,18 +76,31 @@ def main(argv=None) -> int:
     parser.add_argument("--records", type=int, default=20_000, help="training records")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--shards", type=int, default=4, help="part files of the dataset")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="passes per reader, round robin; the fastest counts")
-    parser.add_argument("--rowwise-limit", type=int, default=2_000,
-                        help="rows read by the row-by-row petastorm reader")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="passes per reader, round robin; the fastest counts"
+    )
+    parser.add_argument(
+        "--rowwise-limit",
+        type=int,
+        default=2_000,
+        help="rows read by the row-by-row petastorm reader",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    result: dict = {"benchmark": "read", "machine": common.machine(), "records": args.records,
-                    "batch_size": args.batch_size, "shards": args.shards, "rows_per_s": {},
-                    "ratio_vs_baseline": {}}
-    with tempfile.TemporaryDirectory(prefix="sparktf-bench-read-") as work, \
-            common.hdfs() as hdfs_uri:
+    result: dict = {
+        "benchmark": "read",
+        "machine": common.machine(),
+        "records": args.records,
+        "batch_size": args.batch_size,
+        "shards": args.shards,
+        "rows_per_s": {},
+        "ratio_vs_baseline": {},
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="sparktf-bench-read-") as work,
+        common.hdfs() as hdfs_uri,
+    ):
         from sparktf.spark import get_session
 
         write_cifar10(f"{work}/raw", n_train=args.records, n_test=10, seed=1)
@@ -98,8 +115,10 @@ def main(argv=None) -> int:
         from sparktf.datasets import readers
 
         manifest = formats.load_manifest(local)
-        files = [storage.parse(f).path for f in
-                 formats.split_files(manifest, local, "train", formats.TFRECORD)]
+        files = [
+            storage.parse(f).path
+            for f in formats.split_files(manifest, local, "train", formats.TFRECORD)
+        ]
         bs = args.batch_size
         cases = {
             "baseline_tfrecorddataset_local": lambda: baseline(files, bs),
@@ -108,13 +127,15 @@ def main(argv=None) -> int:
             "parquet_local": lambda: readers.parquet_dataset(f"{local}/train", batch_size=bs),
             "parquet_hdfs": lambda: readers.parquet_dataset(f"{remote}/train", batch_size=bs),
             "tfrecord_local_shuffled": lambda: readers.tfrecord_dataset(
-                f"{local}/train", batch_size=bs, shuffle=True),
+                f"{local}/train", batch_size=bs, shuffle=True
+            ),
             "parquet_local_shuffled": lambda: readers.parquet_dataset(
-                f"{local}/train", batch_size=bs, shuffle=True),
+                f"{local}/train", batch_size=bs, shuffle=True
+            ),
         }
         with common.PeakMemory() as memory:
             best = {name: 0.0 for name in cases}
-            for _ in range(args.rounds):          # round robin: load drifts hit all alike
+            for _ in range(args.rounds):  # round robin: load drifts hit all alike
                 for name, make in cases.items():
                     rate, rows = one_pass(make)
                     assert rows == args.records, (name, rows)
@@ -122,12 +143,13 @@ def main(argv=None) -> int:
             result["rows_per_s"] = {name: round(rate) for name, rate in best.items()}
             limit = min(args.rowwise_limit, args.records)
             result["rows_per_s"]["petastorm_make_reader_rowwise_local"] = round(
-                petastorm_rowwise(f"{local}/train/parquet", limit))
+                petastorm_rowwise(f"{local}/train/parquet", limit)
+            )
         base = result["rows_per_s"]["baseline_tfrecorddataset_local"]
-        result["ratio_vs_baseline"] = {k: round(v / base, 2)
-                                       for k, v in result["rows_per_s"].items()}
-        result["mb_per_s"] = {k: round(v * 3072 / 1e6, 1)
-                              for k, v in result["rows_per_s"].items()}
+        result["ratio_vs_baseline"] = {
+            k: round(v / base, 2) for k, v in result["rows_per_s"].items()
+        }
+        result["mb_per_s"] = {k: round(v * 3072 / 1e6, 1) for k, v in result["rows_per_s"].items()}
         result["peak_memory_while_reading"] = memory.report()
     result["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
     common.write_results("read", result)

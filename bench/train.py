@@ -70,9 +70,13 @@ BASELINE = textwrap.dedent("""
 
 def baseline(data: str, batch: int, steps: int) -> dict:
     with common.PeakMemory() as memory:
-        out = subprocess.run([sys.executable, "-c", BASELINE, data, str(batch), str(steps)],
-                             capture_output=True, text=True, timeout=1800,
-                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        out = subprocess.run(
+            [sys.executable, "-c", BASELINE, data, str(batch), str(steps)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
     if out.returncode != 0:
         raise RuntimeError(f"baseline failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,46 +84,78 @@ def baseline(data: str, batch: int, steps: int) -> dict:
     return result
 
 
-def sparktf_run(spark, data: str, strategy: str, input_mode: str, batch: int, steps: int,
-                model_dir: str) -> dict:
+def sparktf_run(
+    spark, data: str, strategy: str, input_mode: str, batch: int, steps: int, model_dir: str
+) -> dict:
     from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
 
     with common.PeakMemory() as memory:
-        result = fit(TrainConfig(model="resnet20", data=data, input_mode=input_mode,
-                                 steps=steps, batch_size=batch),
-                     ScalingConfig(strategy=strategy, num_workers=2 if strategy == "allreduce"
-                                   else 1, num_ps=1, ps_on_driver=True, threads_per_worker=1),
-                     RunConfig(model_dir=model_dir, checkpoint_every_steps=10 * steps,
-                               summary_every_steps=10, export=False),
-                     spark=spark)
-    return {"examples_per_sec": result.examples_per_sec,
-            "time_to_first_step_s": result.time_to_first_step_s,
-            "elapsed_s": result.elapsed_s, "final_step": result.final_step,
-            "loss": result.metrics.get("loss"), **memory.report()}
+        result = fit(
+            TrainConfig(
+                model="resnet20", data=data, input_mode=input_mode, steps=steps, batch_size=batch
+            ),
+            ScalingConfig(
+                strategy=strategy,
+                num_workers=2 if strategy == "allreduce" else 1,
+                num_ps=1,
+                ps_on_driver=True,
+                threads_per_worker=1,
+            ),
+            RunConfig(
+                model_dir=model_dir,
+                checkpoint_every_steps=10 * steps,
+                summary_every_steps=10,
+                export=False,
+            ),
+            spark=spark,
+        )
+    return {
+        "examples_per_sec": result.examples_per_sec,
+        "time_to_first_step_s": result.time_to_first_step_s,
+        "elapsed_s": result.elapsed_s,
+        "final_step": result.final_step,
+        "loss": result.metrics.get("loss"),
+        **memory.report(),
+    }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=64, help="global batch")
-    p.add_argument("--configs", default="all",
-                   help="comma list of strategy/input_mode, e.g. allreduce/files,ps/spark")
+    p.add_argument(
+        "--configs",
+        default="all",
+        help="comma list of strategy/input_mode, e.g. allreduce/files,ps/spark",
+    )
     args = p.parse_args(argv)
     cli.setup_logging("WARNING")
     logging.getLogger("bench").setLevel(logging.INFO)
     logging.getLogger("sparktf.train").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    configs = CONFIGS if args.configs == "all" else \
-        [tuple(c.split("/")) for c in args.configs.split(",")]
+    configs = (
+        CONFIGS if args.configs == "all" else [tuple(c.split("/")) for c in args.configs.split(",")]
+    )
 
     from sparktf.spark import get_session
     from sparktf.train import demo
 
-    spark = get_session("sparktf-bench-train", profile="local",
-                        overrides={"spark.master": "local-cluster[2,1,1024]",
-                                   "spark.executorEnv.PYTHONPATH": str(common.ROOT)})
-    result: dict = {"benchmark": "train", "model": "resnet20", "steps": args.steps,
-                    "global_batch": args.batch_size, "machine": common.machine(), "runs": {}}
+    spark = get_session(
+        "sparktf-bench-train",
+        profile="local",
+        overrides={
+            "spark.master": "local-cluster[2,1,1024]",
+            "spark.executorEnv.PYTHONPATH": str(common.ROOT),
+        },
+    )
+    result: dict = {
+        "benchmark": "train",
+        "model": "resnet20",
+        "steps": args.steps,
+        "global_batch": args.batch_size,
+        "machine": common.machine(),
+        "runs": {},
+    }
     try:
         data = demo.ensure_dataset("resnet20", spark)
         result["data"] = data
@@ -130,14 +166,26 @@ def main(argv=None) -> int:
             for strategy, input_mode in configs:
                 name = f"{strategy}/{input_mode}"
                 log.info("sparktf %s", name)
-                run = sparktf_run(spark, data, strategy, input_mode, args.batch_size,
-                                  args.steps, os.path.join(tmp, name.replace("/", "-")))
-                run["ratio_to_baseline"] = round(run["examples_per_sec"] /
-                                                 base["examples_per_sec"], 3)
+                run = sparktf_run(
+                    spark,
+                    data,
+                    strategy,
+                    input_mode,
+                    args.batch_size,
+                    args.steps,
+                    os.path.join(tmp, name.replace("/", "-")),
+                )
+                run["ratio_to_baseline"] = round(
+                    run["examples_per_sec"] / base["examples_per_sec"], 3
+                )
                 result["runs"][name] = run
-                log.info("%s: %.1f examples/s (%.2f of baseline), first step after %.1f s",
-                         name, run["examples_per_sec"], run["ratio_to_baseline"],
-                         run["time_to_first_step_s"] or -1)
+                log.info(
+                    "%s: %.1f examples/s (%.2f of baseline), first step after %.1f s",
+                    name,
+                    run["examples_per_sec"],
+                    run["ratio_to_baseline"],
+                    run["time_to_first_step_s"] or -1,
+                )
         result["machine_after"] = common.machine()
     finally:
         spark.stop()

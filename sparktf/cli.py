@@ -23,8 +23,8 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 log = logging.getLogger("sparktf")
 
@@ -63,16 +63,27 @@ def load_config(section: str, path: str | os.PathLike | None = None) -> dict:
 
 def parser(description: str, *, config_section: str | None = None) -> argparse.ArgumentParser:
     """An ArgumentParser with the flags every job has (--config, --log-level, --profile)."""
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.set_defaults(_config_section=config_section)
-    p.add_argument("--config", default=None,
-                   help=f"JSON file with defaults for this job's flags; flags given on the "
-                        f"command line override it. Default: conf/jobs/{config_section}.json")
-    p.add_argument("--profile", default=os.environ.get("SPARKTF_PROFILE", "local"),
-                   help="Spark profile in conf/spark/ used when not run through spark-submit")
-    p.add_argument("--log-level", default=os.environ.get("SPARKTF_LOG_LEVEL", "INFO"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"JSON file with defaults for this job's flags; flags given on the "
+        f"command line override it. Default: conf/jobs/{config_section}.json",
+    )
+    p.add_argument(
+        "--profile",
+        default=os.environ.get("SPARKTF_PROFILE", "local"),
+        help="Spark profile in conf/spark/ used when not run through spark-submit",
+    )
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("SPARKTF_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level",
+    )
     return p
 
 

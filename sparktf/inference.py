@@ -33,7 +33,8 @@ import shutil
 import tempfile
 import threading
 from collections import Counter, OrderedDict, defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,8 +51,18 @@ log = logging.getLogger(__name__)
 NPZ_MAGIC = b"PK\x03\x04"  # np.savez_compressed, as petastorm's CompressedNdarrayCodec writes
 LM_OUTPUTS = ("perplexity", "next_word")
 # TensorFlow DataType enum values (tensorflow/core/framework/types.proto) -> numpy names.
-_TF_DTYPES = {1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8",
-              7: "string", 9: "int64", 10: "bool", 19: "float16"}
+_TF_DTYPES = {
+    1: "float32",
+    2: "float64",
+    3: "int32",
+    4: "uint8",
+    5: "int16",
+    6: "int8",
+    7: "string",
+    9: "int64",
+    10: "bool",
+    19: "float16",
+}
 
 
 class PredictInputError(ValueError):
@@ -83,8 +94,10 @@ class TensorSpec:
     def describe(self) -> str:
         if self.shape is None:
             return f"{self.dtype}[?]"
-        dims = ["B" if i == 0 and d is None else ("?" if d is None else str(d))
-                for i, d in enumerate(self.shape)]
+        dims = [
+            "B" if i == 0 and d is None else ("?" if d is None else str(d))
+            for i, d in enumerate(self.shape)
+        ]
         return f"{self.dtype}[{','.join(dims)}]"
 
 
@@ -138,7 +151,8 @@ def resolve_model(model: str | os.PathLike) -> str:
         return resolve_model(export)
     raise ModelNotFoundError(
         f"model {path} holds no SavedModel: expected saved_model.pb in it, or numbered version "
-        "directories holding one (MODEL_DIR/export/<version>/), or MODEL_DIR/export")
+        "directories holding one (MODEL_DIR/export/<version>/), or MODEL_DIR/export"
+    )
 
 
 def inspect_model(model: str | os.PathLike) -> ModelInfo:
@@ -160,19 +174,29 @@ def inspect_model(model: str | os.PathLike) -> ModelInfo:
         raise ModelNotFoundError(f"{uri}/saved_model.pb holds no meta graph")
 
     def spec(key: str, info: Any) -> TensorSpec:
-        shape = None if info.tensor_shape.unknown_rank else tuple(
-            None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim)
+        shape = (
+            None
+            if info.tensor_shape.unknown_rank
+            else tuple(None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim)
+        )
         return TensorSpec(key, _TF_DTYPES.get(info.dtype, f"dtype{info.dtype}"), shape)
 
     signatures = {
-        name: Signature(name, {k: spec(k, v) for k, v in sig.inputs.items()},
-                        {k: spec(k, v) for k, v in sig.outputs.items()})
+        name: Signature(
+            name,
+            {k: spec(k, v) for k, v in sig.inputs.items()},
+            {k: spec(k, v) for k, v in sig.outputs.items()},
+        )
         for name, sig in proto.meta_graphs[0].signature_def.items()
         if not name.startswith("__")
     }
     name = posixpath.basename(storage.parse(uri).path)
-    return ModelInfo(uri=uri, version=int(name) if name.isdigit() else None,
-                     fingerprint=digest.hexdigest(), signatures=signatures)
+    return ModelInfo(
+        uri=uri,
+        version=int(name) if name.isdigit() else None,
+        fingerprint=digest.hexdigest(),
+        signatures=signatures,
+    )
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -201,54 +225,79 @@ class _Plan:
         """What the input column must hold, for error messages."""
         if self.kind == "images":
             h, w, c = self.shape
-            return (f"a uint8 image of shape ({h}, {w}, {c}) per row: np.save bytes (as "
-                    f"petastorm's NdarrayCodec writes), {h * w * c} raw bytes, or an array of "
-                    f"{h * w * c} integers in [0, 255]")
+            return (
+                f"a uint8 image of shape ({h}, {w}, {c}) per row: np.save bytes (as "
+                f"petastorm's NdarrayCodec writes), {h * w * c} raw bytes, or an array of "
+                f"{h * w * c} integers in [0, 255]"
+            )
         if self.kind == "examples":
             return "a serialized tf.train.Example per row (binary)"
         if self.kind == "tokens":
             least = 2 if self.lm_output == "perplexity" else 1
-            return (f"a 1-D sequence of at least {least} int64 token ids in [0, {self.vocab_size}) "
-                    "per row: np.save bytes or an array of integers")
+            return (
+                f"a 1-D sequence of at least {least} int64 token ids in [0, {self.vocab_size}) "
+                "per row: np.save bytes or an array of integers"
+            )
         (z_dim,) = self.shape
-        return (f"a float32 vector of shape ({z_dim},) per row (np.save bytes or an array of "
-                f"numbers), or an integer seed that draws z ~ U(-1, 1)")
+        return (
+            f"a float32 vector of shape ({z_dim},) per row (np.save bytes or an array of "
+            f"numbers), or an integer seed that draws z ~ U(-1, 1)"
+        )
 
 
 def _choose_signature(info: ModelInfo, signature: str | None) -> Signature:
     if signature is not None:
         if signature not in info.signatures:
-            raise ValueError(f"model {info.uri} has no signature {signature!r}; it has "
-                             f"{sorted(info.signatures)}")
+            raise ValueError(
+                f"model {info.uri} has no signature {signature!r}; it has {sorted(info.signatures)}"
+            )
         return info.signatures[signature]
     for name in ("predict_images", "serving_default"):
         if name in info.signatures:
             return info.signatures[name]
-    raise ValueError(f"model {info.uri} has neither a predict_images nor a serving_default "
-                     f"signature (it has {sorted(info.signatures)}); pass signature=")
+    raise ValueError(
+        f"model {info.uri} has neither a predict_images nor a serving_default "
+        f"signature (it has {sorted(info.signatures)}); pass signature="
+    )
 
 
 def _kind(sig: Signature) -> str:
     ins, outs = sig.inputs, sig.outputs
     one = next(iter(ins.values())) if len(ins) == 1 else None
     if {"classes", "scores"} <= set(outs) and one is not None:
-        if one.dtype == "uint8" and one.shape is not None and len(one.shape) == 4 \
-                and all(d is not None for d in one.shape[1:]):
+        if (
+            one.dtype == "uint8"
+            and one.shape is not None
+            and len(one.shape) == 4
+            and all(d is not None for d in one.shape[1:])
+        ):
             return "images"
         if one.dtype == "string" and one.shape is not None and len(one.shape) == 1:
             return "examples"
-    if "log_probs" in outs and one is not None and one.dtype in ("int64", "int32") \
-            and one.shape is not None and len(one.shape) == 2:
+    if (
+        "log_probs" in outs
+        and one is not None
+        and one.dtype in ("int64", "int32")
+        and one.shape is not None
+        and len(one.shape) == 2
+    ):
         return "tokens"
     z = ins.get("z")
-    if "images" in outs and z is not None and z.shape is not None and len(z.shape) == 2 \
-            and z.shape[1] is not None and set(ins) <= {"z", "label"}:
+    if (
+        "images" in outs
+        and z is not None
+        and z.shape is not None
+        and len(z.shape) == 2
+        and z.shape[1] is not None
+        and set(ins) <= {"z", "label"}
+    ):
         return "generator"
     raise ValueError(
         f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
         "image classifiers (uint8 images or serialized Examples -> classes, scores), language "
         "models (int64 tokens -> log_probs) and generators (float32 z [+ int64 label] -> "
-        "images)")
+        "images)"
+    )
 
 
 def _spark_types():
@@ -257,34 +306,47 @@ def _spark_types():
     return T
 
 
-def _is_integral(dtype: "DataType") -> bool:
+def _is_integral(dtype: DataType) -> bool:
     T = _spark_types()
     return isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType))
 
 
-def _leaf_type(dtype: "DataType") -> "DataType":
+def _leaf_type(dtype: DataType) -> DataType:
     T = _spark_types()
     while isinstance(dtype, T.ArrayType):
         dtype = dtype.elementType
     return dtype
 
 
-def _check_column(schema: "StructType", col: str, plan_contract: str, ok: Callable[[Any], bool],
-                  role: str = "input") -> None:
+def _check_column(
+    schema: StructType, col: str, plan_contract: str, ok: Callable[[Any], bool], role: str = "input"
+) -> None:
     if col not in schema.names:
         raise PredictInputError(
             f"{role} column {col!r} is missing: expected {plan_contract}; the DataFrame has "
-            f"columns {schema.names}")
+            f"columns {schema.names}"
+        )
     dtype = schema[col].dataType
     if not ok(dtype):
         raise PredictInputError(
-            f"column {col!r} has Spark type {dtype.simpleString()}: expected {plan_contract}")
+            f"column {col!r} has Spark type {dtype.simpleString()}: expected {plan_contract}"
+        )
 
 
-def _make_plan(schema: "StructType", info: ModelInfo, sig: Signature, *, input_col: str | None,
-               output_col: str, probabilities_col: str, log_probabilities_col: str,
-               batch_size: int, top_k: int | None, lm_output: str,
-               label_col: str) -> tuple[_Plan, list["StructField"]]:
+def _make_plan(
+    schema: StructType,
+    info: ModelInfo,
+    sig: Signature,
+    *,
+    input_col: str | None,
+    output_col: str,
+    probabilities_col: str,
+    log_probabilities_col: str,
+    batch_size: int,
+    top_k: int | None,
+    lm_output: str,
+    label_col: str,
+) -> tuple[_Plan, list[StructField]]:
     T = _spark_types()
     kind = _kind(sig)
     key, spec = next((k, v) for k, v in sig.inputs.items() if k != "label")
@@ -300,12 +362,15 @@ def _make_plan(schema: "StructType", info: ModelInfo, sig: Signature, *, input_c
         shape = tuple(spec.shape[1:]) if kind == "images" else ()
         default_col = "image" if kind == "images" else "example"
         accepts = (lambda t: binary(t) or int_array(t)) if kind == "images" else binary
-        fields = [T.StructField(output_col, T.LongType(), False),
-                  T.StructField(probabilities_col, T.ArrayType(T.FloatType(), False), False)]
+        fields = [
+            T.StructField(output_col, T.LongType(), False),
+            T.StructField(probabilities_col, T.ArrayType(T.FloatType(), False), False),
+        ]
         if top_k is not None:
-            fields += [T.StructField("top_classes", T.ArrayType(T.LongType(), False), False),
-                       T.StructField("top_probabilities", T.ArrayType(T.FloatType(), False),
-                                     False)]
+            fields += [
+                T.StructField("top_classes", T.ArrayType(T.LongType(), False), False),
+                T.StructField("top_probabilities", T.ArrayType(T.FloatType(), False), False),
+            ]
     elif kind == "tokens":
         if lm_output not in LM_OUTPUTS:
             raise ValueError(f"lm_output must be one of {LM_OUTPUTS}, got {lm_output!r}")
@@ -315,17 +380,27 @@ def _make_plan(schema: "StructType", info: ModelInfo, sig: Signature, *, input_c
         if lm_output == "perplexity":
             fields = [T.StructField(output_col, T.DoubleType(), False)]
         else:
-            fields = [T.StructField(output_col, T.LongType(), False),
-                      T.StructField(log_probabilities_col, T.ArrayType(T.FloatType(), False),
-                                    False)]
+            fields = [
+                T.StructField(output_col, T.LongType(), False),
+                T.StructField(log_probabilities_col, T.ArrayType(T.FloatType(), False), False),
+            ]
     else:  # generator
         shape, default_col = (int(spec.shape[1]),), "z"
 
         def accepts(t: Any) -> bool:
-            numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType,
-                       T.DoubleType)
-            return binary(t) or _is_integral(t) or (
-                isinstance(t, T.ArrayType) and isinstance(_leaf_type(t), numeric))
+            numeric = (
+                T.ByteType,
+                T.ShortType,
+                T.IntegerType,
+                T.LongType,
+                T.FloatType,
+                T.DoubleType,
+            )
+            return (
+                binary(t)
+                or _is_integral(t)
+                or (isinstance(t, T.ArrayType) and isinstance(_leaf_type(t), numeric))
+            )
 
         fields = [T.StructField(output_col, T.BinaryType(), False)]
         if "label" in sig.inputs:
@@ -333,20 +408,37 @@ def _make_plan(schema: "StructType", info: ModelInfo, sig: Signature, *, input_c
     if top_k is not None and kind not in ("images", "examples"):
         raise ValueError(f"top_k applies to classifiers; {sig.describe()} is not one")
     col = input_col or default_col
-    plan = _Plan(kind=kind, model_uri=info.uri, fingerprint=info.fingerprint,
-                 signature=sig.name, input_col=col, input_key=key, shape=shape,
-                 batch_size=batch_size, outputs=tuple(f.name for f in fields), top_k=top_k,
-                 lm_output=lm_output, vocab_size=vocab,
-                 id_col="id" if "id" in schema.names else None, **extra)
+    plan = _Plan(
+        kind=kind,
+        model_uri=info.uri,
+        fingerprint=info.fingerprint,
+        signature=sig.name,
+        input_col=col,
+        input_key=key,
+        shape=shape,
+        batch_size=batch_size,
+        outputs=tuple(f.name for f in fields),
+        top_k=top_k,
+        lm_output=lm_output,
+        vocab_size=vocab,
+        id_col="id" if "id" in schema.names else None,
+        **extra,
+    )
     _check_column(schema, col, plan.contract(), accepts)
     if plan.label_col is not None:
-        _check_column(schema, plan.label_col, "an integer class label per row (int64)",
-                      _is_integral, role="label")
+        _check_column(
+            schema,
+            plan.label_col,
+            "an integer class label per row (int64)",
+            _is_integral,
+            role="label",
+        )
     clash = [f.name for f in fields if f.name in schema.names]
     if clash:
         raise PredictInputError(
             f"output column(s) {clash} already exist in the input DataFrame: rename them or "
-            "choose other names (output_col=, probabilities_col=, log_probabilities_col=)")
+            "choose other names (output_col=, probabilities_col=, log_probabilities_col=)"
+        )
     if len({f.name for f in fields}) != len(fields):
         raise ValueError(f"output column names collide: {[f.name for f in fields]}")
     return plan, fields
@@ -356,7 +448,7 @@ def _make_plan(schema: "StructType", info: ModelInfo, sig: Signature, *, input_c
 
 
 def predict(
-    df: "DataFrame",
+    df: DataFrame,
     model: str | os.PathLike,
     *,
     input_col: str | None = None,
@@ -368,7 +460,7 @@ def predict(
     top_k: int | None = None,
     lm_output: str = "perplexity",
     label_col: str = "label",
-) -> "DataFrame":
+) -> DataFrame:
     """Applies the SavedModel ``model`` to every row of ``df``; returns ``df``'s columns plus
     the predictions (lazily: nothing runs until an action).
 
@@ -434,12 +526,27 @@ def predict(
     info = inspect_model(model)
     sig = _choose_signature(info, signature)
     plan, fields = _make_plan(
-        df.schema, info, sig, input_col=input_col, output_col=output_col,
-        probabilities_col=probabilities_col, log_probabilities_col=log_probabilities_col,
-        batch_size=batch_size, top_k=top_k, lm_output=lm_output, label_col=label_col)
+        df.schema,
+        info,
+        sig,
+        input_col=input_col,
+        output_col=output_col,
+        probabilities_col=probabilities_col,
+        log_probabilities_col=log_probabilities_col,
+        batch_size=batch_size,
+        top_k=top_k,
+        lm_output=lm_output,
+        label_col=label_col,
+    )
     T = _spark_types()
-    log.info("predict with %s (version %s), signature %s, input column %r, batch size %d",
-             info.uri, info.version, sig.describe(), plan.input_col, batch_size)
+    log.info(
+        "predict with %s (version %s), signature %s, input column %r, batch size %d",
+        info.uri,
+        info.version,
+        sig.describe(),
+        plan.input_col,
+        batch_size,
+    )
     schema = T.StructType(list(df.schema.fields) + fields)
     return df.mapInArrow(functools.partial(_predict_partition, plan), schema)
 
@@ -460,13 +567,13 @@ class ModelCache:
     """
 
     capacity = 2
-    _models: "OrderedDict[tuple[str, str], _LoadedSignature]" = OrderedDict()
+    _models: OrderedDict[tuple[str, str], _LoadedSignature] = OrderedDict()
     _lock = threading.Lock()
     # Per model fingerprint: "loads", "uses" (one per partition), "batches", "copies".
-    stats: "defaultdict[str, Counter[str]]" = defaultdict(Counter)
+    stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
 
     @classmethod
-    def get(cls, model_uri: str, fingerprint: str, signature: str) -> "_LoadedSignature":
+    def get(cls, model_uri: str, fingerprint: str, signature: str) -> _LoadedSignature:
         key = (fingerprint, signature)
         with cls._lock:
             cls.stats[fingerprint]["uses"] += 1
@@ -484,7 +591,8 @@ class ModelCache:
 def model_cache_dir() -> str:
     """Where executors keep local copies of HDFS models (``$SPARKTF_MODEL_CACHE_DIR``)."""
     return os.environ.get("SPARKTF_MODEL_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), "sparktf-models")
+        tempfile.gettempdir(), "sparktf-models"
+    )
 
 
 def _local_model_dir(model_uri: str, fingerprint: str) -> str:
@@ -495,7 +603,8 @@ def _local_model_dir(model_uri: str, fingerprint: str) -> str:
         if not os.path.isfile(os.path.join(loc.path, "saved_model.pb")):
             raise ModelNotFoundError(
                 f"model {loc.path} is not on this executor's file system: on a cluster, give "
-                "an hdfs:// model or a path that every executor sees")
+                "an hdfs:// model or a path that every executor sees"
+            )
         return loc.path
     base = model_cache_dir()
     target = os.path.join(base, fingerprint[:32])
@@ -551,8 +660,7 @@ class _LoadedSignature:
         return {k: v.numpy() for k, v in self._fn(**tensors).items()}
 
 
-def _predict_partition(plan: _Plan, batches: Iterator["pa.RecordBatch"]
-                       ) -> Iterator["pa.RecordBatch"]:
+def _predict_partition(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: decode and check, run the model, append the outputs."""
     import pyarrow as pa
 
@@ -565,8 +673,9 @@ def _predict_partition(plan: _Plan, batches: Iterator["pa.RecordBatch"]
                 model = ModelCache.get(plan.model_uri, plan.fingerprint, plan.signature)
             columns = _run(plan, model, inputs, chunk.num_rows)
             ModelCache.stats[plan.fingerprint]["batches"] += 1
-            yield pa.RecordBatch.from_arrays(list(chunk.columns) + columns,
-                                             names=list(chunk.schema.names) + list(plan.outputs))
+            yield pa.RecordBatch.from_arrays(
+                list(chunk.columns) + columns, names=list(chunk.schema.names) + list(plan.outputs)
+            )
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -575,9 +684,8 @@ def _predict_partition(plan: _Plan, batches: Iterator["pa.RecordBatch"]
 class _Rows:
     """Names rows in error messages: by the ``id`` column when there is one."""
 
-    def __init__(self, plan: _Plan, chunk: "pa.RecordBatch"):
-        self._ids = chunk.column(chunk.schema.get_field_index(plan.id_col)) \
-            if plan.id_col else None
+    def __init__(self, plan: _Plan, chunk: pa.RecordBatch):
+        self._ids = chunk.column(chunk.schema.get_field_index(plan.id_col)) if plan.id_col else None
 
     def __call__(self, i: int) -> str:
         if self._ids is not None:
@@ -589,16 +697,21 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _check_nulls(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str]) -> None:
+def _check_nulls(arr: pa.Array, col: str, contract: str, row: Callable[[int], str]) -> None:
     if arr.null_count:
         nulls = arr.is_null().to_numpy(zero_copy_only=False)
-        raise PredictInputError(f"column {col!r}: {row(_first(nulls))} is null; expected "
-                                f"{contract}")
+        raise PredictInputError(
+            f"column {col!r}: {row(_first(nulls))} is null; expected {contract}"
+        )
 
 
-def _decode_binary(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str],
-                   raw: tuple[np.dtype, tuple[int, ...]] | None
-                   ) -> np.ndarray | list[np.ndarray]:
+def _decode_binary(
+    arr: pa.Array,
+    col: str,
+    contract: str,
+    row: Callable[[int], str],
+    raw: tuple[np.dtype, tuple[int, ...]] | None,
+) -> np.ndarray | list[np.ndarray]:
     """Rows of a binary column: stacked [n, *shape] when they are alike, else a list.
 
     ``np.save`` bytes of one dtype and shape (petastorm's NdarrayCodec) are decoded in one
@@ -619,13 +732,15 @@ def _decode_binary(arr: "pa.Array", col: str, contract: str, row: Callable[[int]
                 pass  # read row by row below, naming the bad row
         elif raw is not None and not npy.any():
             dtype, shape = raw
-            if rows.shape[1] == dtype.itemsize * math.prod(shape) \
-                    and not _starts_with(rows, NPZ_MAGIC).any():
+            if (
+                rows.shape[1] == dtype.itemsize * math.prod(shape)
+                and not _starts_with(rows, NPZ_MAGIC).any()
+            ):
                 return rows.view(dtype).reshape(n, *shape)
     offsets, data = formats.binary_parts(arr)
     out = []
     for i in range(n):
-        value = data[offsets[i]:offsets[i + 1]].tobytes()
+        value = data[offsets[i] : offsets[i + 1]].tobytes()
         if value.startswith(formats.NPY_MAGIC) or value.startswith(NPZ_MAGIC):
             try:
                 loaded = np.load(io.BytesIO(value), allow_pickle=False)
@@ -636,18 +751,22 @@ def _decode_binary(arr: "pa.Array", col: str, contract: str, row: Callable[[int]
             except (ValueError, OSError, EOFError) as exc:
                 raise PredictInputError(
                     f"column {col!r}: {row(i)} holds np.save bytes that cannot be read "
-                    f"({exc}); expected {contract}") from None
+                    f"({exc}); expected {contract}"
+                ) from None
         elif raw is not None:
             dtype, shape = raw
             want = dtype.itemsize * math.prod(shape)
             if len(value) != want:
                 raise PredictInputError(
                     f"column {col!r}: {row(i)} holds {len(value)} raw bytes, not np.save bytes "
-                    f"nor {want} raw bytes; expected {contract}")
+                    f"nor {want} raw bytes; expected {contract}"
+                )
             out.append(np.frombuffer(value, dtype).reshape(shape))
         else:
-            raise PredictInputError(f"column {col!r}: {row(i)} is not np.save bytes "
-                                    f"({len(value)} bytes); expected {contract}")
+            raise PredictInputError(
+                f"column {col!r}: {row(i)} is not np.save bytes "
+                f"({len(value)} bytes); expected {contract}"
+            )
     return out
 
 
@@ -655,11 +774,12 @@ def _starts_with(rows: np.ndarray, prefix: bytes) -> np.ndarray:
     """Per row of an (n, length) uint8 matrix: does it start with ``prefix``?"""
     if rows.shape[1] < len(prefix):
         return np.zeros(len(rows), dtype=bool)
-    return (rows[:, :len(prefix)] == np.frombuffer(prefix, np.uint8)).all(axis=1)
+    return (rows[:, : len(prefix)] == np.frombuffer(prefix, np.uint8)).all(axis=1)
 
 
-def _decode_list(arr: "pa.Array", col: str, contract: str, row: Callable[[int], str]
-                 ) -> np.ndarray | list[np.ndarray]:
+def _decode_list(
+    arr: pa.Array, col: str, contract: str, row: Callable[[int], str]
+) -> np.ndarray | list[np.ndarray]:
     """Rows of an (optionally nested) array column: stacked when regular, else 1-D rows."""
     import pyarrow as pa
 
@@ -670,39 +790,49 @@ def _decode_list(arr: "pa.Array", col: str, contract: str, row: Callable[[int], 
         if level.null_count:
             nulls = level.is_null().to_numpy(zero_copy_only=False)
             where = row(_first(nulls)) if level is arr else "a row"
-            raise PredictInputError(f"column {col!r}: {where} has a null array; expected "
-                                    f"{contract}")
+            raise PredictInputError(
+                f"column {col!r}: {where} has a null array; expected {contract}"
+            )
         lengths = level.value_lengths().to_numpy(zero_copy_only=False)
         if len(lengths) and not (lengths == lengths[0]).all():
             if level is not arr:
-                raise PredictInputError(f"column {col!r}: nested arrays of different lengths; "
-                                        f"expected {contract}")
+                raise PredictInputError(
+                    f"column {col!r}: nested arrays of different lengths; expected {contract}"
+                )
             values = level.flatten()
             if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
-                raise PredictInputError(f"column {col!r}: nested arrays of different lengths "
-                                        f"in {row(0)}...; expected {contract}")
+                raise PredictInputError(
+                    f"column {col!r}: nested arrays of different lengths "
+                    f"in {row(0)}...; expected {contract}"
+                )
             return _split_rows(values, lengths, col, contract, row)
         dims.append(int(lengths[0]) if len(lengths) else 0)
         level = level.flatten()
     if level.null_count:
-        raise PredictInputError(f"column {col!r}: an array holds a null element; expected "
-                                f"{contract}")
+        raise PredictInputError(
+            f"column {col!r}: an array holds a null element; expected {contract}"
+        )
     return level.to_numpy(zero_copy_only=False).reshape(n, *dims)
 
 
-def _split_rows(values: "pa.Array", lengths: np.ndarray, col: str, contract: str,
-                row: Callable[[int], str]) -> list[np.ndarray]:
+def _split_rows(
+    values: pa.Array, lengths: np.ndarray, col: str, contract: str, row: Callable[[int], str]
+) -> list[np.ndarray]:
     if values.null_count:
-        raise PredictInputError(f"column {col!r}: an array holds a null element; expected "
-                                f"{contract}")
+        raise PredictInputError(
+            f"column {col!r}: an array holds a null element; expected {contract}"
+        )
     flat = values.to_numpy(zero_copy_only=False)
     return np.split(flat, np.cumsum(lengths)[:-1])
 
 
-def _column_rows(chunk: "pa.RecordBatch", col: str, contract: str,
-                 row: Callable[[int], str],
-                 raw: tuple[np.dtype, tuple[int, ...]] | None = None
-                 ) -> np.ndarray | list[np.ndarray]:
+def _column_rows(
+    chunk: pa.RecordBatch,
+    col: str,
+    contract: str,
+    row: Callable[[int], str],
+    raw: tuple[np.dtype, tuple[int, ...]] | None = None,
+) -> np.ndarray | list[np.ndarray]:
     import pyarrow as pa
 
     arr = chunk.column(chunk.schema.get_field_index(col))
@@ -716,8 +846,13 @@ def _column_rows(chunk: "pa.RecordBatch", col: str, contract: str,
     raise PredictInputError(f"column {col!r} has Arrow type {arr.type}; expected {contract}")
 
 
-def _stack(rows: np.ndarray | list[np.ndarray], shape: tuple[int, ...], col: str,
-           contract: str, row: Callable[[int], str]) -> np.ndarray:
+def _stack(
+    rows: np.ndarray | list[np.ndarray],
+    shape: tuple[int, ...],
+    col: str,
+    contract: str,
+    row: Callable[[int], str],
+) -> np.ndarray:
     """[n, *shape]; a row may also be flat with the same number of values."""
     size = math.prod(shape)
     if isinstance(rows, np.ndarray):
@@ -725,21 +860,31 @@ def _stack(rows: np.ndarray | list[np.ndarray], shape: tuple[int, ...], col: str
             return rows
         if rows.shape[1:] == (size,):
             return rows.reshape(len(rows), *shape)
-        raise PredictInputError(f"column {col!r}: {row(0)} has shape {rows.shape[1:]}; "
-                                f"expected {contract}")
+        raise PredictInputError(
+            f"column {col!r}: {row(0)} has shape {rows.shape[1:]}; expected {contract}"
+        )
     for i, r in enumerate(rows):
         if r.shape != shape and r.shape != (size,):
-            raise PredictInputError(f"column {col!r}: {row(i)} has shape {r.shape}; "
-                                    f"expected {contract}")
+            raise PredictInputError(
+                f"column {col!r}: {row(i)} has shape {r.shape}; expected {contract}"
+            )
     return np.stack([r.reshape(shape) for r in rows])
 
 
-def _integers(values: np.ndarray, low: int, high: int | None, dtype: type, col: str,
-              contract: str, row: Callable[[int], str]) -> np.ndarray:
+def _integers(
+    values: np.ndarray,
+    low: int,
+    high: int | None,
+    dtype: type,
+    col: str,
+    contract: str,
+    row: Callable[[int], str],
+) -> np.ndarray:
     """``values`` as ``dtype`` after checking they are integers in [low, high)."""
     if values.dtype.kind not in "iub":
-        raise PredictInputError(f"column {col!r}: {row(0)} has dtype {values.dtype}; expected "
-                                f"{contract}")
+        raise PredictInputError(
+            f"column {col!r}: {row(0)} has dtype {values.dtype}; expected {contract}"
+        )
     flat = values.reshape(len(values), -1)
     bad = (flat < low).any(axis=1)
     if high is not None:
@@ -749,11 +894,12 @@ def _integers(values: np.ndarray, low: int, high: int | None, dtype: type, col: 
         span = f"[{low}, {high})" if high is not None else f">= {low}"
         raise PredictInputError(
             f"column {col!r}: {row(i)} has values outside {span} (min {flat[i].min()}, "
-            f"max {flat[i].max()}); expected {contract}")
+            f"max {flat[i].max()}); expected {contract}"
+        )
     return values.astype(dtype, copy=False)
 
 
-def _decode(plan: _Plan, chunk: "pa.RecordBatch") -> dict[str, Any]:
+def _decode(plan: _Plan, chunk: pa.RecordBatch) -> dict[str, Any]:
     """The model inputs of one chunk, checked against the plan."""
     row = _Rows(plan, chunk)
     contract = plan.contract()
@@ -764,8 +910,9 @@ def _decode(plan: _Plan, chunk: "pa.RecordBatch") -> dict[str, Any]:
         if isinstance(rows, list):
             bad = next((i for i, r in enumerate(rows) if r.dtype.kind not in "iub"), None)
             if bad is not None:
-                raise PredictInputError(f"column {col!r}: {row(bad)} has dtype "
-                                        f"{rows[bad].dtype}; expected {contract}")
+                raise PredictInputError(
+                    f"column {col!r}: {row(bad)} has dtype {rows[bad].dtype}; expected {contract}"
+                )
         images = _stack(rows, plan.shape, col, contract, row)
         if images.dtype != np.uint8:
             images = _integers(images, 0, 256, np.uint8, col, contract, row)
@@ -780,8 +927,9 @@ def _decode(plan: _Plan, chunk: "pa.RecordBatch") -> dict[str, Any]:
         least = 2 if plan.lm_output == "perplexity" else 1
         for i, seq in enumerate(seqs):
             if seq.ndim != 1 or len(seq) < least:
-                raise PredictInputError(f"column {col!r}: {row(i)} has shape {seq.shape}; "
-                                        f"expected {contract}")
+                raise PredictInputError(
+                    f"column {col!r}: {row(i)} has shape {seq.shape}; expected {contract}"
+                )
         if isinstance(rows, np.ndarray):
             tokens = _integers(rows, 0, plan.vocab_size, np.int64, col, contract, row)
             return {"groups": [(np.arange(len(rows)), tokens)]}
@@ -791,47 +939,52 @@ def _decode(plan: _Plan, chunk: "pa.RecordBatch") -> dict[str, Any]:
             index = np.flatnonzero(lengths == length)
             block = np.stack([seqs[i] for i in index])
             sub = lambda j, _index=index: row(int(_index[j]))  # noqa: E731
-            groups.append((index, _integers(block, 0, plan.vocab_size, np.int64, col,
-                                            contract, sub)))  # type: ignore[arg-type]
+            groups.append(
+                (index, _integers(block, 0, plan.vocab_size, np.int64, col, contract, sub))
+            )  # type: ignore[arg-type]
         return {"groups": groups}
     # generator
     (z_dim,) = plan.shape
     rows = _column_rows(chunk, col, contract, row)
     if isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iu":
-        z = np.stack([np.random.default_rng(int(s)).uniform(-1.0, 1.0, z_dim)
-                      for s in rows]).astype(np.float32)
+        z = np.stack(
+            [np.random.default_rng(int(s)).uniform(-1.0, 1.0, z_dim) for s in rows]
+        ).astype(np.float32)
     else:
         z = _stack(rows, plan.shape, col, contract, row)
         if z.dtype.kind not in "fiu":
-            raise PredictInputError(f"column {col!r}: {row(0)} has dtype {z.dtype}; expected "
-                                    f"{contract}")
+            raise PredictInputError(
+                f"column {col!r}: {row(0)} has dtype {z.dtype}; expected {contract}"
+            )
         z = z.astype(np.float32, copy=False)
     inputs = {plan.input_key: z}
     if plan.label_col is not None:
         label_contract = "an integer class label per row (int64, not null)"
         labels = _column_rows(chunk, plan.label_col, label_contract, row)
-        inputs["label"] = _integers(np.asarray(labels), 0, None, np.int64, plan.label_col,
-                                    label_contract, row)
+        inputs["label"] = _integers(
+            np.asarray(labels), 0, None, np.int64, plan.label_col, label_contract, row
+        )
     return inputs
 
 
 # ----------------------------------------------------------------------------- outputs
 
 
-def _list_array(matrix: np.ndarray) -> "pa.Array":
+def _list_array(matrix: np.ndarray) -> pa.Array:
     import pyarrow as pa
 
     n, m = matrix.shape
     offsets = np.arange(0, (n + 1) * m, m, dtype=np.int64)
     if offsets[-1] >= 2**31:
-        raise ValueError(f"an output of {n} x {m} values is too large for one Arrow batch; "
-                         "lower batch_size")
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
-                                    pa.array(np.ascontiguousarray(matrix).reshape(-1)))
+        raise ValueError(
+            f"an output of {n} x {m} values is too large for one Arrow batch; lower batch_size"
+        )
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(np.ascontiguousarray(matrix).reshape(-1))
+    )
 
 
-def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int
-         ) -> list["pa.Array"]:
+def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int) -> list[pa.Array]:
     import pyarrow as pa
 
     if plan.kind in ("images", "examples"):
@@ -839,9 +992,11 @@ def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int
         scores = out["scores"].astype(np.float32, copy=False)
         columns = [pa.array(out["classes"].astype(np.int64, copy=False)), _list_array(scores)]
         if plan.top_k is not None:
-            best = np.argsort(-scores, axis=1, kind="stable")[:, :plan.top_k]
-            columns += [_list_array(best.astype(np.int64)),
-                        _list_array(np.take_along_axis(scores, best, axis=1))]
+            best = np.argsort(-scores, axis=1, kind="stable")[:, : plan.top_k]
+            columns += [
+                _list_array(best.astype(np.int64)),
+                _list_array(np.take_along_axis(scores, best, axis=1)),
+            ]
         return columns
     if plan.kind == "tokens":
         if plan.lm_output == "perplexity":

@@ -34,8 +34,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf" / "spark"
 PROFILES = ("local", "standalone", "yarn", "k8s")
 # Environment variables that executors need to reach HDFS the way the driver does.
-PROPAGATED_ENV = ("SPARKTF_WEBHDFS_URL", "SPARKTF_HDFS_USER", "SPARKTF_HDFS_TIMEOUT",
-                  "HADOOP_CONF_DIR", "HADOOP_USER_NAME")
+PROPAGATED_ENV = (
+    "SPARKTF_WEBHDFS_URL",
+    "SPARKTF_HDFS_USER",
+    "SPARKTF_HDFS_TIMEOUT",
+    "HADOOP_CONF_DIR",
+    "HADOOP_USER_NAME",
+)
 
 
 def read_conf_file(path: str | os.PathLike) -> dict[str, str]:
@@ -60,12 +65,14 @@ def profile_conf(profile: str) -> dict[str, str]:
     if not path.is_file():
         raise FileNotFoundError(
             f"no Spark profile {profile!r}: expected one of {', '.join(PROFILES)} "
-            f"(files in {CONF_DIR}) or a path to a spark-defaults style file")
+            f"(files in {CONF_DIR}) or a path to a spark-defaults style file"
+        )
     return read_conf_file(path)
 
 
-def session_conf(profile: str = "local",
-                 overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+def session_conf(
+    profile: str = "local", overrides: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The full configuration ``get_session`` would apply outside spark-submit."""
     conf = profile_conf(profile)
     conf.setdefault("spark.python.worker.reuse", "true")
@@ -79,8 +86,11 @@ def session_conf(profile: str = "local",
     return conf
 
 
-def get_session(app_name: str = "sparktf", profile: str | None = None,
-                overrides: Mapping[str, str] | None = None):
+def get_session(
+    app_name: str = "sparktf",
+    profile: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+):
     """Returns the active SparkSession, or builds one from ``profile`` and ``overrides``.
 
     ``profile`` defaults to ``$SPARKTF_PROFILE`` or "local". When launched by spark-submit,
@@ -121,7 +131,7 @@ def _launched_by_spark_submit() -> bool:
 
 # ----------------------------------------------------------------------------- progress
 
-PROGRESS_EVERY_S = 1.0      # task_progress: how often the count is logged (when it changed)
+PROGRESS_EVERY_S = 1.0  # task_progress: how often the count is logged (when it changed)
 STAGE_PROGRESS_EVERY_S = 15.0
 
 
@@ -144,8 +154,7 @@ def _every(seconds: float, report: Callable[[], None], name: str) -> Iterator[No
 
 
 @contextmanager
-def task_progress(sc, what: str, total: int,
-                  every_s: float = PROGRESS_EVERY_S) -> Iterator[Any]:
+def task_progress(sc, what: str, total: int, every_s: float = PROGRESS_EVERY_S) -> Iterator[Any]:
     """An accumulator that tasks add 1 to; its count is logged while the job runs
     ("WHAT: n/total tasks done"), and once more with the time taken when the block ends."""
     done = sc.accumulator(0)
@@ -161,8 +170,7 @@ def task_progress(sc, what: str, total: int,
     started = time.monotonic()
     with _every(every_s, report, f"progress {what}"):
         yield done
-    log.info("%s: %d/%d tasks done in %.1f s", what, done.value, total,
-             time.monotonic() - started)
+    log.info("%s: %d/%d tasks done in %.1f s", what, done.value, total, time.monotonic() - started)
 
 
 @contextmanager
@@ -175,8 +183,9 @@ def stage_progress(sc, every_s: float = STAGE_PROGRESS_EVERY_S) -> Iterator[None
         for stage_id in tracker.getActiveStageIds():
             info = tracker.getStageInfo(stage_id)
             if info is not None:
-                log.info("stage %d: %d of %d tasks done", stage_id, info.numCompletedTasks,
-                         info.numTasks)
+                log.info(
+                    "stage %d: %d of %d tasks done", stage_id, info.numCompletedTasks, info.numTasks
+                )
 
     with _every(every_s, report, "progress"):
         yield
@@ -184,9 +193,16 @@ def stage_progress(sc, every_s: float = STAGE_PROGRESS_EVERY_S) -> Iterator[None
 
 # ----------------------------------------------------------------------------- running tasks
 
-def run_tasks(sc, what: str, items: Sequence, fn: Callable, *,
-              expected: tuple[type[BaseException], ...] = (),
-              failure: type[Exception] = RuntimeError) -> list:
+
+def run_tasks(
+    sc,
+    what: str,
+    items: Sequence,
+    fn: Callable,
+    *,
+    expected: tuple[type[BaseException], ...] = (),
+    failure: type[Exception] = RuntimeError,
+) -> list:
     """Runs ``fn`` on each item, one Spark task per item; returns the results in order.
 
     An exception of a type in ``expected`` (errors of the input, which a retry cannot fix)
@@ -198,8 +214,7 @@ def run_tasks(sc, what: str, items: Sequence, fn: Callable, *,
     if not items:
         return []
     with task_progress(sc, what, len(items)) as done:
-        task = functools.partial(_counted, functools.partial(_catching, fn, tuple(expected)),
-                                 done)
+        task = functools.partial(_counted, functools.partial(_catching, fn, tuple(expected)), done)
         try:
             outcomes = sc.parallelize(list(items), len(items)).map(task).collect()
         except Exception as exc:
@@ -259,8 +274,9 @@ def task_error(exc: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
-def spark_failure(what: str, exc: BaseException,
-                  error: type[Exception] = RuntimeError) -> Exception:
+def spark_failure(
+    what: str, exc: BaseException, error: type[Exception] = RuntimeError
+) -> Exception:
     """A readable ``error`` for a failed Spark job: "WHAT failed: Name: message", the Python
     error raised in the task (see ``task_error``). Raise it ``from None``."""
     return error(f"{what} failed: {task_error(exc)}")
@@ -270,13 +286,15 @@ def spark_error_text(text: str, limit: int = 3000) -> str:
     """The useful part of a Py4J/Spark error text: its last lines without the JVM trace
     (``at ...`` frames and ``java.`` lines), at most ``limit`` characters from the end."""
     lines = [line for line in str(text).splitlines() if line.strip()]
-    keep = [line for line in lines
-            if not line.lstrip().startswith("at ") and "java." not in line[:40]]
+    keep = [
+        line for line in lines if not line.lstrip().startswith("at ") and "java." not in line[:40]
+    ]
     tail = keep[-12:] if len(keep) > 12 else keep
     return "\n".join(tail)[-limit:]
 
 
 # ----------------------------------------------------------------------------- executors
+
 
 class ExecutorCountError(RuntimeError):
     """The application does not have the number of executors a run needs."""
@@ -301,8 +319,11 @@ def wait_for_executors(sc, count: int, timeout_s: float) -> None:
                 f"the run needs exactly {count} Spark executors (one per TensorFlow process) "
                 f"but {have} are registered: extra executors would receive tasks meant for "
                 "TensorFlow processes. Size the Spark application (e.g. local-cluster"
-                f"[{count},1,1024], spark.executor.instances={count}) or change the scaling")
+                f"[{count},1,1024], spark.executor.instances={count}) or change the scaling"
+            )
         if time.monotonic() > deadline:
-            raise ExecutorCountError(f"the run needs {count} Spark executors; only {have} "
-                                     f"registered within {timeout_s:.0f} s")
+            raise ExecutorCountError(
+                f"the run needs {count} Spark executors; only {have} "
+                f"registered within {timeout_s:.0f} s"
+            )
         time.sleep(0.5)

@@ -28,14 +28,14 @@ import logging
 import os
 import posixpath
 import shutil
-import socket
 import threading
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class Location:
             return self.path
         return f"hdfs://{self.netloc}{self.path}"
 
-    def join(self, *parts: str) -> "Location":
+    def join(self, *parts: str) -> Location:
         return Location(self.scheme, self.netloc, posixpath.join(self.path, *parts))
 
 
@@ -104,13 +104,15 @@ def parse(path: str | os.PathLike) -> Location:
     if scheme not in SUPPORTED_SCHEMES:
         raise UnknownSchemeError(
             f"unsupported URI scheme {parsed.scheme!r} in {text!r}: "
-            "use a local path, file:///abs/path or hdfs://host:port/path")
+            "use a local path, file:///abs/path or hdfs://host:port/path"
+        )
     if scheme in ("", "file"):
         local = parsed.path if scheme == "file" else text
         return Location("file", "", os.path.abspath(local))
     if not parsed.netloc:
         raise UnknownSchemeError(
-            f"hdfs URI without a NameNode address: {text!r} (expected hdfs://host:port/path)")
+            f"hdfs URI without a NameNode address: {text!r} (expected hdfs://host:port/path)"
+        )
     return Location("hdfs", parsed.netloc, posixpath.normpath(parsed.path or "/"))
 
 
@@ -131,6 +133,7 @@ def spark_uri(path: str | os.PathLike) -> str:
 
 
 # ----------------------------------------------------------------------------- HDFS config
+
 
 def _conf_dir() -> Path | None:
     for candidate in (os.environ.get("HADOOP_CONF_DIR"), REPO_ROOT / "conf" / "hadoop"):
@@ -170,8 +173,11 @@ def webhdfs_url(netloc: str) -> str:
 
 
 def hdfs_user() -> str:
-    return (os.environ.get("SPARKTF_HDFS_USER") or os.environ.get("HADOOP_USER_NAME")
-            or getpass.getuser())
+    return (
+        os.environ.get("SPARKTF_HDFS_USER")
+        or os.environ.get("HADOOP_USER_NAME")
+        or getpass.getuser()
+    )
 
 
 @lru_cache(maxsize=16)
@@ -199,21 +205,25 @@ class _Hdfs:
 
         try:
             yield
-        except (requests.ConnectionError, requests.Timeout, socket.timeout) as exc:
+        except (TimeoutError, requests.ConnectionError, requests.Timeout) as exc:
             raise NameNodeUnreachableError(
                 f"HDFS NameNode at {self.url} (WebHDFS for hdfs://{self.loc.netloc}) did not "
-                f"answer while trying to {what} {path}: {type(exc).__name__}") from exc
+                f"answer while trying to {what} {path}: {type(exc).__name__}"
+            ) from exc
         except hdfs.HdfsError as exc:
             message = str(exc)
             exception = getattr(exc, "exception", "") or ""
             uri = f"hdfs://{self.loc.netloc}{path}"
             if exception == "FileNotFoundException" or "does not exist" in message:
                 raise PathNotFoundError(f"{what}: no such path {uri}") from exc
-            if exception in ("AccessControlException", "SecurityException") \
-                    or "Permission denied" in message:
+            if (
+                exception in ("AccessControlException", "SecurityException")
+                or "Permission denied" in message
+            ):
                 raise StoragePermissionError(
                     f"{what}: permission denied on {uri} for user {hdfs_user()!r}: "
-                    f"{message.splitlines()[0]}") from exc
+                    f"{message.splitlines()[0]}"
+                ) from exc
             if exception == "FileAlreadyExistsException" or "already exists" in message:
                 raise PathExistsError(f"{what}: {uri} already exists") from exc
             raise StorageError(f"{what} {uri} failed: {message.splitlines()[0]}") from exc
@@ -228,6 +238,7 @@ def _hdfs(loc: Location) -> _Hdfs:
 
 
 # ----------------------------------------------------------------------------- streams
+
 
 class _HdfsReader(io.RawIOBase):
     """A seekable, read-only HDFS file read through WebHDFS.
@@ -291,8 +302,10 @@ class _HdfsReader(io.RawIOBase):
                 self._close_stream()
                 data = self._read_stream(want)
         if not data:
-            raise StorageError(f"read hdfs://{self._fs.loc.netloc}{self._path}: unexpected "
-                               f"end of data at byte {self._pos} of {self._size}")
+            raise StorageError(
+                f"read hdfs://{self._fs.loc.netloc}{self._path}: unexpected "
+                f"end of data at byte {self._pos} of {self._size}"
+            )
         n = len(data)
         buffer[:n] = data
         self._pos += n
@@ -310,11 +323,12 @@ class _HdfsWriter(io.RawIOBase):
         import queue
 
         self._fs, self._path = fs, path
-        self._queue: "queue.Queue[bytes | None]" = queue.Queue(maxsize=8)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
         self._ended = False  # the end marker (None) has been taken off the queue
-        self._thread = threading.Thread(target=self._upload, args=(overwrite,), daemon=True,
-                                        name=f"hdfs-write {path}")
+        self._thread = threading.Thread(
+            target=self._upload, args=(overwrite,), daemon=True, name=f"hdfs-write {path}"
+        )
         self._thread.start()
 
     def _chunks(self) -> Iterator[bytes]:
@@ -352,8 +366,9 @@ class _HdfsWriter(io.RawIOBase):
             raise self._error
 
 
-def open_file(path: str, mode: str = "rb", *, overwrite: bool = True,
-              encoding: str = "utf-8") -> IO:
+def open_file(
+    path: str, mode: str = "rb", *, overwrite: bool = True, encoding: str = "utf-8"
+) -> IO:
     """Opens ``path`` for streaming in mode "rb", "r", "wb" or "w".
 
     Reading an HDFS file gives a seekable stream that fetches 4 MiB ranges; writing streams
@@ -382,8 +397,9 @@ def open_file(path: str, mode: str = "rb", *, overwrite: bool = True,
             raise PathNotFoundError(f"open: no such file {loc.uri}")
         if st["type"] != "FILE":
             raise IsADirectoryError(f"open: {loc.uri} is a directory")
-        stream: IO = io.BufferedReader(_HdfsReader(fs, loc.path, st["length"]),
-                                       buffer_size=READ_BLOCK)
+        stream: IO = io.BufferedReader(
+            _HdfsReader(fs, loc.path, st["length"]), buffer_size=READ_BLOCK
+        )
     else:
         if not overwrite and fs.status(loc.path) is not None:
             raise PathExistsError(f"open: {loc.uri} already exists")
@@ -412,6 +428,7 @@ def write_text(path: str, text: str, *, overwrite: bool = True) -> None:
 
 
 # ----------------------------------------------------------------------------- namespace
+
 
 def exists(path: str) -> bool:
     loc = parse(path)
@@ -559,6 +576,7 @@ def publish(path: str, *, overwrite: bool = False) -> Iterator[str]:
 
 # ----------------------------------------------------------------------------- copies
 
+
 def copy_file(src: str, dst: str, *, chunk: int = 4 << 20) -> None:
     """Streams one file from ``src`` to ``dst`` (any file system to any other)."""
     with open_file(src, "rb") as fin, open_file(dst, "wb") as fout:
@@ -603,5 +621,10 @@ def fsspec_filesystem(path: str):
     if loc.scheme == "file":
         return fsspec.filesystem("file")
     url = urlparse(webhdfs_url(loc.netloc))
-    return fsspec.filesystem("webhdfs", host=url.hostname, port=url.port or 9870,
-                             user=hdfs_user(), use_listings_cache=False)
+    return fsspec.filesystem(
+        "webhdfs",
+        host=url.hostname,
+        port=url.port or 9870,
+        user=hdfs_user(),
+        use_listings_cache=False,
+    )

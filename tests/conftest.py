@@ -64,10 +64,19 @@ class Hdfs:
 
 
 def start_hdfs(base: Path) -> tuple[Hdfs, list[str]]:
-    args = ["--port", str(free_port()), "--http-port", str(free_port()),
-            "--dir", str(base / "hdfs"), "--conf-dir", str(base / "hadoop-conf")]
-    out = subprocess.run([str(HDFS_SH), "start", *args], capture_output=True, text=True,
-                         timeout=240)
+    args = [
+        "--port",
+        str(free_port()),
+        "--http-port",
+        str(free_port()),
+        "--dir",
+        str(base / "hdfs"),
+        "--conf-dir",
+        str(base / "hadoop-conf"),
+    ]
+    out = subprocess.run(
+        [str(HDFS_SH), "start", *args], capture_output=True, text=True, timeout=240
+    )
     if out.returncode != 0:
         subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True)
         raise RuntimeError(f"scripts/hdfs.sh start failed:\n{out.stdout}\n{out.stderr}")
@@ -103,11 +112,15 @@ def spark(hdfs):
     from sparktf.spark import get_session
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = get_session("sparktf-tests", profile="local", overrides={
-        "spark.master": "local-cluster[2,1,1024]",
-        "spark.executorEnv.SPARKTF_WEBHDFS_URL": hdfs.webhdfs_url,
-        "spark.executorEnv.PYTHONPATH": str(ROOT),
-    })
+    session = get_session(
+        "sparktf-tests",
+        profile="local",
+        overrides={
+            "spark.master": "local-cluster[2,1,1024]",
+            "spark.executorEnv.SPARKTF_WEBHDFS_URL": hdfs.webhdfs_url,
+            "spark.executorEnv.PYTHONPATH": str(ROOT),
+        },
+    )
     try:
         yield session
     finally:

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ----------------------------------------------------------------------------- helpers
 
+
 def read_tfrecords(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
     """All records of a split through plain tf.data.TFRecordDataset + the feature spec."""
     import tensorflow as tf
@@ -44,8 +45,7 @@ def read_tfrecords(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
         else:
             spec = formats.feature_spec("text", seq_len=manifest["schema"]["tokens"]["shape"][0])
         out: dict[str, list] = {}
-        ds = tf.data.TFRecordDataset(files).batch(1000).map(
-            lambda s: tf.io.parse_example(s, spec))
+        ds = tf.data.TFRecordDataset(files).batch(1000).map(lambda s: tf.io.parse_example(s, spec))
         for batch in ds:
             for key, value in batch.items():
                 out.setdefault(key, []).append(value.numpy())
@@ -53,16 +53,20 @@ def read_tfrecords(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
     if "image" in got:
         h, w, c = manifest["schema"]["image"]["shape"]
         got["image"] = np.stack([np.frombuffer(b, np.uint8) for b in got["image"]]).reshape(
-            -1, h, w, c)
+            -1, h, w, c
+        )
     return got
 
 
 def read_petastorm(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
     """All rows of a split through petastorm.make_reader (decoded by the Unischema), by id."""
     rows = []
-    with petastorm_io.make_reader(storage.join(dataset_dir, split, "parquet"),
-                                  num_epochs=1, shuffle_row_groups=False,
-                                  reader_pool_type="dummy") as reader:
+    with petastorm_io.make_reader(
+        storage.join(dataset_dir, split, "parquet"),
+        num_epochs=1,
+        shuffle_row_groups=False,
+        reader_pool_type="dummy",
+    ) as reader:
         rows = [row._asdict() for row in reader]
     rows.sort(key=lambda r: r["id"])
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
@@ -96,6 +100,7 @@ def assert_failed_cleanly(output: str) -> None:
 
 # ----------------------------------------------------------------------------- CIFAR-10
 
+
 @pytest.mark.spark
 def test_cifar10_local(spark, tmp_path):
     data = write_cifar10(tmp_path / "raw", n_train=50, n_test=20)
@@ -105,8 +110,13 @@ def test_cifar10_local(spark, tmp_path):
     assert formats.load_manifest(out) == manifest
     assert manifest["format_version"] == formats.FORMAT_VERSION
     assert [s["name"] for s in manifest["sources"]] == [
-        "data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin",
-        "data_batch_5.bin", "test_batch.bin"]
+        "data_batch_1.bin",
+        "data_batch_2.bin",
+        "data_batch_3.bin",
+        "data_batch_4.bin",
+        "data_batch_5.bin",
+        "test_batch.bin",
+    ]
     for source, path in zip(manifest["sources"], data["files"]):
         assert source["sha256"] == sha256(path)
         assert source["size"] == os.path.getsize(path)
@@ -116,11 +126,13 @@ def test_cifar10_local(spark, tmp_path):
     assert sum(manifest["splits"]["train"]["label_counts"]) == 50
     assert manifest["schema"]["image"] == {"dtype": "uint8", "shape": [32, 32, 3], "order": "HWC"}
     assert sorted(os.listdir(out)) == ["manifest.json", "test", "train"]
-    assert sorted(os.listdir(f"{out}/train/tfrecord")) == ["part-00000.tfrecord",
-                                                          "part-00001.tfrecord"]
+    assert sorted(os.listdir(f"{out}/train/tfrecord")) == [
+        "part-00000.tfrecord",
+        "part-00001.tfrecord",
+    ]
 
     for split in ("train", "test"):
-        got = read_tfrecords(out, split)      # file order is record order
+        got = read_tfrecords(out, split)  # file order is record order
         assert_images(got, data[split])
         assert set(got["height"]) == {32} and set(got["width"]) == {32}
         assert set(got["channels"]) == {3}
@@ -130,8 +142,10 @@ def test_cifar10_local(spark, tmp_path):
     frame = spark.read.parquet(storage.spark_uri(f"{out}/train/parquet"))
     assert dict(frame.dtypes) == {"image": "binary", "label": "bigint", "id": "bigint"}
     row = frame.orderBy("id").first()
-    assert np.array_equal(formats.decode_ndarray_column([row.image], "uint8", (32, 32, 3))[0],
-                          data["train"]["images"][0])
+    assert np.array_equal(
+        formats.decode_ndarray_column([row.image], "uint8", (32, 32, 3))[0],
+        data["train"]["images"][0],
+    )
     assert leftovers(out) == []
 
 
@@ -143,17 +157,28 @@ def test_cifar10_archive_on_hdfs(spark, hdfs, tmp_path):
     base = hdfs.fresh("cifar")
     storage.copy_file(archive, f"{base}/in/cifar-10-binary.tar.gz")
     out = f"{base}/out"
-    manifest = convert.convert("cifar10", f"{base}/in/cifar-10-binary.tar.gz", out,
-                               shards=3, spark=spark)
+    manifest = convert.convert(
+        "cifar10", f"{base}/in/cifar-10-binary.tar.gz", out, shards=3, spark=spark
+    )
 
-    assert manifest["containers"] == [{"path": f"{base}/in/cifar-10-binary.tar.gz",
-                                       "size": os.path.getsize(archive),
-                                       "sha256": sha256(archive)}]
+    assert manifest["containers"] == [
+        {
+            "path": f"{base}/in/cifar-10-binary.tar.gz",
+            "size": os.path.getsize(archive),
+            "sha256": sha256(archive),
+        }
+    ]
     assert [s["member"] for s in manifest["sources"]] == [
-        "cifar-10-batches-bin/data_batch_1.bin", "cifar-10-batches-bin/data_batch_2.bin",
-        "cifar-10-batches-bin/data_batch_3.bin", "cifar-10-batches-bin/test_batch.bin"]
-    assert sorted(storage.listdir(out)) == [f"{out}/manifest.json", f"{out}/test",
-                                            f"{out}/train"]   # no _staging left
+        "cifar-10-batches-bin/data_batch_1.bin",
+        "cifar-10-batches-bin/data_batch_2.bin",
+        "cifar-10-batches-bin/data_batch_3.bin",
+        "cifar-10-batches-bin/test_batch.bin",
+    ]
+    assert sorted(storage.listdir(out)) == [
+        f"{out}/manifest.json",
+        f"{out}/test",
+        f"{out}/train",
+    ]  # no _staging left
     for split in ("train", "test"):
         assert_images(read_tfrecords(out, split), data[split])
         assert_images(read_petastorm(out, split), data[split])
@@ -162,23 +187,30 @@ def test_cifar10_archive_on_hdfs(spark, hdfs, tmp_path):
 
 # ----------------------------------------------------------------------------- MNIST
 
+
 @pytest.mark.spark
 def test_mnist_gzip_local(spark, tmp_path):
     data = write_mnist(tmp_path / "raw", n_train=30, n_test=10, gzip=True)
     out = str(tmp_path / "out")
-    manifest = convert.convert("mnist", str(tmp_path / "raw"), out, shards=2, spark=spark,
-                               output_formats=["tfrecord"])
+    manifest = convert.convert(
+        "mnist", str(tmp_path / "raw"), out, shards=2, spark=spark, output_formats=["tfrecord"]
+    )
     assert manifest["schema"]["image"]["shape"] == [28, 28, 1]
     assert [s["name"] for s in manifest["sources"]] == [
-        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte",
-        "train-labels-idx1-ubyte"]
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+    ]
     raw = {Path(p).name: p for p in data["files"]}
     for source in manifest["sources"]:
         gz = raw[source["name"] + ".gz"]
-        assert source["sha256"] == hashlib.sha256(gzip.decompress(Path(gz).read_bytes())
-                                                  ).hexdigest()
+        assert (
+            source["sha256"] == hashlib.sha256(gzip.decompress(Path(gz).read_bytes())).hexdigest()
+        )
     assert {c["path"]: c["sha256"] for c in manifest["containers"]} == {
-        p: sha256(p) for p in data["files"]}
+        p: sha256(p) for p in data["files"]
+    }
     for split in ("train", "test"):
         assert_images(read_tfrecords(out, split), data[split])
 
@@ -189,8 +221,9 @@ def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
     data = write_mnist(tmp_path / "raw", n_train=25, n_test=9, gzip=False)
     base = hdfs.fresh("mnist")
     storage.copy_tree(str(tmp_path / "raw"), f"{base}/in")
-    manifest = convert.convert("mnist", f"{base}/in", f"{base}/out", output_formats=["parquet"],
-                               shards=3, spark=spark)
+    manifest = convert.convert(
+        "mnist", f"{base}/in", f"{base}/out", output_formats=["parquet"], shards=3, spark=spark
+    )
     assert manifest["formats"] == ["parquet"]
     assert manifest["splits"]["train"]["parquet"]["records"] == [8, 8, 9]
     assert not storage.exists(f"{base}/out/train/tfrecord")
@@ -200,14 +233,16 @@ def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
 
 # ----------------------------------------------------------------------------- PTB
 
+
 @pytest.mark.spark
 def test_ptb_local(spark, tmp_path):
     seq_len = 5
     data = write_ptb(tmp_path / "raw", lines=(60, 15, 15), seq_len=seq_len)
     out = str(tmp_path / "out")
     # Small byte ranges: the token counting runs as several line-aligned ranges per file.
-    manifest = convert.convert("ptb", str(tmp_path / "raw"), out, shards=3, seq_len=seq_len,
-                               spark=spark, range_bytes=97)
+    manifest = convert.convert(
+        "ptb", str(tmp_path / "raw"), out, shards=3, seq_len=seq_len, spark=spark, range_bytes=97
+    )
     assert formats.load_vocab(out) == data["vocab"]
     assert manifest["text"]["vocab_size"] == len(data["vocab"])
     assert manifest["text"]["seq_len"] == seq_len
@@ -232,16 +267,23 @@ def test_ptb_unk_on_hdfs(spark, hdfs, tmp_path):
     data = write_ptb(tmp_path / "raw", oov_word="zebra")
     base = hdfs.fresh("ptb")
     storage.copy_tree(str(tmp_path / "raw"), f"{base}/in")
-    manifest = convert.convert("ptb", f"{base}/in", f"{base}/out", unk="<unk>", shards=2,
-                               output_formats=["tfrecord"], spark=spark)
+    manifest = convert.convert(
+        "ptb",
+        f"{base}/in",
+        f"{base}/out",
+        unk="<unk>",
+        shards=2,
+        output_formats=["tfrecord"],
+        spark=spark,
+    )
     valid = manifest["splits"]["valid"]
     assert valid["unk_mapped"] == 1
     vocab = formats.load_vocab(f"{base}/out")
     words = data["texts"]["valid"].replace("\n", "<eos>").split()
     expected = [vocab.index("<unk>") if w == "zebra" else vocab.index(w) for w in words]
     seq_len = manifest["text"]["seq_len"]
-    kept = len(expected) // seq_len * seq_len          # whole records; the rest is dropped
-    assert words.index("zebra") < kept                 # the mapped word is in a written record
+    kept = len(expected) // seq_len * seq_len  # whole records; the rest is dropped
+    assert words.index("zebra") < kept  # the mapped word is in a written record
     got = read_tfrecords(f"{base}/out", "valid")["tokens"]
     assert got.shape == (valid["records"], seq_len) and valid["records"] == kept // seq_len
     assert got.ravel().tolist() == expected[:kept]
@@ -250,6 +292,7 @@ def test_ptb_unk_on_hdfs(spark, hdfs, tmp_path):
 
 
 # ----------------------------------------------------------------------------- bad input
+
 
 def _cifar_raw(tmp_path, **kwargs) -> Path:
     raw = tmp_path / "raw"
@@ -269,17 +312,33 @@ def _expect_error(spark, dataset, raw, out, *needles, **kwargs):
 
 def test_cifar10_wrong_record_length(tmp_path):
     raw = _cifar_raw(tmp_path)
-    (raw / "data_batch_2.bin").write_bytes(b"\x01" * (3074 * 3))   # CIFAR-100-sized records
-    _expect_error(None, "cifar10", raw, tmp_path / "out", "data_batch_2.bin",
-                  "not a multiple of the 3073-byte record", "record 3", "byte offset 9219")
+    (raw / "data_batch_2.bin").write_bytes(b"\x01" * (3074 * 3))  # CIFAR-100-sized records
+    _expect_error(
+        None,
+        "cifar10",
+        raw,
+        tmp_path / "out",
+        "data_batch_2.bin",
+        "not a multiple of the 3073-byte record",
+        "record 3",
+        "byte offset 9219",
+    )
 
 
 def test_cifar10_truncated(tmp_path):
     raw = _cifar_raw(tmp_path)
     path = raw / "test_batch.bin"
     path.write_bytes(path.read_bytes()[:-100])
-    _expect_error(None, "cifar10", raw, tmp_path / "out", "test_batch.bin", "truncated",
-                  "record 5", f"byte offset {5 * 3073}")
+    _expect_error(
+        None,
+        "cifar10",
+        raw,
+        tmp_path / "out",
+        "test_batch.bin",
+        "truncated",
+        "record 5",
+        f"byte offset {5 * 3073}",
+    )
 
 
 @pytest.mark.spark
@@ -289,8 +348,16 @@ def test_cifar10_label_out_of_range(spark, tmp_path):
     blob = bytearray(path.read_bytes())
     blob[7 * 3073] = 12
     path.write_bytes(bytes(blob))
-    _expect_error(spark, "cifar10", raw, tmp_path / "out", "data_batch_2.bin",
-                  "label 12 is out of range 0..9", "record 7", f"byte offset {7 * 3073}")
+    _expect_error(
+        spark,
+        "cifar10",
+        raw,
+        tmp_path / "out",
+        "data_batch_2.bin",
+        "label 12 is out of range 0..9",
+        "record 7",
+        f"byte offset {7 * 3073}",
+    )
 
 
 def test_empty_inputs(tmp_path):
@@ -307,18 +374,27 @@ def test_corrupt_archives(spark, tmp_path):
     data = write_cifar10(tmp_path / "raw", n_train=20, n_test=5, archive=True)
     archive = Path(data["files"][0])
     blob = archive.read_bytes()
-    archive.write_bytes(blob[:len(blob) // 2])                       # truncated
-    message = _expect_error(spark, "cifar10", archive, tmp_path / "out",
-                            "cifar-10-binary.tar.gz", "corrupt archive", "compressed byte offset")
-    archive.write_bytes(b"this is not a gzip file" * 10)             # garbage
-    _expect_error(spark, "cifar10", archive, tmp_path / "out", "cifar-10-binary.tar.gz",
-                  "corrupt archive")
+    archive.write_bytes(blob[: len(blob) // 2])  # truncated
+    message = _expect_error(
+        spark,
+        "cifar10",
+        archive,
+        tmp_path / "out",
+        "cifar-10-binary.tar.gz",
+        "corrupt archive",
+        "compressed byte offset",
+    )
+    archive.write_bytes(b"this is not a gzip file" * 10)  # garbage
+    _expect_error(
+        spark, "cifar10", archive, tmp_path / "out", "cifar-10-binary.tar.gz", "corrupt archive"
+    )
     mnist = tmp_path / "mnist"
     write_mnist(mnist, n_train=5, n_test=3, gzip=True)
     gz = mnist / "train-labels-idx1-ubyte.gz"
-    gz.write_bytes(gz.read_bytes()[:-6])                             # cut into the trailer
-    _expect_error(spark, "mnist", mnist, tmp_path / "out", "train-labels-idx1-ubyte.gz",
-                  "corrupt gzip file")
+    gz.write_bytes(gz.read_bytes()[:-6])  # cut into the trailer
+    _expect_error(
+        spark, "mnist", mnist, tmp_path / "out", "train-labels-idx1-ubyte.gz", "corrupt gzip file"
+    )
     assert "detected by compressed byte offset" in message
 
 
@@ -330,7 +406,7 @@ def _mnist_plain(tmp_path) -> Path:
 
 def _rewrite(path: Path, offset: int, data: bytes) -> None:
     blob = bytearray(path.read_bytes())
-    blob[offset:offset + len(data)] = data
+    blob[offset : offset + len(data)] = data
     path.write_bytes(bytes(blob))
 
 
@@ -338,8 +414,16 @@ def test_mnist_bad_headers(tmp_path):
     out = tmp_path / "out"
     raw = _mnist_plain(tmp_path)
     _rewrite(raw / "train-images-idx3-ubyte", 0, struct.pack(">I", 2049))
-    _expect_error(None, "mnist", raw, out, "train-images-idx3-ubyte", "bad IDX magic 2049",
-                  "expected 2051", "byte offset 0")
+    _expect_error(
+        None,
+        "mnist",
+        raw,
+        out,
+        "train-images-idx3-ubyte",
+        "bad IDX magic 2049",
+        "expected 2051",
+        "byte offset 0",
+    )
 
     shutil.rmtree(raw)
     raw = _mnist_plain(tmp_path)
@@ -350,39 +434,70 @@ def test_mnist_bad_headers(tmp_path):
     raw = _mnist_plain(tmp_path)
     path = raw / "train-images-idx3-ubyte"
     path.write_bytes(path.read_bytes()[:-10])
-    _expect_error(None, "mnist", raw, out, "train-images-idx3-ubyte", "truncated file",
-                  "record 7", f"byte offset {16 + 7 * 784}")
+    _expect_error(
+        None,
+        "mnist",
+        raw,
+        out,
+        "train-images-idx3-ubyte",
+        "truncated file",
+        "record 7",
+        f"byte offset {16 + 7 * 784}",
+    )
 
     shutil.rmtree(raw)
     raw = _mnist_plain(tmp_path)
     (raw / "train-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, 7) + bytes(7))
-    _expect_error(None, "mnist", raw, out, "train-labels-idx1-ubyte",
-                  "label count 7 does not match the image count 8", "train-images-idx3-ubyte")
+    _expect_error(
+        None,
+        "mnist",
+        raw,
+        out,
+        "train-labels-idx1-ubyte",
+        "label count 7 does not match the image count 8",
+        "train-images-idx3-ubyte",
+    )
 
 
 @pytest.mark.spark
 def test_mnist_label_out_of_range(spark, tmp_path):
     raw = _mnist_plain(tmp_path)
     _rewrite(raw / "t10k-labels-idx1-ubyte", 8 + 2, b"\x0a")
-    _expect_error(spark, "mnist", raw, tmp_path / "out", "t10k-labels-idx1-ubyte",
-                  "label 10 is out of range 0..9", "record 2", "byte offset 10")
+    _expect_error(
+        spark,
+        "mnist",
+        raw,
+        tmp_path / "out",
+        "t10k-labels-idx1-ubyte",
+        "label 10 is out of range 0..9",
+        "record 2",
+        "byte offset 10",
+    )
 
 
 @pytest.mark.spark
 def test_ptb_unknown_word(spark, tmp_path):
     data = write_ptb(tmp_path / "raw", oov_word="zebra")
     text = data["texts"]["valid"]
-    message = _expect_error(spark, "ptb", tmp_path / "raw", tmp_path / "out", "ptb.valid.txt",
-                            "'zebra' is not in the vocabulary", "--unk")
+    message = _expect_error(
+        spark,
+        "ptb",
+        tmp_path / "raw",
+        tmp_path / "out",
+        "ptb.valid.txt",
+        "'zebra' is not in the vocabulary",
+        "--unk",
+    )
     # The message names the file by its path and the byte offset of the word in that file.
     valid = tmp_path / "raw" / "ptb.valid.txt"
     assert message.startswith(f"{valid}: word 'zebra' is not in the vocabulary"), message
     offset = text.index("zebra")
     assert message.endswith(f"(at byte offset {offset})"), message
-    assert valid.read_bytes()[offset:offset + 6] == b"zebra "
+    assert valid.read_bytes()[offset : offset + 6] == b"zebra "
     with pytest.raises(convert.OptionError, match="not a word of ptb.train.txt"):
-        convert.convert("ptb", str(tmp_path / "raw"), str(tmp_path / "out"), unk="<nope>",
-                        spark=spark)
+        convert.convert(
+            "ptb", str(tmp_path / "raw"), str(tmp_path / "out"), unk="<nope>", spark=spark
+        )
     assert_failed_cleanly(str(tmp_path / "out"))
 
 
@@ -390,14 +505,22 @@ def test_ptb_unknown_word(spark, tmp_path):
 def test_existing_output_is_refused_then_replaced(spark, tmp_path):
     raw = _mnist_plain(tmp_path)
     out = tmp_path / "out"
-    first = convert.convert("mnist", str(raw), str(out), shards=1, spark=spark,
-                            output_formats=["tfrecord"])
+    first = convert.convert(
+        "mnist", str(raw), str(out), shards=1, spark=spark, output_formats=["tfrecord"]
+    )
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     with pytest.raises(storage.PathExistsError, match="already exists"):
         convert.convert("mnist", str(raw), str(out), shards=2, spark=spark)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
-    second = convert.convert("mnist", str(raw), str(out), shards=2, spark=spark,
-                             output_formats=["tfrecord"], overwrite=True)
+    second = convert.convert(
+        "mnist",
+        str(raw),
+        str(out),
+        shards=2,
+        spark=spark,
+        output_formats=["tfrecord"],
+        overwrite=True,
+    )
     assert first["splits"]["train"]["shards"] == 1 and second["splits"]["train"]["shards"] == 2
     assert formats.load_manifest(str(out))["splits"]["train"]["shards"] == 2
     assert leftovers(str(out)) == []
@@ -405,13 +528,14 @@ def test_existing_output_is_refused_then_replaced(spark, tmp_path):
 
 # ----------------------------------------------------------------------------- pieces
 
+
 def test_tfrecord_framing_matches_tensorflow(tmp_path):
     import tensorflow as tf
 
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (40, 5, 4, 3), dtype=np.uint8)
     labels = rng.integers(0, 300, 40)
-    ids = formats.make_id(0, np.arange(0, 40 * 100, 100))   # varints of several lengths
+    ids = formats.make_id(0, np.arange(0, 40 * 100, 100))  # varints of several lengths
     records = tfrecord.image_examples(images, labels, ids)
     path = tmp_path / "tf.tfrecord"
     with tf.io.TFRecordWriter(str(path)) as writer:
@@ -422,10 +546,12 @@ def test_tfrecord_framing_matches_tensorflow(tmp_path):
     example = tf.train.Example.FromString(records[3])
     assert example.features.feature["id"].int64_list.value == [300]
     mine = tmp_path / "mine.tfrecord"
-    mine.write_bytes(tfrecord.frame(tfrecord.token_examples(np.arange(12).reshape(3, 4),
-                                                             np.arange(3))))
-    assert tfrecord.read_records(str(mine)) == [bytes(r.numpy()) for r in
-                                                tf.data.TFRecordDataset(str(mine))]
+    mine.write_bytes(
+        tfrecord.frame(tfrecord.token_examples(np.arange(12).reshape(3, 4), np.arange(3)))
+    )
+    assert tfrecord.read_records(str(mine)) == [
+        bytes(r.numpy()) for r in tf.data.TFRecordDataset(str(mine))
+    ]
     corrupt = bytearray(mine.read_bytes())
     corrupt[20] ^= 0xFF
     mine.write_bytes(bytes(corrupt))
@@ -442,12 +568,19 @@ def test_default_shards():
 
 # ----------------------------------------------------------------------------- the jobs
 
+
 def _job(name: str, *args: str, hdfs=None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARKTF_LOG_LEVEL="INFO")
     if hdfs is not None:
         env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
-    return subprocess.run([sys.executable, str(ROOT / "jobs" / f"convert_{name}.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / f"convert_{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 def test_jobs_help():
@@ -480,8 +613,18 @@ def test_job_end_to_end(hdfs, tmp_path):
     """The job as a user runs it (its own Spark), then a rerun that must refuse."""
     raw = _mnist_plain(tmp_path)
     out = hdfs.fresh("job") + "/mnist"
-    result = _job("mnist", "--input", str(raw), "--output", out, "--shards", "2",
-                  "--format", "tfrecord", hdfs=hdfs)
+    result = _job(
+        "mnist",
+        "--input",
+        str(raw),
+        "--output",
+        out,
+        "--shards",
+        "2",
+        "--format",
+        "tfrecord",
+        hdfs=hdfs,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tasks done" in result.stderr and "published" in result.stderr
     manifest = json.loads(storage.read_text(f"{out}/manifest.json"))

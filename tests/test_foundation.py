@@ -44,17 +44,27 @@ def test_spark_parquet_on_hdfs_read_back_from_python(spark, hdfs):
 
 
 def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
-    args = ["--port", str(free_port()), "--http-port", str(free_port()),
-            "--dir", str(tmp_path / "second"), "--conf-dir", str(tmp_path / "conf")]
+    args = [
+        "--port",
+        str(free_port()),
+        "--http-port",
+        str(free_port()),
+        "--dir",
+        str(tmp_path / "second"),
+        "--conf-dir",
+        str(tmp_path / "conf"),
+    ]
     try:
-        out = subprocess.run([str(HDFS_SH), "start", *args], capture_output=True, text=True,
-                             timeout=240, check=True)
+        out = subprocess.run(
+            [str(HDFS_SH), "start", *args], capture_output=True, text=True, timeout=240, check=True
+        )
         values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
         assert values["HDFS_URI"] != hdfs.uri
         assert (tmp_path / "conf" / "core-site.xml").read_text().count(values["HDFS_URI"]) == 1
         pid = int((tmp_path / "second" / "hdfs.pid").read_text())
-        again = subprocess.run([str(HDFS_SH), "start", *args], capture_output=True, text=True,
-                               timeout=60)
+        again = subprocess.run(
+            [str(HDFS_SH), "start", *args], capture_output=True, text=True, timeout=60
+        )
         assert again.returncode == 0 and "already running" in again.stderr
         status = subprocess.run([str(HDFS_SH), "status", *args], capture_output=True, text=True)
         assert status.returncode == 0 and "running" in status.stdout
@@ -66,8 +76,9 @@ def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
             os.environ["SPARKTF_WEBHDFS_URL"] = saved
         assert not storage.exists(hdfs.uri + "/only-here.txt")
     finally:
-        stop = subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True, text=True,
-                              timeout=120)
+        stop = subprocess.run(
+            [str(HDFS_SH), "stop", *args], capture_output=True, text=True, timeout=120
+        )
     assert stop.returncode == 0
     assert not psutil.pid_exists(pid)
     stopped = subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True, text=True)
@@ -89,11 +100,19 @@ def test_tensorflowonspark_allreduce_smoke_through_submit(spark, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    run = subprocess.run([str(ROOT / "scripts" / "submit.sh"), str(ROOT / "tests" / "tfos_smoke.py"),
-                          str(out)], capture_output=True, text=True, timeout=400, env=env)
+    run = subprocess.run(
+        [str(ROOT / "scripts" / "submit.sh"), str(ROOT / "tests" / "tfos_smoke.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    losses = [list(map(float, (out / name).read_text().split()))
-              for name in sorted(os.listdir(out)) if name.startswith("losses-")]
+    losses = [
+        list(map(float, (out / name).read_text().split()))
+        for name in sorted(os.listdir(out))
+        if name.startswith("losses-")
+    ]
     assert len(losses) == 2 and all(len(l) == 4 for l in losses)
     assert losses[0] == losses[1]  # synchronous all-reduce: both nodes see the same loss
     # Nothing left behind: no new executor JVM, no TF node process, the TF ports free.

@@ -251,9 +251,7 @@ def test_dcgan_book_step_moves_both_networks() -> None:
     assert {"loss", "d_loss", "g_loss", "learning_rate"} <= set(metrics)
     assert np.isfinite(list(metrics.values())).all()
     for before, weights in ((g0, model.generator), (d0, model.discriminator)):
-        assert any(
-            not np.allclose(a, b.numpy()) for a, b in zip(before, weights.trainable_weights)
-        )
+        assert any(not np.allclose(a, b.numpy()) for a, b in zip(before, weights.trainable_weights))
 
 
 def test_linear_regression_reaches_the_least_squares_fit() -> None:
@@ -315,9 +313,7 @@ def _rates(optimizer: keras.optimizers.Optimizer, steps: list[int]) -> list[floa
 
 def test_learning_rate_schedules_follow_the_book() -> None:
     resnet = models.get_task("resnet32").make_optimizer(steps_per_epoch=10)
-    assert _rates(resnet, [0, 799, 800, 1199, 1200]) == pytest.approx(
-        [0.1, 0.1, 0.01, 0.01, 0.001]
-    )
+    assert _rates(resnet, [0, 799, 800, 1199, 1200]) == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001])
     assert float(resnet.momentum) == pytest.approx(0.9)
     ptb = models.get_task("ptb_small").make_optimizer(steps_per_epoch=5)
     # epochs 1-4 at 1.0, then x0.5 per epoch
@@ -460,8 +456,9 @@ cases = [
 ]
 """
 
-_MIRRORED_SCRIPT = textwrap.dedent(
-    """
+_MIRRORED_SCRIPT = (
+    textwrap.dedent(
+        """
     import os, sys, tempfile
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np, tensorflow as tf
@@ -471,8 +468,10 @@ _MIRRORED_SCRIPT = textwrap.dedent(
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     """
-) + _CASES + textwrap.dedent(
-    """
+    )
+    + _CASES
+    + textwrap.dedent(
+        """
     for name, overrides in cases:
         task = models.get_task(name, **overrides)
         with strategy.scope():
@@ -503,10 +502,12 @@ _MIRRORED_SCRIPT = textwrap.dedent(
         print(name, {k: round(float(v), 4) for k, v in metrics.items()})
     print("STRATEGY-OK")
     """
+    )
 )
 
-_PS_SCRIPT = textwrap.dedent(
-    """
+_PS_SCRIPT = (
+    textwrap.dedent(
+        """
     import os, socket
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np, tensorflow as tf
@@ -529,8 +530,10 @@ _PS_SCRIPT = textwrap.dedent(
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     """
-) + _CASES + textwrap.dedent(
-    """
+    )
+    + _CASES
+    + textwrap.dedent(
+        """
     for name, overrides in cases[:2]:  # the GAN's two optimizers are covered by Mirrored
         task = models.get_task(name, **overrides)
         with strategy.scope():
@@ -556,6 +559,7 @@ _PS_SCRIPT = textwrap.dedent(
         print(name, {k: round(float(v), 4) for k, v in metrics.items()})
     print("STRATEGY-OK")
     """
+    )
 )
 
 

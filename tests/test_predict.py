@@ -18,13 +18,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pytest
 
-import sparktf  # noqa: E402
-from sparktf import inference, storage  # noqa: E402
-from sparktf.inference import ModelNotFoundError, PredictInputError  # noqa: E402
+import sparktf
+from sparktf import inference, storage
+from sparktf.inference import ModelNotFoundError, PredictInputError
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (28, 28, 1)
@@ -75,8 +75,14 @@ def mlp(tmp_path_factory) -> dict:
     latest = export("mnist_mlp", root / "export" / "12", seed=12, hidden_units=16)
     images = np.random.default_rng(0).integers(0, 256, (N, *SHAPE), dtype=np.uint8)
     direct = call(latest, "predict_images", images=images)
-    return {"model_dir": str(root), "export": str(root / "export"), "latest": latest,
-            "images": images, "classes": direct["classes"], "scores": direct["scores"]}
+    return {
+        "model_dir": str(root),
+        "export": str(root / "export"),
+        "latest": latest,
+        "images": images,
+        "classes": direct["classes"],
+        "scores": direct["scores"],
+    }
 
 
 def image_rows(images: np.ndarray) -> list[tuple]:
@@ -86,8 +92,9 @@ def image_rows(images: np.ndarray) -> list[tuple]:
 @pytest.fixture
 def images_df(spark, mlp):
     """Rows like a converted split: id, label, image as np.save bytes; 4 partitions."""
-    return spark.createDataFrame(image_rows(mlp["images"]),
-                                 "id long, label long, image binary").repartition(4)
+    return spark.createDataFrame(
+        image_rows(mlp["images"]), "id long, label long, image binary"
+    ).repartition(4)
 
 
 def by_id(rows) -> list:
@@ -98,8 +105,9 @@ def assert_matches(rows, mlp, prediction="prediction", probabilities="probabilit
     rows = by_id(rows)
     assert [r["id"] for r in rows] == list(range(N))
     np.testing.assert_array_equal([r[prediction] for r in rows], mlp["classes"])
-    np.testing.assert_allclose(np.array([r[probabilities] for r in rows]), mlp["scores"],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.array([r[probabilities] for r in rows]), mlp["scores"], rtol=1e-5, atol=1e-6
+    )
 
 
 def remove_local_copy(fingerprint: str) -> None:
@@ -121,9 +129,14 @@ def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dic
 
         for _ in batches:
             counts = ModelCache.stats.get(fingerprint, {})
-            yield pa.RecordBatch.from_pylist([{
-                "pid": os.getpid(), **{k: counts.get(k, 0)
-                                       for k in ("loads", "uses", "batches", "copies")}}])
+            yield pa.RecordBatch.from_pylist(
+                [
+                    {
+                        "pid": os.getpid(),
+                        **{k: counts.get(k, 0) for k in ("loads", "uses", "batches", "copies")},
+                    }
+                ]
+            )
 
     schema = "pid long, loads long, uses long, batches long, copies long"
     rows = spark.range(partitions).repartition(partitions).mapInArrow(stats, schema).collect()
@@ -134,9 +147,11 @@ def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dic
 
 
 def test_sparktf_predict_is_the_function_and_import_is_light():
-    code = ("import sys, sparktf; assert 'tensorflow' not in sys.modules; "
-            "assert 'pyspark' not in sys.modules; "
-            "from sparktf.inference import predict; assert sparktf.predict is predict")
+    code = (
+        "import sys, sparktf; assert 'tensorflow' not in sys.modules; "
+        "assert 'pyspark' not in sys.modules; "
+        "from sparktf.inference import predict; assert sparktf.predict is predict"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -147,28 +162,44 @@ def test_resolve_model_picks_the_highest_version(mlp, tmp_path):
     assert info.version == 12 and info.uri == mlp["latest"]
     assert set(info.signatures) == {"serving_default", "predict_images"}
     assert info.signatures["predict_images"].inputs["images"].shape == (None, *SHAPE)
-    assert info.fingerprint != inference.inspect_model(
-        os.path.join(mlp["export"], "3")).fingerprint
+    assert info.fingerprint != inference.inspect_model(os.path.join(mlp["export"], "3")).fingerprint
     with pytest.raises(ModelNotFoundError, match="holds no SavedModel"):
         inference.resolve_model(str(tmp_path))
 
 
 def test_decoders_accept_npy_raw_and_arrays():
     images = np.random.default_rng(1).integers(0, 256, (5, *SHAPE), dtype=np.uint8)
-    plan = inference._Plan(kind="images", model_uri="m", fingerprint="f",
-                           signature="predict_images", input_col="image", input_key="images",
-                           shape=SHAPE, batch_size=8, outputs=("prediction",))
+    plan = inference._Plan(
+        kind="images",
+        model_uri="m",
+        fingerprint="f",
+        signature="predict_images",
+        input_col="image",
+        input_key="images",
+        shape=SHAPE,
+        batch_size=8,
+        outputs=("prediction",),
+    )
     columns = {
         "npy": pa.array([npy(x) for x in images], pa.binary()),
         "npy_flat": pa.array([npy(x.reshape(-1)) for x in images], pa.binary()),
         "raw": pa.array([x.tobytes() for x in images], pa.binary()),
         "npz": pa.array([npz(x) for x in images], pa.binary()),
         "npy_large": pa.array([npy(x) for x in images], pa.large_binary()),
-        "ints": pa.array([x.reshape(-1).astype(int).tolist() for x in images],
-                         pa.list_(pa.int32())),
+        "ints": pa.array(
+            [x.reshape(-1).astype(int).tolist() for x in images], pa.list_(pa.int32())
+        ),
         "nested": pa.array(images.astype(int).tolist(), pa.list_(pa.list_(pa.list_(pa.int64())))),
-        "mixed": pa.array([npy(images[0]), images[1].tobytes(), npy(images[2]),
-                           npy(images[3]), images[4].tobytes()], pa.binary()),
+        "mixed": pa.array(
+            [
+                npy(images[0]),
+                images[1].tobytes(),
+                npy(images[2]),
+                npy(images[3]),
+                images[4].tobytes(),
+            ],
+            pa.binary(),
+        ),
     }
     batch = pa.RecordBatch.from_pydict(columns)
     for name in columns:
@@ -181,26 +212,43 @@ def test_decoders_accept_npy_raw_and_arrays():
 
 
 def test_a_bad_row_among_npy_rows_is_named_by_its_id():
-    plan = inference._Plan(kind="images", model_uri="m", fingerprint="f",
-                           signature="predict_images", input_col="image", input_key="images",
-                           shape=SHAPE, batch_size=8, outputs=("prediction",), id_col="id")
+    plan = inference._Plan(
+        kind="images",
+        model_uri="m",
+        fingerprint="f",
+        signature="predict_images",
+        input_col="image",
+        input_key="images",
+        shape=SHAPE,
+        batch_size=8,
+        outputs=("prediction",),
+        id_col="id",
+    )
     good = npy(np.zeros(SHAPE, np.uint8))
-    for bad, found in ((npy(np.zeros(SHAPE, np.float32)), "has dtype float32"),
-                       (npy(np.zeros((27, 27, 1), np.uint8)), "has shape (27, 27, 1)"),
-                       (good[:-1], "holds np.save bytes that cannot be read")):
-        chunk = pa.RecordBatch.from_pydict({
-            "id": pa.array(np.arange(10, 16), pa.int64()),
-            "image": pa.array([good, good, bad, good, good, good], pa.binary())})
-        with pytest.raises(PredictInputError, match=r"column 'image': the row with id=12 "
-                           + re.escape(found)):
+    for bad, found in (
+        (npy(np.zeros(SHAPE, np.float32)), "has dtype float32"),
+        (npy(np.zeros((27, 27, 1), np.uint8)), "has shape (27, 27, 1)"),
+        (good[:-1], "holds np.save bytes that cannot be read"),
+    ):
+        chunk = pa.RecordBatch.from_pydict(
+            {
+                "id": pa.array(np.arange(10, 16), pa.int64()),
+                "image": pa.array([good, good, bad, good, good, good], pa.binary()),
+            }
+        )
+        with pytest.raises(
+            PredictInputError, match=r"column 'image': the row with id=12 " + re.escape(found)
+        ):
             inference._decode(plan, chunk)
 
 
 def test_input_error_is_found_in_a_spark_failure_text():
     from sparktf.jobs import predict as job
 
-    text = ("Traceback...\n  File x\nsparktf.inference.PredictInputError: column 'image': "
-            "the row with id=2 has shape (27, 27, 1); expected ...\n\tat org.apache...")
+    text = (
+        "Traceback...\n  File x\nsparktf.inference.PredictInputError: column 'image': "
+        "the row with id=2 has shape (27, 27, 1); expected ...\n\tat org.apache..."
+    )
     assert job.input_error(Exception(text)).startswith("column 'image': the row with id=2")
     assert job.input_error(Exception("other")) is None
 
@@ -211,8 +259,15 @@ def test_input_error_is_found_in_a_spark_failure_text():
 @pytest.mark.spark
 def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
     result = sparktf.predict(images_df, mlp["export"], batch_size=8, top_k=3)
-    assert result.columns == ["id", "label", "image", "prediction", "probabilities",
-                              "top_classes", "top_probabilities"]
+    assert result.columns == [
+        "id",
+        "label",
+        "image",
+        "prediction",
+        "probabilities",
+        "top_classes",
+        "top_probabilities",
+    ]
     types = {f.name: f.dataType.simpleString() for f in result.schema.fields}
     assert types["prediction"] == "bigint" and types["probabilities"] == "array<float>"
     rows = result.collect()
@@ -221,8 +276,7 @@ def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
         assert r["image"] == npy(mlp["images"][r["id"]])  # input columns pass through
         best = np.argsort(-mlp["scores"][r["id"]], kind="stable")[:3]
         assert r["top_classes"] == best.tolist()
-        np.testing.assert_allclose(r["top_probabilities"], mlp["scores"][r["id"]][best],
-                                   rtol=1e-5)
+        np.testing.assert_allclose(r["top_probabilities"], mlp["scores"][r["id"]][best], rtol=1e-5)
 
 
 @pytest.mark.spark
@@ -241,11 +295,18 @@ def test_model_is_loaded_once_per_worker_and_reused_across_partitions(spark, mlp
 def test_raw_bytes_and_integer_array_columns(spark, mlp):
     images = mlp["images"]
     df = spark.createDataFrame(
-        [(i, images[i].tobytes(), images[i].reshape(-1).astype(int).tolist())
-         for i in range(N)], "id long, raw binary, pixels array<int>").repartition(3)
+        [(i, images[i].tobytes(), images[i].reshape(-1).astype(int).tolist()) for i in range(N)],
+        "id long, raw binary, pixels array<int>",
+    ).repartition(3)
     first = sparktf.predict(df, mlp["latest"], input_col="raw", batch_size=16)
-    both = sparktf.predict(first, mlp["latest"], input_col="pixels", output_col="p2",
-                           probabilities_col="probs2", batch_size=5)
+    both = sparktf.predict(
+        first,
+        mlp["latest"],
+        input_col="pixels",
+        output_col="p2",
+        probabilities_col="probs2",
+        batch_size=5,
+    )
     rows = both.collect()
     assert_matches(rows, mlp)
     assert_matches(rows, mlp, prediction="p2", probabilities="probs2")
@@ -256,12 +317,14 @@ def test_serving_default_signature_takes_serialized_examples(spark, mlp):
     import tensorflow as tf
 
     def example(image: np.ndarray) -> bytes:
-        feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(
-            value=[image.tobytes()]))}
+        feature = {
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()]))
+        }
         return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
-    df = spark.createDataFrame([(i, example(mlp["images"][i])) for i in range(N)],
-                               "id long, example binary")
+    df = spark.createDataFrame(
+        [(i, example(mlp["images"][i])) for i in range(N)], "id long, example binary"
+    )
     rows = sparktf.predict(df, mlp["latest"], signature="serving_default").collect()
     assert_matches(rows, mlp)
 
@@ -286,15 +349,17 @@ def test_model_and_table_on_hdfs(spark, hdfs, mlp):
     model = storage.join(base, "model", "export", "3")
     storage.copy_tree(version3, model)
     table = storage.join(base, "test", "parquet")
-    spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary") \
-        .repartition(2).write.parquet(table)
+    spark.createDataFrame(
+        image_rows(mlp["images"]), "id long, label long, image binary"
+    ).repartition(2).write.parquet(table)
     info = inference.inspect_model(storage.join(base, "model"))
     assert info.uri == model and info.version == 3
     copy = os.path.join(inference.model_cache_dir(), info.fingerprint[:32])
     direct = call(version3, "predict_images", images=mlp["images"])
     try:
-        rows = sparktf.predict(spark.read.parquet(table), storage.join(base, "model"),
-                               batch_size=16).collect()
+        rows = sparktf.predict(
+            spark.read.parquet(table), storage.join(base, "model"), batch_size=16
+        ).collect()
         assert_matches(rows, {**mlp, **direct})
         stats = worker_stats(spark, info.fingerprint)
         assert sum(s["copies"] for s in stats.values()) == 1, stats  # both executors share it
@@ -330,12 +395,16 @@ def test_missing_model_is_named_before_any_job(spark, images_df, tmp_path):
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("schema, kwargs, message", [
-    ("id long, picture binary", {}, r"input column 'image' is missing.*\(28, 28, 1\)"),
-    ("id long, image string", {}, r"column 'image' has Spark type string.*\(28, 28, 1\)"),
-    ("id long, image array<double>", {}, r"column 'image' has Spark type array<double>"),
-    ("id long, image binary, prediction long", {}, r"output column\(s\) \['prediction'\]"),
-], ids=["missing", "string", "array-of-double", "output-exists"])
+@pytest.mark.parametrize(
+    "schema, kwargs, message",
+    [
+        ("id long, picture binary", {}, r"input column 'image' is missing.*\(28, 28, 1\)"),
+        ("id long, image string", {}, r"column 'image' has Spark type string.*\(28, 28, 1\)"),
+        ("id long, image array<double>", {}, r"column 'image' has Spark type array<double>"),
+        ("id long, image binary, prediction long", {}, r"output column\(s\) \['prediction'\]"),
+    ],
+    ids=["missing", "string", "array-of-double", "output-exists"],
+)
 def test_schema_errors_are_raised_on_the_driver(spark, mlp, schema, kwargs, message):
     df = spark.createDataFrame([], schema)
     error = no_jobs_started(spark, lambda: sparktf.predict(df, mlp["latest"], **kwargs))
@@ -347,16 +416,21 @@ GOOD = np.zeros(SHAPE, np.uint8)
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("value, column_type, found", [
-    (npy(np.zeros((27, 27, 1), np.uint8)), "binary", "has shape (27, 27, 1)"),
-    (npy(np.zeros(SHAPE, np.float32)), "binary", "has dtype float32"),
-    (None, "binary", "is null"),
-    (b"\x01" * 100, "binary", "holds 100 raw bytes"),
-    ([1] * 700, "array<int>", "has shape (700,)"),
-    ([300] * 784, "array<int>", "outside [0, 256)"),
-], ids=["npy-shape", "npy-dtype", "null", "raw-size", "array-size", "array-range"])
-def test_bad_rows_fail_at_the_first_batch_with_a_clear_message(spark, mlp, value,
-                                                                column_type, found):
+@pytest.mark.parametrize(
+    "value, column_type, found",
+    [
+        (npy(np.zeros((27, 27, 1), np.uint8)), "binary", "has shape (27, 27, 1)"),
+        (npy(np.zeros(SHAPE, np.float32)), "binary", "has dtype float32"),
+        (None, "binary", "is null"),
+        (b"\x01" * 100, "binary", "holds 100 raw bytes"),
+        ([1] * 700, "array<int>", "has shape (700,)"),
+        ([300] * 784, "array<int>", "outside [0, 256)"),
+    ],
+    ids=["npy-shape", "npy-dtype", "null", "raw-size", "array-size", "array-range"],
+)
+def test_bad_rows_fail_at_the_first_batch_with_a_clear_message(
+    spark, mlp, value, column_type, found
+):
     good = npy(GOOD) if column_type == "binary" else [0] * 784
     rows = [(i, value if i == 5 else good) for i in range(8)]
     df = spark.createDataFrame(rows, f"id long, image {column_type}").coalesce(1)
@@ -373,15 +447,27 @@ def test_bad_rows_fail_at_the_first_batch_with_a_clear_message(spark, mlp, value
 
 @pytest.mark.spark
 def test_language_model_perplexity_and_next_word(spark, tmp_path):
-    model = export("ptb_small", tmp_path / "ptb" / "1", seed=5, vocab_size=40, hidden_size=12,
-                   num_steps=5, batch_size=4)
+    model = export(
+        "ptb_small",
+        tmp_path / "ptb" / "1",
+        seed=5,
+        vocab_size=40,
+        hidden_size=12,
+        num_steps=5,
+        batch_size=4,
+    )
     rng = np.random.default_rng(2)
     seqs = [rng.integers(0, 40, 6 if i % 3 else 4) for i in range(12)]  # two lengths
-    df = spark.createDataFrame([(i, npy(s), s.tolist()) for i, s in enumerate(seqs)],
-                               "id long, tokens binary, token_list array<long>").repartition(2)
+    df = spark.createDataFrame(
+        [(i, npy(s), s.tolist()) for i, s in enumerate(seqs)],
+        "id long, tokens binary, token_list array<long>",
+    ).repartition(2)
     perplexity = by_id(sparktf.predict(df, model, batch_size=5).collect())
-    next_word = by_id(sparktf.predict(df, model, input_col="token_list", lm_output="next_word",
-                                      output_col="next").collect())
+    next_word = by_id(
+        sparktf.predict(
+            df, model, input_col="token_list", lm_output="next_word", output_col="next"
+        ).collect()
+    )
     for i, seq in enumerate(seqs):
         log_probs = call(model, "serving_default", tokens=seq[None, :-1])["log_probs"][0]
         expected = np.exp(-np.mean(log_probs[np.arange(len(seq) - 1), seq[1:]]))
@@ -390,25 +476,30 @@ def test_language_model_perplexity_and_next_word(spark, tmp_path):
         assert next_word[i]["next"] == int(np.argmax(last))
         np.testing.assert_allclose(next_word[i]["log_probabilities"], last, rtol=1e-5, atol=1e-5)
     bad = spark.createDataFrame([(0, [1, 2, 99])], "id long, tokens array<long>")
-    with pytest.raises(Exception, match=r"column 'tokens': the row with id=0 has values "
-                                        r"outside \[0, 40\)"):
+    with pytest.raises(
+        Exception,
+        match=r"column 'tokens': the row with id=0 has values "
+        r"outside \[0, 40\)",
+    ):
         sparktf.predict(bad, model).collect()
 
 
 @pytest.mark.spark
 def test_dcgan_generates_images_from_seeds_and_z(spark, tmp_path):
-    model = export("dcgan", tmp_path / "dcgan" / "1", seed=7, gf_dim=4, df_dim=4, gfc_dim=16,
-                   dfc_dim=16)
+    model = export(
+        "dcgan", tmp_path / "dcgan" / "1", seed=7, gf_dim=4, df_dim=4, gfc_dim=16, dfc_dim=16
+    )
     seeds = list(range(100, 110))
-    z = np.stack([np.random.default_rng(s).uniform(-1, 1, 100) for s in seeds]).astype(
-        np.float32)
+    z = np.stack([np.random.default_rng(s).uniform(-1, 1, 100) for s in seeds]).astype(np.float32)
     labels = np.arange(10) % 10
     direct = call(model, "serving_default", z=z, label=labels.astype(np.int64))["images"]
     df = spark.createDataFrame(
         [(i, s, z[i].tolist(), int(labels[i])) for i, s in enumerate(seeds)],
-        "id long, seed long, z array<float>, label long").repartition(2)
-    rows = by_id(sparktf.predict(df, model, input_col="seed", output_col="from_seed",
-                                 batch_size=4).collect())
+        "id long, seed long, z array<float>, label long",
+    ).repartition(2)
+    rows = by_id(
+        sparktf.predict(df, model, input_col="seed", output_col="from_seed", batch_size=4).collect()
+    )
     rows_z = by_id(sparktf.predict(df, model, output_col="from_z").collect())
     for i in range(len(seeds)):
         for got in (rows[i]["from_seed"], rows_z[i]["from_z"]):
@@ -437,8 +528,14 @@ def run_job(*args: str, hdfs=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARKTF_LOG_LEVEL": "INFO"}
     if hdfs is not None:
         env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
-    return subprocess.run([sys.executable, str(REPO / "jobs" / "predict.py"), *args],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "predict.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def test_job_help():
@@ -455,30 +552,48 @@ def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
     base = hdfs.fresh("predict-job")
     storage.copy_tree(mlp["latest"], storage.join(base, "model", "export", "12"))
     split = tmp_path / "dataset" / "test"
-    spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary") \
-        .repartition(3).write.parquet(file_uri(split / "parquet"))
+    spark.createDataFrame(
+        image_rows(mlp["images"]), "id long, label long, image binary"
+    ).repartition(3).write.parquet(file_uri(split / "parquet"))
     output = storage.join(base, "predictions")
     try:
-        missing = run_job("--model", str(tmp_path / "nope"), "--input", str(split),
-                          "--output", output, hdfs=hdfs)
+        missing = run_job(
+            "--model", str(tmp_path / "nope"), "--input", str(split), "--output", output, hdfs=hdfs
+        )
         assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr
         assert not storage.exists(output)
 
-        done = run_job("--model", storage.join(base, "model"), "--input", str(split),
-                       "--output", output, "--batch-size", "16",
-                       "--profile", light_profile(tmp_path), hdfs=hdfs)
+        done = run_job(
+            "--model",
+            storage.join(base, "model"),
+            "--input",
+            str(split),
+            "--output",
+            output,
+            "--batch-size",
+            "16",
+            "--profile",
+            light_profile(tmp_path),
+            hdfs=hdfs,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         result = spark.read.parquet(output)
-        assert result.columns == ["id", "label", "prediction", "probabilities",
-                                  "model_version"]
+        assert result.columns == ["id", "label", "prediction", "probabilities", "model_version"]
         rows = result.collect()
         assert_matches(rows, mlp)
         assert {r["model_version"] for r in rows} == {12}
         assert {r["label"] for r in rows} == set(range(10))
         assert [os.path.basename(p) for p in storage.listdir(base)] == ["model", "predictions"]
 
-        again = run_job("--model", storage.join(base, "model"), "--input", str(split),
-                        "--output", output, hdfs=hdfs)
+        again = run_job(
+            "--model",
+            storage.join(base, "model"),
+            "--input",
+            str(split),
+            "--output",
+            output,
+            hdfs=hdfs,
+        )
         assert again.returncode == 2 and "already exists" in again.stderr
     finally:
         remove_local_copy(inference.inspect_model(mlp["latest"]).fingerprint)

@@ -30,7 +30,7 @@ def cifar(spark, hdfs, tmp_path_factory):
     local = str(base / "cifar")
     convert.convert("cifar10", str(base / "raw"), local, shards=4, spark=spark)
     remote = hdfs.fresh("readers") + "/cifar"
-    storage.copy_tree(local, remote)       # a dataset directory is relocatable
+    storage.copy_tree(local, remote)  # a dataset directory is relocatable
     return SimpleNamespace(data=data, local=local, hdfs=remote)
 
 
@@ -96,9 +96,19 @@ def test_reads_every_chunk(ptb, fmt, location):
 @pytest.mark.parametrize("num_shards,location", [(2, "local"), (4, "hdfs"), (3, "local")])
 def test_shards_are_disjoint_and_complete(cifar, fmt, num_shards, location):
     # 4 part files: 2 and 4 workers split the files, 3 workers split the records.
-    shards = [collect(READERS[fmt](f"{where(cifar, location)}/train", batch_size=8,
-                                   num_shards=num_shards, shard_index=k, shuffle=True, seed=k))
-              ["id"] for k in range(num_shards)]
+    shards = [
+        collect(
+            READERS[fmt](
+                f"{where(cifar, location)}/train",
+                batch_size=8,
+                num_shards=num_shards,
+                shard_index=k,
+                shuffle=True,
+                seed=k,
+            )
+        )["id"]
+        for k in range(num_shards)
+    ]
     all_ids = np.concatenate(shards)
     assert sorted(all_ids.tolist()) == sorted(cifar.data["train"]["ids"].tolist())
     sizes = [len(s) for s in shards]
@@ -112,15 +122,21 @@ def test_shuffle_repeat_and_static_batches(cifar, fmt):
     plain = collect(read(f"{cifar.local}/train", batch_size=8))["id"]
     first = collect(read(f"{cifar.local}/train", batch_size=8, shuffle=True, seed=7))["id"]
     again = collect(read(f"{cifar.local}/train", batch_size=8, shuffle=True, seed=7))["id"]
-    assert first.tolist() == again.tolist()          # a seed makes the order repeatable
+    assert first.tolist() == again.tolist()  # a seed makes the order repeatable
     assert first.tolist() != plain.tolist()
     assert sorted(first.tolist()) == sorted(plain.tolist())
 
-    ds = read(f"{cifar.local}/train", batch_size=20, shuffle=True, repeat=True,
-              drop_remainder=True, shuffle_buffer=16)
+    ds = read(
+        f"{cifar.local}/train",
+        batch_size=20,
+        shuffle=True,
+        repeat=True,
+        drop_remainder=True,
+        shuffle_buffer=16,
+    )
     assert ds.element_spec["image"].shape.as_list() == [20, 32, 32, 3]
     assert ds.element_spec["id"].shape.as_list() == [20]
-    ids = collect(ds, limit=12)["id"]                 # 240 records: five epochs of 48
+    ids = collect(ds, limit=12)["id"]  # 240 records: five epochs of 48
     counts = np.unique(ids, return_counts=True)[1]
     assert len(counts) == 48 and counts.min() >= 4
 
@@ -130,15 +146,17 @@ def test_paths_info_and_argument_errors(cifar, tmp_path):
     info = readers.dataset_info(cifar.local)
     assert info["dataset"] == "cifar10" and info["splits"]["test"]["records"] == 12
     expected = sorted(cifar.data["test"]["ids"].tolist())
-    for path, split in ((cifar.local, "test"), (f"{cifar.local}/test", None),
-                        (f"{cifar.local}/test/tfrecord", None)):
+    for path, split in (
+        (cifar.local, "test"),
+        (f"{cifar.local}/test", None),
+        (f"{cifar.local}/test/tfrecord", None),
+    ):
         ds = readers.tfrecord_dataset(path, split=split, batch_size=5)
         assert sorted(collect(ds)["id"].tolist()) == expected
     with pytest.raises(ValueError, match="pass split="):
         readers.tfrecord_dataset(cifar.local, batch_size=5)
     with pytest.raises(ValueError, match="shard_index"):
-        readers.parquet_dataset(f"{cifar.local}/train", batch_size=5, num_shards=2,
-                                shard_index=2)
+        readers.parquet_dataset(f"{cifar.local}/train", batch_size=5, num_shards=2, shard_index=2)
     with pytest.raises(formats.ManifestError, match="no split 'valid'"):
         readers.tfrecord_dataset(cifar.local, split="valid", batch_size=5)
     with pytest.raises(formats.ManifestError, match="no dataset manifest"):
@@ -149,7 +167,7 @@ def test_paths_info_and_argument_errors(cifar, tmp_path):
 @pytest.mark.hdfs
 def test_hdfs_tfrecord_checksums_and_truncation(cifar, hdfs):
     remote = hdfs.fresh("readers-bad") + "/cifar"
-    for part in ("manifest.json", "test/tfrecord"):     # what this reader needs
+    for part in ("manifest.json", "test/tfrecord"):  # what this reader needs
         storage.copy_tree(f"{cifar.local}/{part}", f"{remote}/{part}")
     ds = readers.tfrecord_dataset(f"{remote}/test", batch_size=6, verify_checksums=True)
     assert len(collect(ds)["id"]) == 12

@@ -27,7 +27,9 @@ def test_binary_and_text_round_trip(base):
     assert storage.read_bytes(storage.join(base, "a/b.bin")) == bytes(range(256)) * 3
     assert storage.read_text(storage.join(base, "a/c.txt")) == "héllo\nwörld\n"
     assert storage.listdir(storage.join(base, "a")) == [
-        storage.join(base, "a/b.bin"), storage.join(base, "a/c.txt")]
+        storage.join(base, "a/b.bin"),
+        storage.join(base, "a/c.txt"),
+    ]
     assert storage.size(storage.join(base, "a/b.bin")) == 768
     assert storage.isdir(storage.join(base, "a"))
     assert not storage.isdir(storage.join(base, "a/b.bin"))
@@ -142,15 +144,19 @@ def test_hung_namenode_times_out_within_seconds():
         server.bind(("127.0.0.1", 0))
         server.listen(16)
         port = server.getsockname()[1]
-        code = ("import time, sparktf.storage as s\n"
-                "t = time.monotonic()\n"
-                "try:\n    s.exists('hdfs://127.0.0.1:1/x')\n"
-                "except s.NameNodeUnreachableError as e:\n"
-                "    print('ERR', round(time.monotonic() - t, 1), e)\n")
-        env = dict(os.environ, SPARKTF_WEBHDFS_URL=f"http://127.0.0.1:{port}",
-                   SPARKTF_HDFS_TIMEOUT="2")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=60, env=env)
+        code = (
+            "import time, sparktf.storage as s\n"
+            "t = time.monotonic()\n"
+            "try:\n    s.exists('hdfs://127.0.0.1:1/x')\n"
+            "except s.NameNodeUnreachableError as e:\n"
+            "    print('ERR', round(time.monotonic() - t, 1), e)\n"
+        )
+        env = dict(
+            os.environ, SPARKTF_WEBHDFS_URL=f"http://127.0.0.1:{port}", SPARKTF_HDFS_TIMEOUT="2"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+        )
     assert out.stdout.startswith("ERR"), out.stdout + out.stderr
     assert float(out.stdout.split()[1]) < 10
     assert f"127.0.0.1:{port}" in out.stdout
@@ -160,7 +166,8 @@ def test_permission_denied_names_path_and_user(hdfs, monkeypatch):
     private = hdfs.fresh("private")
     storage.makedirs(private)
     storage._client(hdfs.webhdfs_url, storage.hdfs_user()).set_permission(
-        storage.parse(private).path, "755")
+        storage.parse(private).path, "755"
+    )
     monkeypatch.setenv("SPARKTF_HDFS_USER", "alice")
     with pytest.raises(storage.StoragePermissionError) as err:
         storage.write_text(storage.join(private, "x.txt"), "no")
@@ -171,10 +178,12 @@ def test_permission_denied_names_path_and_user(hdfs, monkeypatch):
 def test_webhdfs_address_from_hadoop_conf(tmp_path, monkeypatch):
     (tmp_path / "core-site.xml").write_text(
         "<configuration><property><name>fs.defaultFS</name>"
-        "<value>hdfs://nn.example:8020</value></property></configuration>")
+        "<value>hdfs://nn.example:8020</value></property></configuration>"
+    )
     (tmp_path / "hdfs-site.xml").write_text(
         "<configuration><property><name>dfs.namenode.http-address</name>"
-        "<value>nn.example:50070</value></property></configuration>")
+        "<value>nn.example:50070</value></property></configuration>"
+    )
     monkeypatch.delenv("SPARKTF_WEBHDFS_URL", raising=False)
     monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
     assert storage.webhdfs_url("nn.example:8020") == "http://nn.example:50070"

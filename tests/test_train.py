@@ -43,12 +43,15 @@ def assert_nothing_left(timeout_s: float = 20.0) -> None:
 
 # ----------------------------------------------------------------------------- fast tests
 
+
 def test_configs_validate_and_count_executors():
     from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig
 
     assert ScalingConfig(strategy="allreduce", num_workers=3).num_executors == 3
     assert ScalingConfig(strategy="ps", num_workers=2, num_ps=2).num_executors == 5
-    assert ScalingConfig(strategy="ps", num_workers=1, num_ps=1, ps_on_driver=True).num_executors == 2
+    assert (
+        ScalingConfig(strategy="ps", num_workers=1, num_ps=1, ps_on_driver=True).num_executors == 2
+    )
     with pytest.raises(ConfigError, match="strategy"):
         ScalingConfig(strategy="mirrored")
     with pytest.raises(ConfigError, match="input_mode"):
@@ -65,19 +68,27 @@ def test_feed_decodes_columns_and_rebatches_exactly():
     from sparktf.train.feed import Rebatcher, decode_table
 
     images = np.random.default_rng(0).integers(0, 256, (10, 28, 28, 1), dtype=np.uint8)
-    table = pa.table({"image": encode_ndarray_column(images),
-                      "label": pa.array(np.arange(10), pa.int64())})
+    table = pa.table(
+        {"image": encode_ndarray_column(images), "label": pa.array(np.arange(10), pa.int64())}
+    )
     fields = [Field("image", "uint8", (28, 28, 1)), Field("label", "int64")]
     decoded = decode_table(table.slice(3, 5), fields)  # a slice: offsets do not start at 0
     np.testing.assert_array_equal(decoded["image"], images[3:8])
     np.testing.assert_array_equal(decoded["label"], np.arange(3, 8))
     rebatcher = Rebatcher(4)
-    out = [b for chunk in (decode_table(table.slice(0, 3), fields), decoded,
-                           decode_table(table.slice(8, 2), fields))
-           for b in rebatcher.add(chunk)]
+    out = [
+        b
+        for chunk in (
+            decode_table(table.slice(0, 3), fields),
+            decoded,
+            decode_table(table.slice(8, 2), fields),
+        )
+        for b in rebatcher.add(chunk)
+    ]
     assert [len(b["label"]) for b in out] == [4, 4]
-    np.testing.assert_array_equal(np.concatenate([b["label"] for b in out]),
-                                  [0, 1, 2, 3, 4, 5, 6, 7])
+    np.testing.assert_array_equal(
+        np.concatenate([b["label"] for b in out]), [0, 1, 2, 3, 4, 5, 6, 7]
+    )
     assert rebatcher.leftover == 2
 
 
@@ -107,23 +118,43 @@ def test_summaries_and_checkpoint_state(tmp_path):
     assert artifacts.latest_checkpoint_step(str(tmp_path)) == 0
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-40"\nall_model_checkpoint_paths: "ckpt-40"\n')
+        'model_checkpoint_path: "ckpt-40"\nall_model_checkpoint_paths: "ckpt-40"\n'
+    )
     assert artifacts.latest_checkpoint_step(str(tmp_path)) == 40
 
 
 def test_job_help_and_usage_errors():
-    help_text = subprocess.run([sys.executable, str(ROOT / "jobs/train_resnet.py"), "--help"],
-                               capture_output=True, text=True, timeout=60)
+    help_text = subprocess.run(
+        [sys.executable, str(ROOT / "jobs/train_resnet.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert help_text.returncode == 0
     for flag in ("--strategy", "--input-mode", "--gpus-per-worker", "--model-dir", "--epochs"):
         assert flag in help_text.stdout
-    bad = subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "--model", "resnet20",
-                          "--data", "/nonexistent", "--model-dir", "/tmp/x",
-                          "--strategy", "mirrored"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs/train.py"),
+            "--model",
+            "resnet20",
+            "--data",
+            "/nonexistent",
+            "--model-dir",
+            "/tmp/x",
+            "--strategy",
+            "mirrored",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
 # ----------------------------------------------------------------------------- data
+
 
 @pytest.fixture(scope="module")
 def mnist(spark, tmp_path_factory):
@@ -135,8 +166,9 @@ def mnist(spark, tmp_path_factory):
     convert("mnist", str(base / "raw"), str(base / "data"), shards=2, spark=spark)
     # A third Parquet part of another size: uneven partitions for the spark input mode.
     parquet = base / "data" / "train" / "parquet"
-    spark.read.parquet(f"file://{parquet}").repartition(3).write.mode("overwrite") \
-        .parquet(f"file://{base / 'uneven'}")
+    spark.read.parquet(f"file://{parquet}").repartition(3).write.mode("overwrite").parquet(
+        f"file://{base / 'uneven'}"
+    )
     return base
 
 
@@ -147,18 +179,51 @@ def mnist_hdfs(mnist, hdfs):
     return uri
 
 
-def _fit(spark, data, model_dir, *, strategy, input_mode, steps=None, epochs=None,
-         batch_size=8, model="mnist_mlp", model_config=None, **run):
+def _fit(
+    spark,
+    data,
+    model_dir,
+    *,
+    strategy,
+    input_mode,
+    steps=None,
+    epochs=None,
+    batch_size=8,
+    model="mnist_mlp",
+    model_config=None,
+    **run,
+):
     from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
 
-    scaling = ScalingConfig(strategy=strategy, num_workers=2 if strategy == "allreduce" else 1,
-                            num_ps=1, ps_on_driver=True, threads_per_worker=1)
-    run = {"checkpoint_every_steps": 4, "summary_every_steps": 2, "progress_every_s": 2.0,
-           "failure_timeout_s": 60.0, "feed_timeout_s": 60.0, **run}
-    return fit(TrainConfig(model=model, data=str(data), input_mode=input_mode, steps=steps,
-                           epochs=epochs, batch_size=batch_size,
-                           model_config=TINY_MLP if model_config is None else model_config),
-               scaling, RunConfig(model_dir=str(model_dir), **run), spark=spark)
+    scaling = ScalingConfig(
+        strategy=strategy,
+        num_workers=2 if strategy == "allreduce" else 1,
+        num_ps=1,
+        ps_on_driver=True,
+        threads_per_worker=1,
+    )
+    run = {
+        "checkpoint_every_steps": 4,
+        "summary_every_steps": 2,
+        "progress_every_s": 2.0,
+        "failure_timeout_s": 60.0,
+        "feed_timeout_s": 60.0,
+        **run,
+    }
+    return fit(
+        TrainConfig(
+            model=model,
+            data=str(data),
+            input_mode=input_mode,
+            steps=steps,
+            epochs=epochs,
+            batch_size=batch_size,
+            model_config=TINY_MLP if model_config is None else model_config,
+        ),
+        scaling,
+        RunConfig(model_dir=str(model_dir), **run),
+        spark=spark,
+    )
 
 
 def _events(model_dir: str) -> dict[str, int]:
@@ -177,6 +242,7 @@ def _events(model_dir: str) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- runs
 
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnist_hdfs):
@@ -185,8 +251,7 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnis
     from sparktf.datasets.tfrecord import image_examples
 
     model_dir = hdfs.fresh("allreduce-files")
-    result = _fit(spark, mnist_hdfs, model_dir, strategy="allreduce", input_mode="files",
-                  steps=6)
+    result = _fit(spark, mnist_hdfs, model_dir, strategy="allreduce", input_mode="files", steps=6)
     assert (result.start_step, result.final_step) == (0, 6)
     assert result.checkpoint == storage.join(model_dir, "checkpoints", "ckpt-6")
     assert storage.exists(result.checkpoint + ".index")
@@ -219,10 +284,12 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnis
     stored = np.stack([np.load(io.BytesIO(r["image"])) for r in rows])
     with storage.local_copy(result.export_path) as local:
         expected = tf.saved_model.load(local).signatures["predict_images"](
-            images=tf.constant(stored))
+            images=tf.constant(stored)
+        )
     np.testing.assert_array_equal([r["prediction"] for r in rows], expected["classes"].numpy())
-    np.testing.assert_allclose([r["probabilities"] for r in rows], expected["scores"].numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        [r["probabilities"] for r in rows], expected["scores"].numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.spark
@@ -234,15 +301,24 @@ def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_p
     shutil.copytree(mnist / "data", data)
     shutil.rmtree(data / "train" / "parquet")
     shutil.copytree(mnist / "uneven", data / "train" / "parquet")
-    result = _fit(spark, data, tmp_path / "model", strategy="allreduce", input_mode="spark",
-                  epochs=1, batch_size=6, checkpoint_every_steps=100)
+    result = _fit(
+        spark,
+        data,
+        tmp_path / "model",
+        strategy="allreduce",
+        input_mode="spark",
+        epochs=1,
+        batch_size=6,
+        checkpoint_every_steps=100,
+    )
     # One pass: every row reached exactly one of the two processes ...
     assert len(result.fed_rows) == 2
     assert sum(result.fed_rows.values()) == 100
     # ... and the run stopped when the process with fewer rows had no full batch (3) left.
     assert result.final_step == min(rows // 3 for rows in result.fed_rows.values())
-    assert result.export_path == storage.join(str(tmp_path / "model"), "export",
-                                              str(result.final_step))
+    assert result.export_path == storage.join(
+        str(tmp_path / "model"), "export", str(result.final_step)
+    )
     assert storage.exists(result.export_path)
     assert_nothing_left()
 
@@ -264,8 +340,10 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
         assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == 8
         iterations = [n for n in names if n.startswith("optimizer/") and "iteration" in n]
         assert iterations and reader.get_tensor(iterations[0]) == 8  # Adam's bias correction
-    exports = [storage.parse(p).path.rsplit("/", 1)[-1]
-               for p in storage.listdir(storage.join(model_dir, "export"))]
+    exports = [
+        storage.parse(p).path.rsplit("/", 1)[-1]
+        for p in storage.listdir(storage.join(model_dir, "export"))
+    ]
     assert sorted(exports) == ["4", "8"]
     assert_nothing_left()
 
@@ -275,8 +353,9 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
 def test_ps_spark_feed(spark, mnist, tmp_path):
     import tensorflow as tf
 
-    result = _fit(spark, mnist / "data", tmp_path / "model", strategy="ps", input_mode="spark",
-                  steps=6)
+    result = _fit(
+        spark, mnist / "data", tmp_path / "model", strategy="ps", input_mode="spark", steps=6
+    )
     assert result.final_step == 6 and result.strategy == "ps" and result.input_mode == "spark"
     # The chief (the only reader under ps) took at least the 6 batches the workers trained on.
     assert len(result.fed_rows) == 1
@@ -299,10 +378,25 @@ def test_resnet20_steps_and_image_signature(spark, tmp_path):
     from sparktf.datasets.convert import convert
 
     write_cifar10(tmp_path / "raw", n_train=40, n_test=8, train_files=2)
-    convert("cifar10", str(tmp_path / "raw"), str(tmp_path / "cifar"), shards=2,
-            output_formats=("tfrecord",), spark=spark)
-    result = _fit(spark, tmp_path / "cifar", tmp_path / "model", strategy="allreduce",
-                  input_mode="files", steps=3, batch_size=8, model="resnet20", model_config={})
+    convert(
+        "cifar10",
+        str(tmp_path / "raw"),
+        str(tmp_path / "cifar"),
+        shards=2,
+        output_formats=("tfrecord",),
+        spark=spark,
+    )
+    result = _fit(
+        spark,
+        tmp_path / "cifar",
+        tmp_path / "model",
+        strategy="allreduce",
+        input_mode="files",
+        steps=3,
+        batch_size=8,
+        model="resnet20",
+        model_config={},
+    )
     assert result.final_step == 3 and np.isfinite(result.metrics["loss"])
     # The export serves the trained weights: the final checkpoint restored into a fresh
     # ResNet-20 gives the export's scores, and training moved batch-norm statistics.
@@ -314,8 +408,9 @@ def test_resnet20_steps_and_image_signature(spark, tmp_path):
     loaded = tf.saved_model.load(result.export_path)
     scores = loaded.signatures["predict_images"](images=tf.constant(images))["scores"].numpy()
     assert scores.shape == (4, 10)
-    np.testing.assert_allclose(scores, tf.nn.softmax(model(images, training=False)).numpy(),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        scores, tf.nn.softmax(model(images, training=False)).numpy(), rtol=1e-4, atol=1e-5
+    )
     moving_means = [w for w in model.weights if "moving_mean" in w.path]
     assert moving_means and any(np.abs(w.numpy()).max() > 0 for w in moving_means)
     assert_nothing_left()
@@ -330,12 +425,19 @@ def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
     shutil.copytree(mnist / "data", data)
     shard = sorted((data / "train" / "tfrecord").glob("*.tfrecord"))[1]
     raw = bytearray(shard.read_bytes())
-    raw[len(raw) // 2: len(raw) // 2 + 64] = b"\xff" * 64
+    raw[len(raw) // 2 : len(raw) // 2 + 64] = b"\xff" * 64
     shard.write_bytes(bytes(raw))
     started = time.monotonic()
     with pytest.raises(TrainingError) as failure:
-        _fit(spark, data, tmp_path / "model", strategy="allreduce", input_mode="files",
-             steps=50, failure_timeout_s=60.0)
+        _fit(
+            spark,
+            data,
+            tmp_path / "model",
+            strategy="allreduce",
+            input_mode="files",
+            steps=50,
+            failure_timeout_s=60.0,
+        )
     elapsed = time.monotonic() - started
     message = str(failure.value)
     print(f"error after {elapsed:.1f} s: {message}")
@@ -357,18 +459,40 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
     tf = pytest.importorskip("tensorflow")
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("no GPU on this machine")
-    out = subprocess.run([str(ROOT / "scripts/gpu_discovery.sh")], capture_output=True,
-                         text=True)
+    out = subprocess.run([str(ROOT / "scripts/gpu_discovery.sh")], capture_output=True, text=True)
     assert '"name": "gpu"' in out.stdout and '"0"' in out.stdout
     mnist = request.getfixturevalue("mnist")
     result_file = tmp_path / "result.json"
     job = subprocess.run(
-        [sys.executable, str(ROOT / "jobs/train.py"), "--model", "mnist_mlp",
-         "--model-config", '{"hidden_units": 8}', "--data", str(mnist / "data"),
-         "--model-dir", str(tmp_path / "model"), "--strategy", "allreduce",
-         "--num-workers", "1", "--gpus-per-worker", "1", "--steps", "3", "--batch-size", "8",
-         "--result-json", str(result_file)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
+        [
+            sys.executable,
+            str(ROOT / "jobs/train.py"),
+            "--model",
+            "mnist_mlp",
+            "--model-config",
+            '{"hidden_units": 8}',
+            "--data",
+            str(mnist / "data"),
+            "--model-dir",
+            str(tmp_path / "model"),
+            "--strategy",
+            "allreduce",
+            "--num-workers",
+            "1",
+            "--gpus-per-worker",
+            "1",
+            "--steps",
+            "3",
+            "--batch-size",
+            "8",
+            "--result-json",
+            str(result_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert job.returncode == 0, job.stderr[-3000:]
     result = json.loads(result_file.read_text())
     assert result["final_step"] == 3 and len(result["gpus"]) == 1
@@ -384,8 +508,10 @@ def test_ptb_stream_layout_continues_each_row_across_steps():
     tokens = np.arange(n * length).reshape(n, length)  # chunk k holds tokens 5k .. 5k+4
     ids = np.arange(n)
     shuffled = np.random.default_rng(0).permutation(n)  # reader order must not matter
-    parts = [stream_layout(tokens[shuffled], ids[shuffled], batch_size=2, num_shards=2, shard=s)
-             for s in range(2)]
+    parts = [
+        stream_layout(tokens[shuffled], ids[shuffled], batch_size=2, num_shards=2, shard=s)
+        for s in range(2)
+    ]
     rows = np.concatenate([p[0] for p in parts])  # the global batch's 4 streams
     assert rows.shape == (4, 6, length)  # 26 chunks -> 4 streams of 6 steps, 2 dropped
     for stream in rows:  # each row reads on where it stopped the step before

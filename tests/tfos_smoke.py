@@ -15,9 +15,9 @@ STEPS, BATCH = 4, 8
 
 
 def main_fun(args, ctx):
+    import keras
     import numpy as np
     import tensorflow as tf
-    import keras
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
@@ -26,8 +26,9 @@ def main_fun(args, ctx):
 
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(tf.square(model(x)[:, 0] - y),
-                                              global_batch_size=BATCH * 2)
+            loss = tf.nn.compute_average_loss(
+                tf.square(model(x)[:, 0] - y), global_batch_size=BATCH * 2
+            )
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -51,9 +52,16 @@ def main(out: str) -> int:
     sc = SparkSession.builder.appName("tfos-smoke").getOrCreate().sparkContext
     rng = np.random.default_rng(0)
     data = [[*map(float, x), float(x.sum())] for x in rng.normal(size=(STEPS * BATCH * 2, 4))]
-    cluster = TFCluster.run(sc, main_fun, {"out": out}, num_executors=2, num_ps=0,
-                            input_mode=TFCluster.InputMode.SPARK, master_node="chief",
-                            reservation_timeout=120)
+    cluster = TFCluster.run(
+        sc,
+        main_fun,
+        {"out": out},
+        num_executors=2,
+        num_ps=0,
+        input_mode=TFCluster.InputMode.SPARK,
+        master_node="chief",
+        reservation_timeout=120,
+    )
     cluster.train(sc.parallelize(data, 2), num_epochs=1, feed_timeout=120)
     cluster.shutdown(grace_secs=2, timeout=120)
     with open(os.path.join(out, "ports.json"), "w") as f:

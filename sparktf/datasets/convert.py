@@ -45,11 +45,11 @@ from sparktf.datasets.sources import SourceError
 
 log = logging.getLogger(__name__)
 
-SHARD_TARGET_BYTES = 16 << 20   # --shards default: one shard per 16 MiB of raw input ...
-SHARD_MULTIPLE = 4              # ... rounded up to a multiple of 4 (1, 2, 4 workers: even)
-ROW_GROUP_MB = 256              # Parquet row group size: one row group per file below this
-TEXT_RANGE_BYTES = 4 << 20      # PTB counting pass: bytes per task
-BLOCK_RECORDS = 1024            # records parsed, encoded and written at once by a task
+SHARD_TARGET_BYTES = 16 << 20  # --shards default: one shard per 16 MiB of raw input ...
+SHARD_MULTIPLE = 4  # ... rounded up to a multiple of 4 (1, 2, 4 workers: even)
+ROW_GROUP_MB = 256  # Parquet row group size: one row group per file below this
+TEXT_RANGE_BYTES = 4 << 20  # PTB counting pass: bytes per task
+BLOCK_RECORDS = 1024  # records parsed, encoded and written at once by a task
 
 
 class ConversionError(RuntimeError):
@@ -64,19 +64,28 @@ class OptionError(ValueError):
 class Options:
     """How one conversion is done (checked options of :func:`convert`)."""
 
-    output_formats: tuple[str, ...]     # in FORMATS order
-    shards: int | None = None           # per split; None: the size-based default
+    output_formats: tuple[str, ...]  # in FORMATS order
+    shards: int | None = None  # per split; None: the size-based default
     seq_len: int = formats.DEFAULT_SEQ_LEN
     unk: str | None = None
     range_bytes: int = TEXT_RANGE_BYTES
     block_records: int = BLOCK_RECORDS
 
 
-def convert(dataset: str, input_path: str, output: str, *,
-            output_formats: Sequence[str] = FORMATS, shards: int | None = None,
-            overwrite: bool = False, seq_len: int = formats.DEFAULT_SEQ_LEN,
-            unk: str | None = None, spark: Any = None,
-            range_bytes: int = TEXT_RANGE_BYTES, block_records: int = BLOCK_RECORDS) -> dict:
+def convert(
+    dataset: str,
+    input_path: str,
+    output: str,
+    *,
+    output_formats: Sequence[str] = FORMATS,
+    shards: int | None = None,
+    overwrite: bool = False,
+    seq_len: int = formats.DEFAULT_SEQ_LEN,
+    unk: str | None = None,
+    spark: Any = None,
+    range_bytes: int = TEXT_RANGE_BYTES,
+    block_records: int = BLOCK_RECORDS,
+) -> dict:
     """Converts the raw ``dataset`` ("cifar10", "mnist", "ptb") at ``input_path`` to ``output``.
 
     ``output_formats``: any of "tfrecord", "parquet". ``shards``: part files (and Parquet files)
@@ -91,34 +100,54 @@ def convert(dataset: str, input_path: str, output: str, *,
     OptionError for bad options, ConversionError when Spark fails otherwise; nothing is
     published then.
     """
-    options = Options(output_formats=tuple(f for f in FORMATS if f in output_formats),
-                      shards=shards, seq_len=seq_len, unk=unk, range_bytes=range_bytes,
-                      block_records=block_records)
+    options = Options(
+        output_formats=tuple(f for f in FORMATS if f in output_formats),
+        shards=shards,
+        seq_len=seq_len,
+        unk=unk,
+        range_bytes=range_bytes,
+        block_records=block_records,
+    )
     spec = _check_options(dataset, output_formats, options)
     if not overwrite and storage.exists(output):
         raise storage.PathExistsError(
-            f"{output} already exists: refusing to replace it (pass --overwrite to replace it)")
+            f"{output} already exists: refusing to replace it (pass --overwrite to replace it)"
+        )
     containers = sources.discover(dataset, input_path)
     _precheck(dataset, containers)
-    log.info("converting %s from %s (%d input files) to %s as %s", dataset, input_path,
-             len(containers), output, " and ".join(options.output_formats))
+    log.info(
+        "converting %s from %s (%d input files) to %s as %s",
+        dataset,
+        input_path,
+        len(containers),
+        output,
+        " and ".join(options.output_formats),
+    )
     session = _session(spark, dataset)
     started = time.monotonic()
     job = _Job(session, spec, options)
     with storage.publish(output, overwrite=overwrite) as tmp:
         storage.makedirs(tmp)
         manifest = job.run(containers, input_path, tmp)
-        storage.write_text(storage.join(tmp, formats.MANIFEST_FILE),
-                           json.dumps(manifest, indent=2) + "\n")
-    log.info("converted %s in %.1f s: %s", dataset, time.monotonic() - started, ", ".join(
-        f"{s} {v['records']} records" for s, v in manifest["splits"].items()))
+        storage.write_text(
+            storage.join(tmp, formats.MANIFEST_FILE), json.dumps(manifest, indent=2) + "\n"
+        )
+    log.info(
+        "converted %s in %.1f s: %s",
+        dataset,
+        time.monotonic() - started,
+        ", ".join(f"{s} {v['records']} records" for s, v in manifest["splits"].items()),
+    )
     return manifest
 
 
 def _precheck(dataset: str, containers) -> None:
     """Checks that need no Spark (sizes, headers of plain files): bad input fails fast."""
-    plain = [{"name": c.name, "path": c.path, "label": c.path, "size": storage.size(c.path)}
-             for c in containers if c.kind == "plain"]
+    plain = [
+        {"name": c.name, "path": c.path, "label": c.path, "size": storage.size(c.path)}
+        for c in containers
+        if c.kind == "plain"
+    ]
     if dataset == "cifar10":
         for f in plain:
             sources.cifar_records(f["label"], f["size"])
@@ -137,40 +166,54 @@ def mnist_headers(files: list[dict]) -> tuple[int, int, int] | None:
         labels = by_name.get(f"{prefix}-labels-idx1-ubyte")
         hi = hl = None
         if images is not None:
-            hi = sources.read_idx_header(images["path"], "images", images["size"],
-                                         label=images["label"])
+            hi = sources.read_idx_header(
+                images["path"], "images", images["size"], label=images["label"]
+            )
             if shape is not None and shape != (hi.rows, hi.cols, 1):
-                raise SourceError(images["label"], f"bad IDX dimensions {hi.rows}x{hi.cols}: "
-                                                   f"the train images are {shape[0]}x{shape[1]}",
-                                  offset=8)
+                raise SourceError(
+                    images["label"],
+                    f"bad IDX dimensions {hi.rows}x{hi.cols}: "
+                    f"the train images are {shape[0]}x{shape[1]}",
+                    offset=8,
+                )
             shape = (hi.rows, hi.cols, 1)
-            images.update(records=hi.count, rows=hi.rows, cols=hi.cols,
-                          labels_of=f"{prefix}-labels-idx1-ubyte")
+            images.update(
+                records=hi.count,
+                rows=hi.rows,
+                cols=hi.cols,
+                labels_of=f"{prefix}-labels-idx1-ubyte",
+            )
         if labels is not None:
-            hl = sources.read_idx_header(labels["path"], "labels", labels["size"],
-                                         label=labels["label"])
+            hl = sources.read_idx_header(
+                labels["path"], "labels", labels["size"], label=labels["label"]
+            )
             labels.update(records=hl.count)
         if hi is not None and hl is not None and hi.count != hl.count:
-            raise SourceError(labels["label"], f"label count {hl.count} does not match the "
-                                               f"image count {hi.count} of {images['label']}",
-                              offset=4)
+            raise SourceError(
+                labels["label"],
+                f"label count {hl.count} does not match the "
+                f"image count {hi.count} of {images['label']}",
+                offset=4,
+            )
     return shape
 
 
 def _check_options(dataset: str, requested_formats: Sequence[str], options: Options):
     """The dataset's spec, once ``dataset``, the formats asked for and ``options`` can work."""
     if dataset not in DATASETS:
-        raise OptionError(f"unknown dataset {dataset!r}: expected one of "
-                          f"{', '.join(DATASETS)}")
+        raise OptionError(f"unknown dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
     unknown = sorted(set(requested_formats) - set(FORMATS))
     if unknown or not requested_formats:
-        raise OptionError(f"unknown or no output formats {unknown or list(requested_formats)}: "
-                          f"choose from {', '.join(FORMATS)}")
+        raise OptionError(
+            f"unknown or no output formats {unknown or list(requested_formats)}: "
+            f"choose from {', '.join(FORMATS)}"
+        )
     if options.shards is not None and options.shards < 1:
         raise OptionError(f"shards must be at least 1, got {options.shards}")
     if options.seq_len < 2:
-        raise OptionError(f"seq_len must be at least 2 (inputs and shifted targets), "
-                          f"got {options.seq_len}")
+        raise OptionError(
+            f"seq_len must be at least 2 (inputs and shifted targets), got {options.seq_len}"
+        )
     unk = options.unk
     if unk is not None and (not unk or unk.split() != [unk]):
         raise OptionError(f"unk must be one word without spaces, got {unk!r}")
@@ -206,14 +249,17 @@ def _version() -> str:
 
 # ----------------------------------------------------------------------------- running tasks
 
+
 def run_tasks(sc, what: str, items: Sequence, fn: Callable) -> list:
     """``sparktf.spark.run_tasks`` for conversion tasks: a SourceError in any task is raised
     here (the first one in item order); other Spark failures are ConversionErrors."""
-    return sparkutil.run_tasks(sc, what, items, fn, expected=(SourceError,),
-                               failure=ConversionError)
+    return sparkutil.run_tasks(
+        sc, what, items, fn, expected=(SourceError,), failure=ConversionError
+    )
 
 
 # ----------------------------------------------------------------------------- prepare
+
 
 def _wanted(dataset: str, name: str) -> bool:
     if dataset == "cifar10":
@@ -227,16 +273,36 @@ def prepare_container(container: dict, *, dataset: str, staging: str) -> list[di
     if kind == "gzip":
         target = storage.join(staging, container["name"])
         stats = sources.gunzip(path, target)
-        return [{"name": container["name"], "path": target, "label": f"{path} (gunzipped)",
-                 "origin": path, **stats}]
+        return [
+            {
+                "name": container["name"],
+                "path": target,
+                "label": f"{path} (gunzipped)",
+                "origin": path,
+                **stats,
+            }
+        ]
     members, archive = sources.extract_members(path, functools.partial(_wanted, dataset), staging)
     names = {m["name"] for m in members}
     if sources.CIFAR_TEST not in names or not any(sources.CIFAR_TRAIN.match(n) for n in names):
-        raise SourceError(path, "archive does not hold data_batch_*.bin and test_batch.bin "
-                                f"(found {', '.join(sorted(names)) or 'none of them'})")
-    return [{"name": m["name"], "path": m["path"], "label": f"{path}[{m['member']}]",
-             "origin": path, "member": m["member"], "size": m["size"], "sha256": m["sha256"],
-             "container": archive} for m in members]
+        raise SourceError(
+            path,
+            "archive does not hold data_batch_*.bin and test_batch.bin "
+            f"(found {', '.join(sorted(names)) or 'none of them'})",
+        )
+    return [
+        {
+            "name": m["name"],
+            "path": m["path"],
+            "label": f"{path}[{m['member']}]",
+            "origin": path,
+            "member": m["member"],
+            "size": m["size"],
+            "sha256": m["sha256"],
+            "container": archive,
+        }
+        for m in members
+    ]
 
 
 def _digest_or_run(fn: Callable, item):
@@ -248,25 +314,36 @@ def _digest_or_run(fn: Callable, item):
 
 # ----------------------------------------------------------------------------- image tasks
 
-def image_blocks(dataset: str, unit: dict, block: int
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+
+def image_blocks(
+    dataset: str, unit: dict, block: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """``(images, labels, ids)`` blocks of one unit's records, in order (runs on executors)."""
     for seg in unit["segments"]:
         if dataset == "cifar10":
-            blocks = sources.read_cifar(seg["path"], seg["start"], seg["stop"], block=block,
-                                        label=seg["label"])
+            blocks = sources.read_cifar(
+                seg["path"], seg["start"], seg["stop"], block=block, label=seg["label"]
+            )
         else:
-            blocks = sources.read_mnist(seg["path"], seg["labels_path"], seg["rows"], seg["cols"],
-                                        seg["start"], seg["stop"], block=block,
-                                        images_label=seg["label"],
-                                        labels_label=seg["labels_label"])
+            blocks = sources.read_mnist(
+                seg["path"],
+                seg["labels_path"],
+                seg["rows"],
+                seg["cols"],
+                seg["start"],
+                seg["stop"],
+                block=block,
+                images_label=seg["label"],
+                labels_label=seg["labels_label"],
+            )
         for first, labels, images in blocks:
             ids = formats.make_id(seg["file_index"], np.arange(first, first + len(labels)))
             yield images, labels, ids
 
 
-def write_image_shard(unit: dict, *, dataset: str, out: str | None, block: int,
-                      num_classes: int) -> dict:
+def write_image_shard(
+    unit: dict, *, dataset: str, out: str | None, block: int, num_classes: int
+) -> dict:
     """Task: validates one shard's records and writes its TFRecord part (``out`` not None)."""
     started = time.monotonic()
     records, nbytes = 0, 0
@@ -280,8 +357,14 @@ def write_image_shard(unit: dict, *, dataset: str, out: str | None, block: int,
                 nbytes += len(data)
             records += len(labels)
             label_counts += np.bincount(labels, minlength=num_classes)
-    log.info("%s shard %d: %d records, %d bytes in %.1f s", unit["split"], unit["shard"],
-             records, nbytes, time.monotonic() - started)
+    log.info(
+        "%s shard %d: %d records, %d bytes in %.1f s",
+        unit["split"],
+        unit["shard"],
+        records,
+        nbytes,
+        time.monotonic() - started,
+    )
     return {"records": records, "bytes": nbytes, "label_counts": label_counts.tolist()}
 
 
@@ -289,18 +372,28 @@ def image_arrow_batches(batches, *, dataset: str, block: int):
     """mapInArrow function: the Parquet rows (image, label, id) of the units in ``batches``."""
     import pyarrow as pa
 
-    schema = pa.schema([pa.field("image", pa.binary(), nullable=False),
-                        pa.field("label", pa.int64(), nullable=False),
-                        pa.field("id", pa.int64(), nullable=False)])
+    schema = pa.schema(
+        [
+            pa.field("image", pa.binary(), nullable=False),
+            pa.field("label", pa.int64(), nullable=False),
+            pa.field("id", pa.int64(), nullable=False),
+        ]
+    )
     for batch in batches:
         for unit in batch.column(0).to_pylist():
             for images, labels, ids in image_blocks(dataset, json.loads(unit), block):
                 yield pa.RecordBatch.from_arrays(
-                    [formats.encode_ndarray_column(images), pa.array(labels, pa.int64()),
-                     pa.array(ids, pa.int64())], schema=schema)
+                    [
+                        formats.encode_ndarray_column(images),
+                        pa.array(labels, pa.int64()),
+                        pa.array(ids, pa.int64()),
+                    ],
+                    schema=schema,
+                )
 
 
 # ----------------------------------------------------------------------------- text tasks
+
 
 def count_range(rng: dict) -> dict:
     """Task: tokens (and for train, word counts) of the lines starting in one byte range."""
@@ -315,8 +408,14 @@ def count_range(rng: dict) -> dict:
     return {"start": start, "tokens": tokens, "counts": dict(counts)}
 
 
-def token_blocks(unit: dict, vocab: dict[str, int], seq_len: int, unk_id: int | None,
-                 block: int, stats: dict | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def token_blocks(
+    unit: dict,
+    vocab: dict[str, int],
+    seq_len: int,
+    unk_id: int | None,
+    block: int,
+    stats: dict | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(tokens [n, seq_len], ids)`` blocks of one text shard's chunks (runs on executors)."""
     need = unit["chunks"] * seq_len
     skip = unit["skip"]
@@ -339,30 +438,36 @@ def token_blocks(unit: dict, vocab: dict[str, int], seq_len: int, unk_id: int | 
                     if unk_id is None:
                         word = words[first + k]
                         raise SourceError(
-                            unit["label"], f"word {word!r} is not in the vocabulary built "
+                            unit["label"],
+                            f"word {word!r} is not in the vocabulary built "
                             "from ptb.train.txt (pass --unk WORD to map such words to WORD)",
-                            offset=sources.word_offset(line, pos, first + k))
+                            offset=sources.word_offset(line, pos, first + k),
+                        )
                     ids[k] = unk_id
                     unk_mapped += 1
-            pending.extend(ids[:need - taken])
+            pending.extend(ids[: need - taken])
             taken += min(len(ids), need - taken)
             while len(pending) >= block * seq_len or (taken == need and pending):
                 n = min(block, len(pending) // seq_len)
-                rows = np.asarray(pending[:n * seq_len], dtype=np.int64).reshape(n, seq_len)
-                del pending[:n * seq_len]
+                rows = np.asarray(pending[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
+                del pending[: n * seq_len]
                 yield rows, formats.make_id(unit["file_index"], np.arange(chunk, chunk + n))
                 chunk += n
             if taken == need:
                 break
     if taken < need:
-        raise SourceError(unit["label"], f"file ended after {taken} of the {need} tokens of "
-                                         "this shard: did it change during the conversion?")
+        raise SourceError(
+            unit["label"],
+            f"file ended after {taken} of the {need} tokens of "
+            "this shard: did it change during the conversion?",
+        )
     if stats is not None:
         stats["unk_mapped"] = unk_mapped
 
 
-def write_text_shard(unit: dict, *, out: str | None, vocab, seq_len: int, unk_id: int | None,
-                     block: int) -> dict:
+def write_text_shard(
+    unit: dict, *, out: str | None, vocab, seq_len: int, unk_id: int | None, block: int
+) -> dict:
     """Task: validates one text shard's chunks and writes its TFRecord part."""
     started = time.monotonic()
     records, nbytes, stats = 0, 0, {}
@@ -372,8 +477,14 @@ def write_text_shard(unit: dict, *, out: str | None, vocab, seq_len: int, unk_id
             if f is not None:
                 nbytes += tfrecord.write_records(f, tfrecord.token_examples(rows, ids))
             records += len(ids)
-    log.info("%s shard %d: %d chunks, %d bytes in %.1f s", unit["split"], unit["shard"],
-             records, nbytes, time.monotonic() - started)
+    log.info(
+        "%s shard %d: %d chunks, %d bytes in %.1f s",
+        unit["split"],
+        unit["shard"],
+        records,
+        nbytes,
+        time.monotonic() - started,
+    )
     return {"records": records, "bytes": nbytes, "unk_mapped": stats.get("unk_mapped", 0)}
 
 
@@ -381,17 +492,22 @@ def text_arrow_batches(batches, *, vocab, seq_len: int, unk_id: int | None, bloc
     """mapInArrow function: the Parquet rows (tokens, id) of the text units in ``batches``."""
     import pyarrow as pa
 
-    schema = pa.schema([pa.field("tokens", pa.binary(), nullable=False),
-                        pa.field("id", pa.int64(), nullable=False)])
+    schema = pa.schema(
+        [
+            pa.field("tokens", pa.binary(), nullable=False),
+            pa.field("id", pa.int64(), nullable=False),
+        ]
+    )
     for batch in batches:
         for unit in batch.column(0).to_pylist():
             for rows, ids in token_blocks(json.loads(unit), vocab.value, seq_len, unk_id, block):
                 yield pa.RecordBatch.from_arrays(
-                    [formats.encode_ndarray_column(rows), pa.array(ids, pa.int64())],
-                    schema=schema)
+                    [formats.encode_ndarray_column(rows), pa.array(ids, pa.int64())], schema=schema
+                )
 
 
 # ----------------------------------------------------------------------------- the job
+
 
 class _Job:
     """One conversion: plans on the driver, runs the Spark passes, returns the manifest."""
@@ -426,14 +542,28 @@ class _Job:
             self._images(raw, manifest, tmp)
         else:
             self._text(raw, manifest, tmp)
-        if self._digest_groups:      # no pass ran (cannot happen: every conversion has one)
+        if self._digest_groups:  # no pass ran (cannot happen: every conversion has one)
             self._run("hash input", [], abs)
         containers_seen = {}
         for f in raw:
             if "sha256" not in f:
                 f.update(self._digests[f["path"]])
-            entry = {k: f[k] for k in ("file_index", "name", "split", "role", "size", "sha256",
-                                       "origin", "member", "records", "tokens") if k in f}
+            entry = {
+                k: f[k]
+                for k in (
+                    "file_index",
+                    "name",
+                    "split",
+                    "role",
+                    "size",
+                    "sha256",
+                    "origin",
+                    "member",
+                    "records",
+                    "tokens",
+                )
+                if k in f
+            }
             manifest["sources"].append(entry)
             if "container" in f:
                 containers_seen[f["origin"]] = {"path": f["origin"], **f["container"]}
@@ -445,12 +575,24 @@ class _Job:
     def _prepare(self, containers, staging: str) -> list[dict]:
         """The raw files: plain ones as they are (hashed later, alongside the first pass),
         gzip files and archives unpacked into ``staging`` by one task each."""
-        packed = [{"path": c.path, "kind": c.kind, "name": c.name} for c in containers
-                  if c.kind != "plain"]
+        packed = [
+            {"path": c.path, "kind": c.kind, "name": c.name}
+            for c in containers
+            if c.kind != "plain"
+        ]
         fn = functools.partial(prepare_container, dataset=self.spec.name, staging=staging)
         raw = [f for files in run_tasks(self.sc, "unpack input", packed, fn) for f in files]
-        plain = [{"name": c.name, "path": c.path, "label": c.path, "origin": c.path,
-                  "size": storage.size(c.path)} for c in containers if c.kind == "plain"]
+        plain = [
+            {
+                "name": c.name,
+                "path": c.path,
+                "label": c.path,
+                "origin": c.path,
+                "size": storage.size(c.path),
+            }
+            for c in containers
+            if c.kind == "plain"
+        ]
         raw = sorted(raw + plain, key=lambda f: f["name"])
         for index, f in enumerate(raw):
             f["file_index"] = index
@@ -472,26 +614,36 @@ class _Job:
         """``run_tasks``, with the pending hashing of plain input files riding along."""
         extra = [{"digest": group} for group in self._digest_groups]
         self._digest_groups = []
-        results = run_tasks(self.sc, what, extra + list(items),
-                            functools.partial(_digest_or_run, fn))
-        for digests in results[:len(extra)]:
+        results = run_tasks(
+            self.sc, what, extra + list(items), functools.partial(_digest_or_run, fn)
+        )
+        for digests in results[: len(extra)]:
             for path, digest in digests.items():
                 if digest["size"] != self._planned_sizes[path]:
-                    raise SourceError(path, f"file changed during the conversion: "
-                                            f"{self._planned_sizes[path]} bytes at the start, "
-                                            f"{digest['size']} when hashed")
+                    raise SourceError(
+                        path,
+                        f"file changed during the conversion: "
+                        f"{self._planned_sizes[path]} bytes at the start, "
+                        f"{digest['size']} when hashed",
+                    )
             self._digests.update(digests)
-        return results[len(extra):]
+        return results[len(extra) :]
 
     def _shard_units(self, split: str, total: int, nbytes: int) -> list[tuple[int, int]]:
         n = shard_count(self.shards, nbytes, total)
         if self.shards and n < self.shards:
-            log.warning("%s: %d shards requested but only %d records: writing %d shards",
-                        split, self.shards, total, n)
+            log.warning(
+                "%s: %d shards requested but only %d records: writing %d shards",
+                split,
+                self.shards,
+                total,
+                n,
+            )
         return [(total * s // n, total * (s + 1) // n) for s in range(n)]
 
-    def _write_parquet(self, tmp: str, split: str, units: list[dict], fields,
-                       arrow_fn) -> list[str]:
+    def _write_parquet(
+        self, tmp: str, split: str, units: list[dict], fields, arrow_fn
+    ) -> list[str]:
         from sparktf.datasets import petastorm_io
 
         schema = petastorm_io.unischema(f"sparktf_{self.spec.name}", fields)
@@ -502,31 +654,40 @@ class _Job:
         frame = self.spark.createDataFrame(rows, "unit string")
         try:
             with petastorm_io.materialize(self.spark, target, schema, row_group_mb=ROW_GROUP_MB):
-                frame.mapInArrow(arrow_fn, petastorm_io.spark_schema(schema)) \
-                    .write.mode("errorifexists").parquet(storage.spark_uri(target))
+                frame.mapInArrow(arrow_fn, petastorm_io.spark_schema(schema)).write.mode(
+                    "errorifexists"
+                ).parquet(storage.spark_uri(target))
         except Exception as exc:
             if sparkutil.is_spark_error(exc):
-                raise sparkutil.spark_failure(f"{split}: Parquet write", exc,
-                                              ConversionError) from None
+                raise sparkutil.spark_failure(
+                    f"{split}: Parquet write", exc, ConversionError
+                ) from None
             raise
         files = [p for p in storage.listdir(target) if p.endswith(".parquet")]
-        parts = sorted(files, key=lambda p: int(re.search(r"part-(\d+)",
-                                                          p.rsplit("/", 1)[-1]).group(1)))
+        parts = sorted(
+            files, key=lambda p: int(re.search(r"part-(\d+)", p.rsplit("/", 1)[-1]).group(1))
+        )
         if len(parts) != len(units):
-            raise ConversionError(f"{split}: expected {len(units)} Parquet files in {target}, "
-                                  f"found {len(parts)}")
+            raise ConversionError(
+                f"{split}: expected {len(units)} Parquet files in {target}, found {len(parts)}"
+            )
         log.info("%s: Parquet written in %.1f s", split, time.monotonic() - started)
         return [f"{split}/{PARQUET}/{p.rsplit('/', 1)[-1]}" for p in parts]
 
     def _split_entry(self, split, units, results, parquet_files) -> dict:
         entry: dict = {"records": sum(r["records"] for r in results), "shards": len(units)}
         if TFRECORD in self.formats:
-            entry[TFRECORD] = {"files": [u["file"] for u in units],
-                               "records": [r["records"] for r in results],
-                               "bytes": [r["bytes"] for r in results]}
+            entry[TFRECORD] = {
+                "files": [u["file"] for u in units],
+                "records": [r["records"] for r in results],
+                "bytes": [r["bytes"] for r in results],
+            }
         if PARQUET in self.formats:
-            entry[PARQUET] = {"dir": f"{split}/{PARQUET}", "files": parquet_files,
-                              "records": [r["records"] for r in results]}
+            entry[PARQUET] = {
+                "dir": f"{split}/{PARQUET}",
+                "files": parquet_files,
+                "records": [r["records"] for r in results],
+            }
         return entry
 
     # -- images ---------------------------------------------------------------------------
@@ -540,29 +701,36 @@ class _Job:
             record_files = {s: [f for f in raw if f["split"] == s] for s in self.spec.splits}
         else:
             shape = mnist_headers(raw)
-            record_files = {s: [f for f in raw if f["split"] == s and f["role"] == "images"]
-                            for s in self.spec.splits}
+            record_files = {
+                s: [f for f in raw if f["split"] == s and f["role"] == "images"]
+                for s in self.spec.splits
+            }
         manifest["schema"] = {
             "image": {"dtype": "uint8", "shape": list(shape), "order": "HWC"},
             "label": {"dtype": "int64", "num_classes": self.spec.num_classes},
             "id": {"dtype": "int64"},
         }
         fields = formats.parquet_fields("image", image_shape=shape)
-        units = {split: self._image_units(split, files, raw)
-                 for split, files in record_files.items()}
-        fn = functools.partial(write_image_shard, dataset=dataset, block=self.block,
-                               out=tmp if TFRECORD in self.formats else None,
-                               num_classes=self.spec.num_classes)
+        units = {
+            split: self._image_units(split, files, raw) for split, files in record_files.items()
+        }
+        fn = functools.partial(
+            write_image_shard,
+            dataset=dataset,
+            block=self.block,
+            out=tmp if TFRECORD in self.formats else None,
+            num_classes=self.spec.num_classes,
+        )
         results = self._run_splits(units, fn)
         for split in self.spec.splits:
             parquet_files = []
             if PARQUET in self.formats:
-                arrow_fn = functools.partial(image_arrow_batches, dataset=dataset,
-                                             block=self.block)
+                arrow_fn = functools.partial(image_arrow_batches, dataset=dataset, block=self.block)
                 parquet_files = self._write_parquet(tmp, split, units[split], fields, arrow_fn)
             entry = self._split_entry(split, units[split], results[split], parquet_files)
-            entry["label_counts"] = np.sum([r["label_counts"] for r in results[split]],
-                                           axis=0).tolist()
+            entry["label_counts"] = np.sum(
+                [r["label_counts"] for r in results[split]], axis=0
+            ).tolist()
             manifest["splits"][split] = entry
 
     def _run_splits(self, units: dict[str, list[dict]], fn) -> dict[str, list[dict]]:
@@ -574,8 +742,12 @@ class _Job:
         for unit, result in zip(flat, results):
             out[unit["split"]].append(result)
         for split in units:
-            log.info("%s: %d records in %d shards", split,
-                     sum(r["records"] for r in out[split]), len(out[split]))
+            log.info(
+                "%s: %d records in %d shards",
+                split,
+                sum(r["records"] for r in out[split]),
+                len(out[split]),
+            )
         return out
 
     def _image_units(self, split: str, files: list[dict], raw: list[dict]) -> list[dict]:
@@ -590,16 +762,31 @@ class _Job:
                 lo, hi = max(a, f0), min(b, f1)
                 if lo >= hi:
                     continue
-                seg = {"file_index": f["file_index"], "path": f["path"], "label": f["label"],
-                       "start": lo - f0, "stop": hi - f0}
+                seg = {
+                    "file_index": f["file_index"],
+                    "path": f["path"],
+                    "label": f["label"],
+                    "start": lo - f0,
+                    "stop": hi - f0,
+                }
                 if "labels_of" in f:
                     labels = by_name[f["labels_of"]]
-                    seg.update(labels_path=labels["path"], labels_label=labels["label"],
-                               rows=f["rows"], cols=f["cols"])
+                    seg.update(
+                        labels_path=labels["path"],
+                        labels_label=labels["label"],
+                        rows=f["rows"],
+                        cols=f["cols"],
+                    )
                 segments.append(seg)
-            units.append({"split": split, "shard": shard, "records": b - a,
-                          "file": f"{split}/{TFRECORD}/{formats.TFRECORD_PART.format(shard)}",
-                          "segments": segments})
+            units.append(
+                {
+                    "split": split,
+                    "shard": shard,
+                    "records": b - a,
+                    "file": f"{split}/{TFRECORD}/{formats.TFRECORD_PART.format(shard)}",
+                    "segments": segments,
+                }
+            )
         return units
 
     # -- text -----------------------------------------------------------------------------
@@ -609,10 +796,16 @@ class _Job:
         ranges = []
         for f in raw:
             for start in range(0, f["size"], self.range_bytes):
-                ranges.append({"file_index": f["file_index"], "path": f["path"],
-                               "label": f["label"], "start": start,
-                               "stop": min(start + self.range_bytes, f["size"]),
-                               "count_words": f["split"] == "train"})
+                ranges.append(
+                    {
+                        "file_index": f["file_index"],
+                        "path": f["path"],
+                        "label": f["label"],
+                        "start": start,
+                        "stop": min(start + self.range_bytes, f["size"]),
+                        "count_words": f["split"] == "train",
+                    }
+                )
         counted = self._run("count tokens", ranges, count_range)
         per_file: dict[int, list[tuple[dict, dict]]] = {}
         for rng, result in zip(ranges, counted):
@@ -628,15 +821,24 @@ class _Job:
         unk_id = None
         if self.unk is not None:
             if self.unk not in word_to_id:
-                raise OptionError(f"--unk {self.unk!r} is not a word of ptb.train.txt, so it is "
-                                 "not in the vocabulary")
+                raise OptionError(
+                    f"--unk {self.unk!r} is not a word of ptb.train.txt, so it is "
+                    "not in the vocabulary"
+                )
             unk_id = word_to_id[self.unk]
         storage.write_text(storage.join(tmp, formats.VOCAB_FILE), "\n".join(vocab) + "\n")
         log.info("vocabulary: %d words from %s", len(vocab), by_split["train"]["label"])
-        manifest["text"] = {"vocab_file": formats.VOCAB_FILE, "vocab_size": len(vocab),
-                            "seq_len": self.seq_len, "eos": formats.EOS, "unk": self.unk}
-        manifest["schema"] = {"tokens": {"dtype": "int64", "shape": [self.seq_len]},
-                              "id": {"dtype": "int64"}}
+        manifest["text"] = {
+            "vocab_file": formats.VOCAB_FILE,
+            "vocab_size": len(vocab),
+            "seq_len": self.seq_len,
+            "eos": formats.EOS,
+            "unk": self.unk,
+        }
+        manifest["schema"] = {
+            "tokens": {"dtype": "int64", "shape": [self.seq_len]},
+            "id": {"dtype": "int64"},
+        }
         fields = formats.parquet_fields("text", seq_len=self.seq_len)
         broadcast = self.sc.broadcast(word_to_id)
         try:
@@ -648,27 +850,41 @@ class _Job:
                 chunks = tokens // self.seq_len
                 f.update(records=chunks, tokens=tokens)
                 if chunks == 0:
-                    raise SourceError(f["label"], f"{tokens} tokens is fewer than the "
-                                                  f"{self.seq_len} of one record (--seq-len): "
-                                                  "empty input", offset=0)
+                    raise SourceError(
+                        f["label"],
+                        f"{tokens} tokens is fewer than the "
+                        f"{self.seq_len} of one record (--seq-len): "
+                        "empty input",
+                        offset=0,
+                    )
                 units[split] = self._text_units(split, f, pieces, chunks)
-            fn = functools.partial(write_text_shard, vocab=broadcast, seq_len=self.seq_len,
-                                   unk_id=unk_id, block=self.block,
-                                   out=tmp if TFRECORD in self.formats else None)
+            fn = functools.partial(
+                write_text_shard,
+                vocab=broadcast,
+                seq_len=self.seq_len,
+                unk_id=unk_id,
+                block=self.block,
+                out=tmp if TFRECORD in self.formats else None,
+            )
             results = self._run_splits(units, fn)
             for split in self.spec.splits:
                 parquet_files = []
                 if PARQUET in self.formats:
-                    arrow_fn = functools.partial(text_arrow_batches, vocab=broadcast,
-                                                 seq_len=self.seq_len, unk_id=unk_id,
-                                                 block=self.block)
-                    parquet_files = self._write_parquet(tmp, split, units[split], fields,
-                                                        arrow_fn)
+                    arrow_fn = functools.partial(
+                        text_arrow_batches,
+                        vocab=broadcast,
+                        seq_len=self.seq_len,
+                        unk_id=unk_id,
+                        block=self.block,
+                    )
+                    parquet_files = self._write_parquet(tmp, split, units[split], fields, arrow_fn)
                 entry = self._split_entry(split, units[split], results[split], parquet_files)
                 source = by_split[split]
-                entry.update(tokens=source["tokens"],
-                             dropped_tokens=source["tokens"] - entry["records"] * self.seq_len,
-                             unk_mapped=sum(r["unk_mapped"] for r in results[split]))
+                entry.update(
+                    tokens=source["tokens"],
+                    dropped_tokens=source["tokens"] - entry["records"] * self.seq_len,
+                    unk_mapped=sum(r["unk_mapped"] for r in results[split]),
+                )
                 manifest["splits"][split] = entry
         finally:
             broadcast.destroy()
@@ -681,9 +897,19 @@ class _Job:
             t0 = c0 * self.seq_len
             r = bisect.bisect_right(prefix, t0) - 1
             r = min(r, len(pieces) - 1)
-            units.append({"split": split, "shard": shard, "records": c1 - c0,
-                          "file_index": f["file_index"], "path": f["path"], "label": f["label"],
-                          "start": starts[r], "skip": t0 - prefix[r], "chunk0": c0,
-                          "chunks": c1 - c0,
-                          "file": f"{split}/{TFRECORD}/{formats.TFRECORD_PART.format(shard)}"})
+            units.append(
+                {
+                    "split": split,
+                    "shard": shard,
+                    "records": c1 - c0,
+                    "file_index": f["file_index"],
+                    "path": f["path"],
+                    "label": f["label"],
+                    "start": starts[r],
+                    "skip": t0 - prefix[r],
+                    "chunk0": c0,
+                    "chunks": c1 - c0,
+                    "file": f"{split}/{TFRECORD}/{formats.TFRECORD_PART.format(shard)}",
+                }
+            )
         return units

@@ -48,9 +48,11 @@ TEXT_SPLITS = ("train", "valid", "test")
 EOS = "<eos>"
 DEFAULT_SEQ_LEN = 21
 ID_SHIFT = 32
-ID_SCHEME = ("id = file_index << 32 | record_index; file_index is the position of the source "
-             "file in 'sources' (sorted by name), record_index the record's (PTB: chunk's) index "
-             "in that file")
+ID_SCHEME = (
+    "id = file_index << 32 | record_index; file_index is the position of the source "
+    "file in 'sources' (sorted by name), record_index the record's (PTB: chunk's) index "
+    "in that file"
+)
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,9 @@ class DatasetSpec:
     """What kind of dataset a name stands for."""
 
     name: str
-    kind: str                       # "image" or "text"
+    kind: str  # "image" or "text"
     splits: tuple[str, ...]
-    image_shape: tuple[int, int, int] | None = None   # (height, width, channels)
+    image_shape: tuple[int, int, int] | None = None  # (height, width, channels)
     num_classes: int | None = None
 
 
@@ -77,6 +79,7 @@ class ManifestError(ValueError):
 
 # ----------------------------------------------------------------------------- ids
 
+
 def make_id(file_index: int, record_index: int | np.ndarray) -> int | np.ndarray:
     """The record id: ``file_index << 32 | record_index`` (vectorised over record_index)."""
     if isinstance(record_index, np.ndarray):
@@ -90,6 +93,7 @@ def split_id(record_id: int) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- TFRecord
+
 
 def feature_spec(kind: str = "image", *, seq_len: int | None = None) -> dict:
     """The ``tf.io.parse_example`` spec of the TFRecord Examples of a ``kind`` of dataset.
@@ -108,12 +112,15 @@ def feature_spec(kind: str = "image", *, seq_len: int | None = None) -> dict:
     if kind == "text":
         if not seq_len:
             raise ValueError("feature_spec('text') needs seq_len")
-        return {"tokens": tf.io.FixedLenFeature([seq_len], tf.int64),
-                "id": tf.io.FixedLenFeature([], tf.int64)}
+        return {
+            "tokens": tf.io.FixedLenFeature([seq_len], tf.int64),
+            "id": tf.io.FixedLenFeature([], tf.int64),
+        }
     raise ValueError(f"unknown dataset kind {kind!r}: expected 'image' or 'text'")
 
 
 # ----------------------------------------------------------------------------- Parquet
+
 
 @dataclass(frozen=True)
 class Field:
@@ -131,8 +138,11 @@ class Field:
 def parquet_fields(kind: str, *, image_shape=None, seq_len: int | None = None) -> list[Field]:
     """The Parquet columns of a dataset, in order."""
     if kind == "image":
-        return [Field("image", "uint8", tuple(image_shape)), Field("label", "int64"),
-                Field("id", "int64")]
+        return [
+            Field("image", "uint8", tuple(image_shape)),
+            Field("label", "int64"),
+            Field("id", "int64"),
+        ]
     if kind == "text":
         return [Field("tokens", "int64", (int(seq_len),)), Field("id", "int64")]
     raise ValueError(f"unknown dataset kind {kind!r}: expected 'image' or 'text'")
@@ -220,7 +230,7 @@ def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
     empty = np.zeros(shape, dtype=dtype)
     np.save(buf, empty)
     data = buf.getvalue()
-    return data[:len(data) - empty.nbytes]
+    return data[: len(data) - empty.nbytes]
 
 
 def describe_layout(dtype, shape) -> str:
@@ -240,11 +250,12 @@ def encode_ndarray_column(values: np.ndarray):
     header = np.frombuffer(npy_header(values.dtype.str, values.shape[1:]), dtype=np.uint8)
     item = header.size + values[0:1].nbytes if n else header.size
     data = np.empty((n, item), dtype=np.uint8)
-    data[:, :header.size] = header
-    data[:, header.size:] = values.reshape(n, -1).view(np.uint8)
+    data[:, : header.size] = header
+    data[:, header.size :] = values.reshape(n, -1).view(np.uint8)
     offsets = np.arange(n + 1, dtype=np.int64) * item
-    return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets),
-                                                        pa.py_buffer(data)]).cast(pa.binary())
+    return pa.Array.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    ).cast(pa.binary())
 
 
 def binary_parts(values) -> tuple[np.ndarray, np.ndarray]:
@@ -254,7 +265,7 @@ def binary_parts(values) -> tuple[np.ndarray, np.ndarray]:
 
     _, offsets, data = values.buffers()
     otype = np.int64 if pa.types.is_large_binary(values.type) else np.int32
-    offs = np.frombuffer(offsets, dtype=otype)[values.offset:values.offset + len(values) + 1]
+    offs = np.frombuffer(offsets, dtype=otype)[values.offset : values.offset + len(values) + 1]
     buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
     return offs.astype(np.int64), buf
 
@@ -270,11 +281,12 @@ def binary_matrix(values) -> np.ndarray | None:
     length = int(offsets[1] - offsets[0])
     if not (np.diff(offsets) == length).all():
         return None
-    return data[offsets[0]:offsets[-1]].reshape(n, length)
+    return data[offsets[0] : offsets[-1]].reshape(n, length)
 
 
-def decode_ndarray_column(values, dtype: str | None = None, shape: tuple[int, ...] | None = None,
-                          *, name: str = "ndarray") -> np.ndarray:
+def decode_ndarray_column(
+    values, dtype: str | None = None, shape: tuple[int, ...] | None = None, *, name: str = "ndarray"
+) -> np.ndarray:
     """Decodes a column of ``numpy.save`` bytes (NdarrayCodec) into one [n, *shape] array.
 
     ``values``: a pyarrow binary array (chunked or not, sliced or not) or a sequence of bytes.
@@ -291,8 +303,10 @@ def decode_ndarray_column(values, dtype: str | None = None, shape: tuple[int, ..
         return np.zeros((0, *want[1]), dtype=want[0]) if want else np.zeros(0, np.uint8)
     if want is not None:  # the fast path: the header numpy writes today, byte for byte
         header = np.frombuffer(npy_header(want[0].str, want[1]), dtype=np.uint8)
-        if matrix.shape[1] == header.size + want[0].itemsize * int(np.prod(want[1])) \
-                and (matrix[:, :header.size] == header).all():
+        if (
+            matrix.shape[1] == header.size + want[0].itemsize * int(np.prod(want[1]))
+            and (matrix[:, : header.size] == header).all()
+        ):
             return _body(matrix, header.size, *want)
     # Any other header (another numpy's padding, or no dtype and shape given): parse row 0's
     # and hold every row to it.
@@ -300,15 +314,23 @@ def decode_ndarray_column(values, dtype: str | None = None, shape: tuple[int, ..
         head = read_npy_header(matrix[0])
     except ValueError:
         head = None
-    if head is None or head.fortran_order or head.dtype.hasobject \
-            or matrix.shape[1] != head.size + head.data_bytes \
-            or (want is not None and (head.dtype, head.shape) != want):
+    if (
+        head is None
+        or head.fortran_order
+        or head.dtype.hasobject
+        or matrix.shape[1] != head.size + head.data_bytes
+        or (want is not None and (head.dtype, head.shape) != want)
+    ):
         raise _error(name, 0, _found(matrix[0]), want)
-    same = (matrix[:, :head.size] == matrix[0, :head.size]).all(axis=1)
+    same = (matrix[:, : head.size] == matrix[0, : head.size]).all(axis=1)
     if not same.all():
         i = int(np.flatnonzero(~same)[0])
-        raise _error(name, i, _found(matrix[i]) + ", a header unlike row 0's",
-                     want or (head.dtype, head.shape))
+        raise _error(
+            name,
+            i,
+            _found(matrix[i]) + ", a header unlike row 0's",
+            want or (head.dtype, head.shape),
+        )
     return _body(matrix, head.size, head.dtype, head.shape)
 
 
@@ -334,7 +356,7 @@ def _value_matrix(values, name: str, want) -> np.ndarray:
         if matrix is not None:
             return matrix
         offsets, data = binary_parts(values)
-        value = lambda i: data[offsets[i]:offsets[i + 1]]  # noqa: E731
+        value = lambda i: data[offsets[i] : offsets[i + 1]]  # noqa: E731
         lengths = np.diff(offsets)
     else:
         values = list(values)
@@ -362,19 +384,28 @@ def _found(value: np.ndarray) -> str:
         return f"holds {len(value)} bytes that are not numpy.save bytes"
     order = "Fortran-order " if head.fortran_order else ""
     extra = len(value) - head.size - head.data_bytes
-    tail = "" if extra == 0 else f", {-extra} bytes short" if extra < 0 else \
-        f", with {extra} bytes more than its header says"
+    tail = (
+        ""
+        if extra == 0
+        else f", {-extra} bytes short"
+        if extra < 0
+        else f", with {extra} bytes more than its header says"
+    )
     return f"holds numpy.save bytes of {order}{describe_layout(head.dtype, head.shape)}{tail}"
 
 
 def _error(name: str, row: int | None, what: str, want) -> NdarrayColumnError:
     where = f"column {name!r}" if row is None else f"column {name!r}: row {row}"
-    expected = (f"numpy.save bytes of {describe_layout(*want)}" if want is not None
-                else "numpy.save bytes of one dtype and shape")
+    expected = (
+        f"numpy.save bytes of {describe_layout(*want)}"
+        if want is not None
+        else "numpy.save bytes of one dtype and shape"
+    )
     return NdarrayColumnError(f"{where} {what}; expected {expected}")
 
 
 # ----------------------------------------------------------------------------- manifest
+
 
 def manifest_path(dataset_dir: str) -> str:
     return storage.join(dataset_dir, MANIFEST_FILE)
@@ -395,8 +426,9 @@ def load_manifest(path: str) -> dict:
     try:
         manifest = json.loads(storage.read_text(file))
     except storage.PathNotFoundError as exc:
-        raise ManifestError(f"no dataset manifest at {file}: not a converted dataset "
-                            "(run one of jobs/convert_*.py)") from exc
+        raise ManifestError(
+            f"no dataset manifest at {file}: not a converted dataset (run one of jobs/convert_*.py)"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise ManifestError(f"dataset manifest {file} is not valid JSON: {exc}") from exc
     check_manifest(manifest, file)
@@ -409,10 +441,15 @@ def check_manifest(manifest: dict, where: str = "manifest") -> None:
         raise ManifestError(f"{where}: expected a JSON object")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
-        raise ManifestError(f"{where}: format_version {version!r} is not supported "
-                            f"(this sparktf reads version {FORMAT_VERSION}); convert again")
-    missing = [k for k in ("dataset", "kind", "formats", "sources", "schema", "splits")
-               if k not in manifest]
+        raise ManifestError(
+            f"{where}: format_version {version!r} is not supported "
+            f"(this sparktf reads version {FORMAT_VERSION}); convert again"
+        )
+    missing = [
+        k
+        for k in ("dataset", "kind", "formats", "sources", "schema", "splits")
+        if k not in manifest
+    ]
     if missing:
         raise ManifestError(f"{where}: missing keys {', '.join(missing)}")
 
@@ -420,11 +457,14 @@ def check_manifest(manifest: dict, where: str = "manifest") -> None:
 def split_files(manifest: dict, dataset_dir: str, split: str, fmt: str) -> list[str]:
     """Full paths of the part files of one split in one format, in order."""
     if split not in manifest["splits"]:
-        raise ManifestError(f"dataset {dataset_dir} has no split {split!r} "
-                            f"(it has {', '.join(manifest['splits'])})")
+        raise ManifestError(
+            f"dataset {dataset_dir} has no split {split!r} (it has {', '.join(manifest['splits'])})"
+        )
     if fmt not in manifest["formats"]:
-        raise ManifestError(f"dataset {dataset_dir} was not written as {fmt} "
-                            f"(it has {', '.join(manifest['formats'])})")
+        raise ManifestError(
+            f"dataset {dataset_dir} was not written as {fmt} "
+            f"(it has {', '.join(manifest['formats'])})"
+        )
     return [storage.join(dataset_dir, rel) for rel in manifest["splits"][split][fmt]["files"]]
 
 

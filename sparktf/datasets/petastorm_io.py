@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from sparktf import storage
 from sparktf.datasets.formats import Field, manifest_fields
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _wrapper_class():
     import pyarrow.filesystem
 
@@ -101,8 +101,9 @@ def materialize(spark, path: str, schema, *, row_group_mb: int = 256) -> Iterato
     url = storage.spark_uri(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        with materialize_dataset(spark, url, schema, row_group_mb,
-                                 filesystem_factory=filesystem_factory(path)):
+        with materialize_dataset(
+            spark, url, schema, row_group_mb, filesystem_factory=filesystem_factory(path)
+        ):
             yield url
 
 
@@ -112,8 +113,9 @@ def make_reader(path: str, **kwargs):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return petastorm.make_reader(storage.spark_uri(path),
-                                     filesystem=legacy_filesystem(path), **kwargs)
+        return petastorm.make_reader(
+            storage.spark_uri(path), filesystem=legacy_filesystem(path), **kwargs
+        )
 
 
 def make_batch_reader(paths: str | Sequence[str], **kwargs):
@@ -126,8 +128,11 @@ def make_batch_reader(paths: str | Sequence[str], **kwargs):
     import petastorm
 
     first = paths if isinstance(paths, str) else paths[0]
-    urls = storage.spark_uri(paths) if isinstance(paths, str) else \
-        [storage.spark_uri(p) for p in paths]
+    urls = (
+        storage.spark_uri(paths)
+        if isinstance(paths, str)
+        else [storage.spark_uri(p) for p in paths]
+    )
     with warnings.catch_warnings():
         # It warns that a petastorm dataset "may give unexpected results": sparktf decodes
         # the ndarray columns itself, in batches.

@@ -58,8 +58,7 @@ def _resolve(path: str, split: str | None) -> tuple[str, str, dict]:
     path = path.rstrip("/")
     if storage.exists(formats.manifest_path(path)):
         if split is None:
-            raise ValueError(f"{path} is a dataset directory: pass split= (or give "
-                             f"{path}/train)")
+            raise ValueError(f"{path} is a dataset directory: pass split= (or give {path}/train)")
         return path, split, formats.load_manifest(path)
     loc = storage.parse(path)
     if posixpath.basename(loc.path) in (TFRECORD, PARQUET):
@@ -75,8 +74,10 @@ def _resolve(path: str, split: str | None) -> tuple[str, str, dict]:
 def _plan(files: list[str], num_shards: int, shard_index: int) -> tuple[list[str], bool]:
     """This worker's files, and whether it must shard by records instead of by files."""
     if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise ValueError(f"need 0 <= shard_index < num_shards, got shard_index={shard_index}, "
-                         f"num_shards={num_shards}")
+        raise ValueError(
+            f"need 0 <= shard_index < num_shards, got shard_index={shard_index}, "
+            f"num_shards={num_shards}"
+        )
     if num_shards == 1:
         return files, False
     if len(files) % num_shards == 0:
@@ -91,7 +92,7 @@ def _check_batch(batch_size: int) -> None:
 
 # ----------------------------------------------------------------------------- TFRecord
 
-HDFS_READ_BLOCK = 16 << 20   # bytes per WebHDFS request: fewer, larger requests read faster
+HDFS_READ_BLOCK = 16 << 20  # bytes per WebHDFS request: fewer, larger requests read faster
 
 
 class _ReadAhead:
@@ -102,8 +103,9 @@ class _ReadAhead:
     def __init__(self, path: str, block: int = HDFS_READ_BLOCK, depth: int = 1):
         self._queue: queue.Queue = queue.Queue(depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._fetch, args=(path, block), daemon=True,
-                                        name=f"read-ahead {path}")
+        self._thread = threading.Thread(
+            target=self._fetch, args=(path, block), daemon=True, name=f"read-ahead {path}"
+        )
         self._thread.start()
 
     def _fetch(self, path: str, block: int) -> None:
@@ -138,8 +140,9 @@ class _ReadAhead:
 
 def _stream_batches(path: bytes, verify: bool) -> Iterator[np.ndarray]:
     name = path.decode()
-    stream = _ReadAhead(name) if storage.parse(name).scheme != "file" else \
-        storage.open_file(name, "rb")
+    stream = (
+        _ReadAhead(name) if storage.parse(name).scheme != "file" else storage.open_file(name, "rb")
+    )
     try:
         for batch in tfrecord.iter_record_batches(stream, name=name, verify_data=bool(verify)):
             yield np.array(batch, dtype=object)
@@ -147,18 +150,29 @@ def _stream_batches(path: bytes, verify: bool) -> Iterator[np.ndarray]:
         stream.close()
 
 
-def _records(files: tf.data.Dataset, *, local: bool, parallel: int, deterministic: bool,
-             verify: bool) -> tf.data.Dataset:
+def _records(
+    files: tf.data.Dataset, *, local: bool, parallel: int, deterministic: bool, verify: bool
+) -> tf.data.Dataset:
     if local:
+
         def open_one(path):
             return tf.data.TFRecordDataset(path, buffer_size=1 << 20)
     else:
+
         def open_one(path):
             return tf.data.Dataset.from_generator(
-                _stream_batches, args=(path, verify),
-                output_signature=tf.TensorSpec([None], tf.string)).unbatch()
-    return files.interleave(open_one, cycle_length=parallel, block_length=16,
-                            num_parallel_calls=parallel, deterministic=deterministic)
+                _stream_batches,
+                args=(path, verify),
+                output_signature=tf.TensorSpec([None], tf.string),
+            ).unbatch()
+
+    return files.interleave(
+        open_one,
+        cycle_length=parallel,
+        block_length=16,
+        num_parallel_calls=parallel,
+        deterministic=deterministic,
+    )
 
 
 def _parser(manifest: dict):
@@ -169,8 +183,9 @@ def _parser(manifest: dict):
 
         def parse(serialized):
             f = tf.io.parse_example(serialized, spec)
-            image = tf.reshape(tf.io.decode_raw(f["image"], tf.uint8),
-                               [-1, height, width, channels])
+            image = tf.reshape(
+                tf.io.decode_raw(f["image"], tf.uint8), [-1, height, width, channels]
+            )
             image.set_shape([serialized.shape[0], height, width, channels])
             return {"image": image, "label": f["label"], "id": f["id"]}
     else:
@@ -179,15 +194,25 @@ def _parser(manifest: dict):
         def parse(serialized):
             f = tf.io.parse_example(serialized, spec)
             return {"tokens": f["tokens"], "id": f["id"]}
+
     return parse
 
 
-def tfrecord_dataset(path: str, *, batch_size: int, split: str | None = None,
-                     num_shards: int = 1, shard_index: int = 0, shuffle: bool = False,
-                     seed: int | None = None, repeat: bool = False,
-                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, drop_remainder: bool = False,
-                     num_parallel_reads: int = 4, verify_checksums: bool = False
-                     ) -> tf.data.Dataset:
+def tfrecord_dataset(
+    path: str,
+    *,
+    batch_size: int,
+    split: str | None = None,
+    num_shards: int = 1,
+    shard_index: int = 0,
+    shuffle: bool = False,
+    seed: int | None = None,
+    repeat: bool = False,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    drop_remainder: bool = False,
+    num_parallel_reads: int = 4,
+    verify_checksums: bool = False,
+) -> tf.data.Dataset:
     """Batches of the TFRecord part files of one split (local or HDFS); see the module doc.
 
     Returns a ``tf.data.Dataset`` of dicts: images ``{"image": uint8 [B, H, W, C], "label":
@@ -205,8 +230,9 @@ def tfrecord_dataset(path: str, *, batch_size: int, split: str | None = None,
     parallel = max(1, min(num_parallel_reads, len(mine)))
     names = tf.data.Dataset.from_tensor_slices(tf.constant(mine, dtype=tf.string))
     if by_records:
-        records = _records(names, local=local, parallel=parallel, deterministic=True,
-                           verify=verify_checksums).shard(num_shards, shard_index)
+        records = _records(
+            names, local=local, parallel=parallel, deterministic=True, verify=verify_checksums
+        ).shard(num_shards, shard_index)
         if repeat:
             records = records.repeat()
     else:
@@ -214,27 +240,38 @@ def tfrecord_dataset(path: str, *, batch_size: int, split: str | None = None,
             names = names.shuffle(len(mine), seed=seed, reshuffle_each_iteration=True)
         if repeat:
             names = names.repeat()
-        records = _records(names, local=local, parallel=parallel, deterministic=deterministic,
-                           verify=verify_checksums)
+        records = _records(
+            names,
+            local=local,
+            parallel=parallel,
+            deterministic=deterministic,
+            verify=verify_checksums,
+        )
     if shuffle:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     batches = records.batch(batch_size, drop_remainder=drop_remainder)
-    batches = batches.map(_parser(manifest), num_parallel_calls=AUTOTUNE,
-                          deterministic=deterministic)
+    batches = batches.map(
+        _parser(manifest), num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    )
     return batches.prefetch(AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------- Parquet
 
+
 def _signature(manifest: dict, batch: int | None) -> dict:
     if manifest["kind"] == "image":
         shape = manifest["schema"]["image"]["shape"]
-        return {"image": tf.TensorSpec([batch, *shape], tf.uint8),
-                "label": tf.TensorSpec([batch], tf.int64),
-                "id": tf.TensorSpec([batch], tf.int64)}
+        return {
+            "image": tf.TensorSpec([batch, *shape], tf.uint8),
+            "label": tf.TensorSpec([batch], tf.int64),
+            "id": tf.TensorSpec([batch], tf.int64),
+        }
     seq_len = manifest["schema"]["tokens"]["shape"][0]
-    return {"tokens": tf.TensorSpec([batch, seq_len], tf.int64),
-            "id": tf.TensorSpec([batch], tf.int64)}
+    return {
+        "tokens": tf.TensorSpec([batch, seq_len], tf.int64),
+        "id": tf.TensorSpec([batch], tf.int64),
+    }
 
 
 class _ParquetBatches:
@@ -244,8 +281,22 @@ class _ParquetBatches:
     system of sparktf.storage), ``workers`` of them ahead of use; columns are decoded whole.
     """
 
-    def __init__(self, manifest, files, *, batch_size, num_shards, shard_index, by_records,
-                 shuffle, seed, repeat, shuffle_buffer, drop_remainder, workers):
+    def __init__(
+        self,
+        manifest,
+        files,
+        *,
+        batch_size,
+        num_shards,
+        shard_index,
+        by_records,
+        shuffle,
+        seed,
+        repeat,
+        shuffle_buffer,
+        drop_remainder,
+        workers,
+    ):
         self.files = files
         self.fields = formats.manifest_fields(manifest)
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
@@ -284,8 +335,9 @@ class _ParquetBatches:
             column = table.column(field.name)
             try:
                 if field.shape is not None:
-                    out[field.name] = formats.decode_ndarray_column(column, field.dtype,
-                                                                    field.shape)
+                    out[field.name] = formats.decode_ndarray_column(
+                        column, field.dtype, field.shape
+                    )
                 else:
                     out[field.name] = np.array(column.to_numpy(), dtype=np.int64)  # a copy
             except ValueError as exc:
@@ -340,7 +392,7 @@ class _ParquetBatches:
             cols = {k: v[order] for k, v in cols.items()}
         full = n // self.batch_size * self.batch_size
         for start in range(0, full, self.batch_size):
-            yield {k: v[start:start + self.batch_size] for k, v in cols.items()}
+            yield {k: v[start : start + self.batch_size] for k, v in cols.items()}
         if full < n:
             rest = {k: v[full:] for k, v in cols.items()}
             if not final:
@@ -350,11 +402,20 @@ class _ParquetBatches:
         return None
 
 
-def parquet_dataset(path: str, *, batch_size: int, split: str | None = None,
-                    num_shards: int = 1, shard_index: int = 0, shuffle: bool = False,
-                    seed: int | None = None, repeat: bool = False,
-                    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, drop_remainder: bool = False,
-                    workers: int = 2) -> tf.data.Dataset:
+def parquet_dataset(
+    path: str,
+    *,
+    batch_size: int,
+    split: str | None = None,
+    num_shards: int = 1,
+    shard_index: int = 0,
+    shuffle: bool = False,
+    seed: int | None = None,
+    repeat: bool = False,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    drop_remainder: bool = False,
+    workers: int = 2,
+) -> tf.data.Dataset:
     """Batches of the Parquet (petastorm) files of one split (local or HDFS); see the module doc.
 
     Same arguments and batches as ``tfrecord_dataset``; ``workers``: row groups read ahead
@@ -364,10 +425,20 @@ def parquet_dataset(path: str, *, batch_size: int, split: str | None = None,
     dataset_dir, split, manifest = _resolve(path, split)
     files = formats.split_files(manifest, dataset_dir, split, PARQUET)
     mine, by_records = _plan(files, num_shards, shard_index)
-    generator = _ParquetBatches(manifest, mine, batch_size=batch_size, num_shards=num_shards,
-                                shard_index=shard_index, by_records=by_records, shuffle=shuffle,
-                                seed=seed, repeat=repeat, shuffle_buffer=shuffle_buffer,
-                                drop_remainder=drop_remainder, workers=max(1, workers))
+    generator = _ParquetBatches(
+        manifest,
+        mine,
+        batch_size=batch_size,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        by_records=by_records,
+        shuffle=shuffle,
+        seed=seed,
+        repeat=repeat,
+        shuffle_buffer=shuffle_buffer,
+        drop_remainder=drop_remainder,
+        workers=max(1, workers),
+    )
     signature = _signature(manifest, batch_size if drop_remainder else None)
     dataset = tf.data.Dataset.from_generator(generator, output_signature=signature)
     return dataset.prefetch(AUTOTUNE)

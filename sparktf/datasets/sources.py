@@ -64,8 +64,15 @@ PTB_FILES = {"ptb.train.txt": "train", "ptb.valid.txt": "valid", "ptb.test.txt":
 class SourceError(ValueError):
     """A raw input that cannot be converted; the message names the file and the place."""
 
-    def __init__(self, path: str, problem: str, *, offset: int | None = None,
-                 record: int | None = None, offset_label: str = "byte offset"):
+    def __init__(
+        self,
+        path: str,
+        problem: str,
+        *,
+        offset: int | None = None,
+        record: int | None = None,
+        offset_label: str = "byte offset",
+    ):
         where = []
         if record is not None:
             where.append(f"record {record}")
@@ -78,8 +85,13 @@ class SourceError(ValueError):
 
     def to_dict(self) -> dict:
         """Plain fields, to send from a Spark task to the driver (``SourceError(**d)``)."""
-        return {"path": self.path, "problem": self.problem, "offset": self.offset,
-                "record": self.record, "offset_label": self.offset_label}
+        return {
+            "path": self.path,
+            "problem": self.problem,
+            "offset": self.offset,
+            "record": self.record,
+            "offset_label": self.offset_label,
+        }
 
     def __reduce__(self):
         return _rebuild_source_error, (self.to_dict(),)
@@ -91,13 +103,14 @@ def _rebuild_source_error(fields: dict) -> SourceError:
 
 # ----------------------------------------------------------------------------- discovery
 
+
 @dataclass(frozen=True)
 class Container:
     """An input file as found: read as is ("plain"), gunzipped ("gzip"), or an archive."""
 
     path: str
-    kind: str                      # "plain", "gzip" or "archive"
-    name: str                      # canonical raw file name ("" for an archive)
+    kind: str  # "plain", "gzip" or "archive"
+    name: str  # canonical raw file name ("" for an archive)
     split: str = ""
     role: str = ""
 
@@ -147,18 +160,29 @@ def _discover_cifar10(input_path: str) -> list[Container]:
     if found:
         chosen = _unique(found, input_path)
         if CIFAR_TEST not in chosen or len(chosen) < 2:
-            raise SourceError(input_path, "expected data_batch_*.bin (train) and test_batch.bin "
-                                          f"(test); found only {', '.join(sorted(chosen))}")
-        return [Container(path, "plain", name, "test" if name == CIFAR_TEST else "train",
-                          "records") for name, path in sorted(chosen.items())]
+            raise SourceError(
+                input_path,
+                "expected data_batch_*.bin (train) and test_batch.bin "
+                f"(test); found only {', '.join(sorted(chosen))}",
+            )
+        return [
+            Container(path, "plain", name, "test" if name == CIFAR_TEST else "train", "records")
+            for name, path in sorted(chosen.items())
+        ]
     archives = [p for p in files if _is_archive(p)]
     if len(archives) == 1:
         return [Container(archives[0], "archive", "")]
     if len(archives) > 1:
-        raise SourceError(input_path, "more than one archive and no data_batch_*.bin files: "
-                                      f"{', '.join(archives)}; give one of them as --input")
-    raise SourceError(input_path, "no CIFAR-10 binary files: expected data_batch_1.bin ... "
-                                  "data_batch_5.bin and test_batch.bin, or cifar-10-binary.tar.gz")
+        raise SourceError(
+            input_path,
+            "more than one archive and no data_batch_*.bin files: "
+            f"{', '.join(archives)}; give one of them as --input",
+        )
+    raise SourceError(
+        input_path,
+        "no CIFAR-10 binary files: expected data_batch_1.bin ... "
+        "data_batch_5.bin and test_batch.bin, or cifar-10-binary.tar.gz",
+    )
 
 
 def _discover_mnist(input_path: str) -> list[Container]:
@@ -170,12 +194,13 @@ def _discover_mnist(input_path: str) -> list[Container]:
             found.setdefault(canonical, []).append(path)
     missing = sorted(set(MNIST_FILES) - set(found))
     if missing:
-        raise SourceError(input_path, "missing MNIST files: " + ", ".join(
-            f"{m}[.gz]" for m in missing))
+        raise SourceError(
+            input_path, "missing MNIST files: " + ", ".join(f"{m}[.gz]" for m in missing)
+        )
     out = []
     for name, paths in sorted(found.items()):
         plain = [p for p in paths if not p.endswith(".gz")]
-        paths = plain or paths   # both forms present: read the plain one
+        paths = plain or paths  # both forms present: read the plain one
         if len(paths) > 1:
             raise SourceError(input_path, f"{name} found more than once: {', '.join(paths)}")
         split, role = MNIST_FILES[name]
@@ -192,10 +217,15 @@ def _discover_ptb(input_path: str) -> list[Container]:
             found.setdefault(name, []).append(path)
     missing = sorted(set(PTB_FILES) - set(found))
     if missing:
-        raise SourceError(input_path, f"missing PTB files: {', '.join(missing)} (expected the "
-                                      "data/ directory of simple-examples)")
-    return [Container(path, "plain", name, PTB_FILES[name], "text")
-            for name, path in sorted(_unique(found, input_path).items())]
+        raise SourceError(
+            input_path,
+            f"missing PTB files: {', '.join(missing)} (expected the "
+            "data/ directory of simple-examples)",
+        )
+    return [
+        Container(path, "plain", name, PTB_FILES[name], "text")
+        for name, path in sorted(_unique(found, input_path).items())
+    ]
 
 
 def canonical_split(dataset: str, name: str) -> tuple[str, str]:
@@ -208,6 +238,7 @@ def canonical_split(dataset: str, name: str) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------- unpacking
+
 
 class _Counting(io.RawIOBase):
     """A read-only stream that counts the bytes read from it and hashes them."""
@@ -262,9 +293,12 @@ def gunzip(path: str, dst_path: str) -> dict:
         except storage.StorageError:
             raise
         except _CORRUPT as exc:
-            raise SourceError(path, f"corrupt gzip file: {exc or type(exc).__name__}",
-                              offset=counting.count,
-                              offset_label="detected by compressed byte offset") from exc
+            raise SourceError(
+                path,
+                f"corrupt gzip file: {exc or type(exc).__name__}",
+                offset=counting.count,
+                offset_label="detected by compressed byte offset",
+            ) from exc
     return {**out, "container": {"size": counting.count, "sha256": counting.sha256.hexdigest()}}
 
 
@@ -291,23 +325,27 @@ def extract_members(path: str, wanted, dst_dir: str) -> tuple[list[dict], dict]:
                     target = storage.join(dst_dir, name)
                     stats = _copy_hashing(tar.extractfile(info), target)
                     if stats["size"] != info.size:
-                        raise SourceError(path, f"member {info.name} is truncated",
-                                          offset=counting.count)
-                    members.append({"name": name, "member": info.name, "path": target,
-                                    **stats})
+                        raise SourceError(
+                            path, f"member {info.name} is truncated", offset=counting.count
+                        )
+                    members.append({"name": name, "member": info.name, "path": target, **stats})
             while counting.readinto(bytearray(COPY_CHUNK)):
                 pass
         except (SourceError, storage.StorageError):
             raise
         except _CORRUPT as exc:
             where = f" while reading member {member_name}" if member_name else ""
-            raise SourceError(path, f"corrupt archive{where}: {exc or type(exc).__name__}",
-                              offset=counting.count,
-                              offset_label="detected by compressed byte offset") from exc
+            raise SourceError(
+                path,
+                f"corrupt archive{where}: {exc or type(exc).__name__}",
+                offset=counting.count,
+                offset_label="detected by compressed byte offset",
+            ) from exc
     return members, {"size": counting.count, "sha256": counting.sha256.hexdigest()}
 
 
 # ----------------------------------------------------------------------------- CIFAR-10
+
 
 def cifar_records(path: str, size: int) -> int:
     """Number of records of a CIFAR-10 file of ``size`` bytes; SourceError if it is not whole."""
@@ -316,22 +354,30 @@ def cifar_records(path: str, size: int) -> int:
     whole, rest = divmod(size, CIFAR_RECORD_BYTES)
     if rest:
         raise SourceError(
-            path, f"truncated file or wrong record length: {size} bytes is not a multiple of "
-                  f"the {CIFAR_RECORD_BYTES}-byte record; the last record has only {rest} bytes",
-            record=whole, offset=whole * CIFAR_RECORD_BYTES)
+            path,
+            f"truncated file or wrong record length: {size} bytes is not a multiple of "
+            f"the {CIFAR_RECORD_BYTES}-byte record; the last record has only {rest} bytes",
+            record=whole,
+            offset=whole * CIFAR_RECORD_BYTES,
+        )
     return whole
 
 
 def _read_exact(stream: IO[bytes], n: int, path: str, offset: int, record: int) -> bytes:
     data = stream.read(n)
     if len(data) != n:
-        raise SourceError(path, f"truncated file: expected {n} bytes, got {len(data)}",
-                          offset=offset + len(data), record=record)
+        raise SourceError(
+            path,
+            f"truncated file: expected {n} bytes, got {len(data)}",
+            offset=offset + len(data),
+            record=record,
+        )
     return data
 
 
-def read_cifar(path: str, start: int, stop: int, *, block: int = 1024,
-               label: str | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def read_cifar(
+    path: str, start: int, stop: int, *, block: int = 1024, label: str | None = None
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yields ``(first_record, labels int64 [n], images uint8 [n, 32, 32, 3])`` blocks of
     records ``start`` .. ``stop - 1`` of a CIFAR-10 file (errors name ``label`` or ``path``)."""
     name = label or path
@@ -342,8 +388,7 @@ def read_cifar(path: str, start: int, stop: int, *, block: int = 1024,
             data = _read_exact(f, n * CIFAR_RECORD_BYTES, name, first * CIFAR_RECORD_BYTES, first)
             records = np.frombuffer(data, dtype=np.uint8).reshape(n, CIFAR_RECORD_BYTES)
             labels = records[:, 0].astype(np.int64)
-            _check_labels(labels, CIFAR_CLASSES, name, first,
-                          lambda i: i * CIFAR_RECORD_BYTES)
+            _check_labels(labels, CIFAR_CLASSES, name, first, lambda i: i * CIFAR_RECORD_BYTES)
             images = records[:, 1:].reshape(n, 3, 32, 32).transpose(0, 2, 3, 1)
             yield first, labels, np.ascontiguousarray(images)
 
@@ -352,11 +397,16 @@ def _check_labels(labels: np.ndarray, classes: int, path: str, first: int, offse
     bad = np.flatnonzero((labels < 0) | (labels >= classes))
     if bad.size:
         index = first + int(bad[0])
-        raise SourceError(path, f"label {int(labels[bad[0]])} is out of range 0..{classes - 1}",
-                          record=index, offset=offset_of(index))
+        raise SourceError(
+            path,
+            f"label {int(labels[bad[0]])} is out of range 0..{classes - 1}",
+            record=index,
+            offset=offset_of(index),
+        )
 
 
 # ----------------------------------------------------------------------------- MNIST
+
 
 @dataclass(frozen=True)
 class IdxHeader:
@@ -387,12 +437,19 @@ def parse_idx_header(path: str, role: str, size: int, head: bytes) -> IdxHeader:
     magic_expected = MNIST_IMAGES_MAGIC if images else MNIST_LABELS_MAGIC
     header_bytes = MNIST_IMAGES_HEADER if images else MNIST_LABELS_HEADER
     if size < header_bytes:
-        raise SourceError(path, f"truncated IDX header: {size} bytes, expected at least "
-                                f"{header_bytes}", offset=size)
+        raise SourceError(
+            path,
+            f"truncated IDX header: {size} bytes, expected at least {header_bytes}",
+            offset=size,
+        )
     values = struct.unpack(">" + "I" * (header_bytes // 4), head)
     if values[0] != magic_expected:
-        raise SourceError(path, f"bad IDX magic {values[0]} (0x{values[0]:08x}); expected "
-                                f"{magic_expected} for an {role} file", offset=0)
+        raise SourceError(
+            path,
+            f"bad IDX magic {values[0]} (0x{values[0]:08x}); expected "
+            f"{magic_expected} for an {role} file",
+            offset=0,
+        )
     header = IdxHeader(*values)
     if header.count == 0:
         raise SourceError(path, "empty input: the IDX header counts 0 records", offset=4)
@@ -402,17 +459,29 @@ def parse_idx_header(path: str, role: str, size: int, head: bytes) -> IdxHeader:
     if size != expected:
         whole = (size - header_bytes) // header.record_bytes
         problem = "truncated file" if size < expected else "trailing bytes after the records"
-        raise SourceError(path, f"{problem}: the header says {header.count} records of "
-                                f"{header.record_bytes} bytes ({expected} bytes), the file has "
-                                f"{size} bytes", record=min(whole, header.count),
-                          offset=header_bytes + min(whole, header.count) * header.record_bytes)
+        raise SourceError(
+            path,
+            f"{problem}: the header says {header.count} records of "
+            f"{header.record_bytes} bytes ({expected} bytes), the file has "
+            f"{size} bytes",
+            record=min(whole, header.count),
+            offset=header_bytes + min(whole, header.count) * header.record_bytes,
+        )
     return header
 
 
-def read_mnist(images_path: str, labels_path: str, rows: int, cols: int, start: int, stop: int,
-               *, block: int = 4096, images_label: str | None = None,
-               labels_label: str | None = None
-               ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def read_mnist(
+    images_path: str,
+    labels_path: str,
+    rows: int,
+    cols: int,
+    start: int,
+    stop: int,
+    *,
+    block: int = 4096,
+    images_label: str | None = None,
+    labels_label: str | None = None,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yields ``(first_record, labels int64 [n], images uint8 [n, rows, cols, 1])`` blocks of
     records ``start`` .. ``stop - 1`` (errors name the ``*_label`` or the paths)."""
     size = rows * cols
@@ -422,16 +491,20 @@ def read_mnist(images_path: str, labels_path: str, rows: int, cols: int, start: 
         fl.seek(MNIST_LABELS_HEADER + start)
         for first in range(start, stop, block):
             n = min(block, stop - first)
-            pixels = _read_exact(fi, n * size, images_name, MNIST_IMAGES_HEADER + first * size,
-                                 first)
-            labels = np.frombuffer(_read_exact(fl, n, labels_name, MNIST_LABELS_HEADER + first,
-                                               first), dtype=np.uint8).astype(np.int64)
-            _check_labels(labels, MNIST_CLASSES, labels_name, first,
-                          lambda i: MNIST_LABELS_HEADER + i)
+            pixels = _read_exact(
+                fi, n * size, images_name, MNIST_IMAGES_HEADER + first * size, first
+            )
+            labels = np.frombuffer(
+                _read_exact(fl, n, labels_name, MNIST_LABELS_HEADER + first, first), dtype=np.uint8
+            ).astype(np.int64)
+            _check_labels(
+                labels, MNIST_CLASSES, labels_name, first, lambda i: MNIST_LABELS_HEADER + i
+            )
             yield first, labels, np.frombuffer(pixels, dtype=np.uint8).reshape(n, rows, cols, 1)
 
 
 # ----------------------------------------------------------------------------- PTB
+
 
 def line_start(stream: IO[bytes], offset: int) -> int:
     """The offset of the first line that starts at or after ``offset``."""
@@ -441,8 +514,9 @@ def line_start(stream: IO[bytes], offset: int) -> int:
     return offset - 1 + len(stream.readline())
 
 
-def iter_lines(stream: IO[bytes], start: int, stop: int | None = None
-               ) -> Iterator[tuple[int, bytes]]:
+def iter_lines(
+    stream: IO[bytes], start: int, stop: int | None = None
+) -> Iterator[tuple[int, bytes]]:
     """``(offset, line)`` of the lines that start in [start, stop) (to the end if None)."""
     stream.seek(start)
     pos = start
@@ -471,7 +545,7 @@ def word_offset(line: bytes, offset: int, index: int) -> int:
     for i, match in enumerate(re.finditer(rb"\S+", line)):
         if i == index:
             return offset + match.start()
-    return offset + len(line.rstrip(b"\n"))   # the <eos> of the line
+    return offset + len(line.rstrip(b"\n"))  # the <eos> of the line
 
 
 def build_vocab(counts: dict[str, int]) -> list[str]:

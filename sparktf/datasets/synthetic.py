@@ -28,16 +28,17 @@ import numpy as np
 
 from sparktf.datasets.formats import make_id
 
-PATTERN_SEED = 1234          # the class patterns of learnable images: the same in every file
-MARKOV_LINE_WORDS = 20       # words per line of learnable PTB text
+PATTERN_SEED = 1234  # the class patterns of learnable images: the same in every file
+MARKOV_LINE_WORDS = 20  # words per line of learnable PTB text
 
 
 def _even_split(n: int, parts: int) -> list[int]:
     return [n * (i + 1) // parts - n * i // parts for i in range(parts)]
 
 
-def _images(rng: np.random.Generator, n: int, shape: tuple[int, ...],
-            learnable: bool) -> tuple[np.ndarray, np.ndarray]:
+def _images(
+    rng: np.random.Generator, n: int, shape: tuple[int, ...], learnable: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """``(images uint8 [n, *shape], labels int64 [n])``: uniform noise and labels, or with
     ``learnable`` each label's own pattern (fixed by ``PATTERN_SEED``) plus noise."""
     if not learnable:
@@ -57,8 +58,16 @@ def cifar_bytes(labels: np.ndarray, images_hwc: np.ndarray) -> bytes:
     return np.concatenate([labels.astype(np.uint8)[:, None], chw], axis=1).tobytes()
 
 
-def write_cifar10(directory, *, n_train: int = 50, n_test: int = 20, train_files: int = 5,
-                  seed: int = 0, archive: bool = False, learnable: bool = False) -> dict:
+def write_cifar10(
+    directory,
+    *,
+    n_train: int = 50,
+    n_test: int = 20,
+    train_files: int = 5,
+    seed: int = 0,
+    archive: bool = False,
+    learnable: bool = False,
+) -> dict:
     """CIFAR-10 binary files: ``data_batch_1.bin`` ... and ``test_batch.bin``.
 
     With ``archive``, only ``cifar-10-binary.tar.gz`` (members under
@@ -79,7 +88,9 @@ def write_cifar10(directory, *, n_train: int = 50, n_test: int = 20, train_files
         ids, start = [], 0
         for k, count in enumerate(counts):
             name = f"data_batch_{k + 1}.bin" if split == "train" else "test_batch.bin"
-            members[name] = cifar_bytes(labels[start:start + count], images[start:start + count])
+            members[name] = cifar_bytes(
+                labels[start : start + count], images[start : start + count]
+            )
             ids.append(make_id(file_index, np.arange(count)))
             file_index += 1
             start += count
@@ -87,8 +98,11 @@ def write_cifar10(directory, *, n_train: int = 50, n_test: int = 20, train_files
     if archive:
         path = directory / "cifar-10-binary.tar.gz"
         with tarfile.open(path, "w:gz") as tar:
-            extra = {"batches.meta.txt": b"airplane\nautomobile\nbird\ncat\ndeer\ndog\nfrog\n"
-                                         b"horse\nship\ntruck\n", "readme.html": b"<html/>"}
+            extra = {
+                "batches.meta.txt": b"airplane\nautomobile\nbird\ncat\ndeer\ndog\nfrog\n"
+                b"horse\nship\ntruck\n",
+                "readme.html": b"<html/>",
+            }
             for name, data in {**members, **extra}.items():
                 info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
                 info.size = len(data)
@@ -112,9 +126,17 @@ def idx_labels(labels: np.ndarray) -> bytes:
     return struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes()
 
 
-def write_mnist(directory, *, n_train: int = 60, n_test: int = 20, rows: int = 28,
-                cols: int = 28, gzip: bool = True, seed: int = 0,
-                learnable: bool = False) -> dict:
+def write_mnist(
+    directory,
+    *,
+    n_train: int = 60,
+    n_test: int = 20,
+    rows: int = 28,
+    cols: int = 28,
+    gzip: bool = True,
+    seed: int = 0,
+    learnable: bool = False,
+) -> dict:
     """MNIST IDX files (``train-images-idx3-ubyte[.gz]`` etc.).
 
     Returns ``{"train": {...}, "test": {...}, "files": [paths]}`` with ``images`` (uint8
@@ -125,16 +147,23 @@ def write_mnist(directory, *, n_train: int = 60, n_test: int = 20, rows: int = 2
     rng = np.random.default_rng(seed)
     out: dict = {"files": []}
     # file_index: t10k-images 0, t10k-labels 1, train-images 2, train-labels 3
-    for split, prefix, n, file_index in (("train", "train", n_train, 2),
-                                         ("test", "t10k", n_test, 0)):
+    for split, prefix, n, file_index in (
+        ("train", "train", n_train, 2),
+        ("test", "t10k", n_test, 0),
+    ):
         images, labels = _images(rng, n, (rows, cols), learnable)
-        for name, data in ((f"{prefix}-images-idx3-ubyte", idx_images(images)),
-                           (f"{prefix}-labels-idx1-ubyte", idx_labels(labels))):
+        for name, data in (
+            (f"{prefix}-images-idx3-ubyte", idx_images(images)),
+            (f"{prefix}-labels-idx1-ubyte", idx_labels(labels)),
+        ):
             path = directory / (name + (".gz" if gzip else ""))
             path.write_bytes(gzip_module.compress(data) if gzip else data)
             out["files"].append(str(path))
-        out[split] = {"images": images[..., None], "labels": labels,
-                      "ids": make_id(file_index, np.arange(n))}
+        out[split] = {
+            "images": images[..., None],
+            "labels": labels,
+            "ids": make_id(file_index, np.arange(n)),
+        }
     return out
 
 
@@ -144,16 +173,18 @@ def ptb_reference(texts: dict[str, str]) -> tuple[list[str], dict[str, list[int]
     counter = Counter(words["train"])
     vocab = [w for w, _ in sorted(counter.items(), key=lambda x: (-x[1], x[0]))]
     word_to_id = {w: i for i, w in enumerate(vocab)}
-    return vocab, {split: [word_to_id[w] for w in ws if w in word_to_id]
-                   for split, ws in words.items()}
+    return vocab, {
+        split: [word_to_id[w] for w in ws if w in word_to_id] for split, ws in words.items()
+    }
 
 
 def _zipf_lines(rng: np.random.Generator, words: list[str], n_lines: int) -> list[list[str]]:
     """Lines of 1 to 14 words drawn with Zipf-like frequencies (the first word most often)."""
     weights = 1.0 / np.arange(1, len(words) + 1)
     weights /= weights.sum()
-    return [list(rng.choice(words, size=int(rng.integers(1, 15)), p=weights))
-            for _ in range(n_lines)]
+    return [
+        list(rng.choice(words, size=int(rng.integers(1, 15)), p=weights)) for _ in range(n_lines)
+    ]
 
 
 def _markov_lines(rng: np.random.Generator, words: list[str], n_lines: int) -> list[list[str]]:
@@ -162,13 +193,22 @@ def _markov_lines(rng: np.random.Generator, words: list[str], n_lines: int) -> l
     ids = [0]
     for _ in range(n_lines * MARKOV_LINE_WORDS - 1):
         ids.append((ids[-1] * 7 + int(rng.integers(0, 3))) % len(words))
-    return [[words[i] for i in ids[k:k + MARKOV_LINE_WORDS]]
-            for k in range(0, len(ids), MARKOV_LINE_WORDS)]
+    return [
+        [words[i] for i in ids[k : k + MARKOV_LINE_WORDS]]
+        for k in range(0, len(ids), MARKOV_LINE_WORDS)
+    ]
 
 
-def write_ptb(directory, *, lines: tuple[int, int, int] = (40, 12, 12), vocab_size: int = 30,
-              seed: int = 0, oov_word: str | None = None, seq_len: int = 21,
-              learnable: bool = False) -> dict:
+def write_ptb(
+    directory,
+    *,
+    lines: tuple[int, int, int] = (40, 12, 12),
+    vocab_size: int = 30,
+    seed: int = 0,
+    oov_word: str | None = None,
+    seq_len: int = 21,
+    learnable: bool = False,
+) -> dict:
     """PTB files ``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt`` (lines like the real
     ones: `` w1 w2 ... \\n``) of ``lines`` lines each.
 
@@ -199,23 +239,32 @@ def write_ptb(directory, *, lines: tuple[int, int, int] = (40, 12, 12), vocab_si
     chunks, chunk_ids = {}, {}
     for split, seq in ids.items():
         n = len(seq) // seq_len
-        chunks[split] = np.asarray(seq[:n * seq_len], dtype=np.int64).reshape(n, seq_len)
+        chunks[split] = np.asarray(seq[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
         chunk_ids[split] = make_id(file_index[split], np.arange(n))
-    return {"texts": texts, "vocab": vocab, "ids": ids, "chunks": chunks,
-            "chunk_ids": chunk_ids, "files": files}
+    return {
+        "texts": texts,
+        "vocab": vocab,
+        "ids": ids,
+        "chunks": chunks,
+        "chunk_ids": chunk_ids,
+        "files": files,
+    }
 
 
-def write_raw(dataset: str, directory, *, n_train: int, n_test: int, seed: int = 0,
-              learnable: bool = True) -> dict:
+def write_raw(
+    dataset: str, directory, *, n_train: int, n_test: int, seed: int = 0, learnable: bool = True
+) -> dict:
     """The raw files of ``dataset`` ("cifar10", "mnist", "ptb") in ``directory``, learnable
     by default. ``n_train``/``n_test``: records (images) or tokens (about; PTB, whose valid
     and test splits get ``n_test`` each). Returns what the writer returns."""
     if dataset == "cifar10":
-        return write_cifar10(directory, n_train=n_train, n_test=n_test, seed=seed,
-                             learnable=learnable)
+        return write_cifar10(
+            directory, n_train=n_train, n_test=n_test, seed=seed, learnable=learnable
+        )
     if dataset == "mnist":
-        return write_mnist(directory, n_train=n_train, n_test=n_test, gzip=False, seed=seed,
-                           learnable=learnable)
+        return write_mnist(
+            directory, n_train=n_train, n_test=n_test, gzip=False, seed=seed, learnable=learnable
+        )
     if dataset == "ptb":
         per_line = MARKOV_LINE_WORDS if learnable else 8
         lines = tuple(max(1, -(-n // per_line)) for n in (n_train, n_test, n_test))

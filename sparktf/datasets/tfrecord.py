@@ -23,8 +23,8 @@ import numpy as np
 
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
 _MASK_DELTA = 0xA282EAD8
-HEADER_BYTES = 12   # length + its crc
-FOOTER_BYTES = 4    # crc of the data
+HEADER_BYTES = 12  # length + its crc
+FOOTER_BYTES = 4  # crc of the data
 READ_BLOCK = 4 << 20
 
 
@@ -44,8 +44,8 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
         prev = slices[-1]
         slices.append((prev >> 8) ^ byte[prev & 0xFF])
     x = np.arange(65536, dtype=np.uint32)
-    low = slices[3][x & 0xFF] ^ slices[2][x >> 8]    # 4 bytes at once, low 16 bits of (crc^word)
-    high = slices[1][x & 0xFF] ^ slices[0][x >> 8]   # ... and its high 16 bits
+    low = slices[3][x & 0xFF] ^ slices[2][x >> 8]  # 4 bytes at once, low 16 bits of (crc^word)
+    high = slices[1][x & 0xFF] ^ slices[0][x >> 8]  # ... and its high 16 bits
     return low, high, byte, [int(v) for v in byte]
 
 
@@ -96,7 +96,7 @@ def crc32c_many(buffers: Sequence[bytes]) -> np.ndarray:
         matrix = np.zeros((n, width), dtype=np.uint8)
         for row, (buf, length) in enumerate(zip(buffers, lengths)):
             if length:
-                matrix[row, width - length:] = np.frombuffer(buf, dtype=np.uint8)
+                matrix[row, width - length :] = np.frombuffer(buf, dtype=np.uint8)
     reg = _raw_registers(matrix)
     init = np.fromiter((_init_term(int(k)) for k in lengths), dtype=np.uint32, count=n)
     return reg ^ init ^ np.uint32(0xFFFFFFFF)
@@ -110,10 +110,12 @@ def mask(crc: np.ndarray) -> np.ndarray:
     """TFRecord's masked CRC: rotate right by 15 bits, add a constant."""
     crc = crc.astype(np.uint32)
     return (((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)).astype(
-        np.uint32)
+        np.uint32
+    )
 
 
 # ----------------------------------------------------------------------------- framing
+
 
 def frame(records: Sequence[bytes]) -> bytes:
     """The TFRecord bytes of ``records`` (framing and checksums included)."""
@@ -123,8 +125,9 @@ def frame(records: Sequence[bytes]) -> bytes:
     length_crcs = mask(crc32c_many(lengths))
     data_crcs = mask(crc32c_many(records))
     parts = []
-    for length, lcrc, record, dcrc in zip(lengths, length_crcs.tolist(), records,
-                                          data_crcs.tolist()):
+    for length, lcrc, record, dcrc in zip(
+        lengths, length_crcs.tolist(), records, data_crcs.tolist()
+    ):
         parts += (length, struct.pack("<I", lcrc), record, struct.pack("<I", dcrc))
     return b"".join(parts)
 
@@ -136,9 +139,13 @@ def write_records(stream: IO[bytes], records: Sequence[bytes]) -> int:
     return len(data)
 
 
-def iter_record_batches(stream: IO[bytes], *, name: str = "<stream>",
-                        verify_data: bool = False,
-                        block_bytes: int = READ_BLOCK) -> Iterator[list[bytes]]:
+def iter_record_batches(
+    stream: IO[bytes],
+    *,
+    name: str = "<stream>",
+    verify_data: bool = False,
+    block_bytes: int = READ_BLOCK,
+) -> Iterator[list[bytes]]:
     """Yields the records of a TFRecord stream in batches (one per block read).
 
     Length checksums are always verified (cheap; they catch a file that is not TFRecord or
@@ -166,11 +173,11 @@ def iter_record_batches(stream: IO[bytes], *, name: str = "<stream>",
             length, lcrc = struct.unpack_from("<QI", buf, pos)
             end = pos + HEADER_BYTES + length + FOOTER_BYTES
             if end > size:  # the record goes on in the next block: check its length first
-                _verify([buf[pos:pos + 8]], [lcrc], name, offset + pos, [], "length")
+                _verify([buf[pos : pos + 8]], [lcrc], name, offset + pos, [], "length")
                 break
-            heads.append(buf[pos:pos + 8])
+            heads.append(buf[pos : pos + 8])
             head_crcs.append(lcrc)
-            records.append(buf[pos + HEADER_BYTES:end - FOOTER_BYTES])
+            records.append(buf[pos + HEADER_BYTES : end - FOOTER_BYTES])
             if verify_data:
                 data_crcs.append(struct.unpack_from("<I", buf, end - FOOTER_BYTES)[0])
             pos = end
@@ -183,17 +190,21 @@ def iter_record_batches(stream: IO[bytes], *, name: str = "<stream>",
     if pos < len(buf):
         raise TFRecordError(
             f"{name}: truncated TFRecord file: {len(buf) - pos} bytes at byte offset "
-            f"{offset + pos} do not hold a whole record")
+            f"{offset + pos} do not hold a whole record"
+        )
 
 
-def _verify(parts: list[bytes], stored: list[int], name: str, offset: int,
-            records: list[bytes], what: str) -> None:
+def _verify(
+    parts: list[bytes], stored: list[int], name: str, offset: int, records: list[bytes], what: str
+) -> None:
     ok = mask(crc32c_many(parts)) == np.asarray(stored, dtype=np.uint32)
     if not ok.all():
         bad = int(np.argmin(ok))
         position = offset + sum(HEADER_BYTES + len(r) + FOOTER_BYTES for r in records[:bad])
-        raise TFRecordError(f"{name}: {what} checksum mismatch in the record at byte offset "
-                            f"{position}: corrupt TFRecord file")
+        raise TFRecordError(
+            f"{name}: {what} checksum mismatch in the record at byte offset "
+            f"{position}: corrupt TFRecord file"
+        )
 
 
 def read_records(path: str, *, verify_data: bool = True) -> list[bytes]:
@@ -208,6 +219,7 @@ def read_records(path: str, *, verify_data: bool = True) -> list[bytes]:
 
 
 # ----------------------------------------------------------------------------- Example
+
 
 def _varint(value: int) -> bytes:
     value &= (1 << 64) - 1  # negative int64 values are 10-byte two's complement varints
@@ -229,14 +241,14 @@ def _entry(key: str, feature: bytes) -> bytes:
 
 
 def bytes_feature(value: bytes) -> bytes:
-    return _delimited(0x0A, _delimited(0x0A, value))            # Feature.bytes_list
+    return _delimited(0x0A, _delimited(0x0A, value))  # Feature.bytes_list
 
 
 def int64_feature(values: Sequence[int] | int) -> bytes:
     if isinstance(values, (int, np.integer)):
         values = (int(values),)
     packed = b"".join(_varint(int(v)) for v in values)
-    return _delimited(0x1A, _delimited(0x0A, packed))           # Feature.int64_list, packed
+    return _delimited(0x1A, _delimited(0x0A, packed))  # Feature.int64_list, packed
 
 
 def example(features: dict[str, bytes]) -> bytes:
@@ -248,8 +260,11 @@ def example(features: dict[str, bytes]) -> bytes:
 def image_examples(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> list[bytes]:
     """Serialized Examples of a block of images (uint8, N x H x W x C), labels and ids."""
     n, height, width, channels = images.shape
-    constant = {"height": int64_feature(height), "width": int64_feature(width),
-                "channels": int64_feature(channels)}
+    constant = {
+        "height": int64_feature(height),
+        "width": int64_feature(width),
+        "channels": int64_feature(channels),
+    }
     # Features are written in key order: channels, height, id, image, label, width.
     head = _entry("channels", constant["channels"]) + _entry("height", constant["height"])
     tail = _entry("width", constant["width"])
@@ -257,17 +272,25 @@ def image_examples(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> l
     block = np.ascontiguousarray(images, dtype=np.uint8).tobytes()
     out = []
     for i, (label, rid) in enumerate(zip(labels.tolist(), ids.tolist())):
-        body = b"".join((head, _entry("id", int64_feature(rid)),
-                         _entry("image", bytes_feature(block[i * size:(i + 1) * size])),
-                         _entry("label", int64_feature(label)), tail))
+        body = b"".join(
+            (
+                head,
+                _entry("id", int64_feature(rid)),
+                _entry("image", bytes_feature(block[i * size : (i + 1) * size])),
+                _entry("label", int64_feature(label)),
+                tail,
+            )
+        )
         out.append(_delimited(0x0A, body))
     return out
 
 
 def token_examples(tokens: np.ndarray, ids: np.ndarray) -> list[bytes]:
     """Serialized Examples of a block of token chunks (N x seq_len int64) and ids."""
-    return [example({"id": int64_feature(rid), "tokens": int64_feature(row)})
-            for row, rid in zip(tokens.tolist(), ids.tolist())]
+    return [
+        example({"id": int64_feature(rid), "tokens": int64_feature(row)})
+        for row, rid in zip(tokens.tolist(), ids.tolist())
+    ]
 
 
 def _varint_lengths(values: np.ndarray) -> np.ndarray:
@@ -310,8 +333,10 @@ def frame_images(images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> byt
     id_len, label_len = _varint_lengths(ids), _varint_lengths(labels)
     change = np.flatnonzero((np.diff(id_len) != 0) | (np.diff(label_len) != 0)) + 1
     bounds = [0, *change.tolist(), n]
-    return b"".join(_frame_image_run(images[a:b], labels[a:b], ids[a:b], int(id_len[a]),
-                                     int(label_len[a])) for a, b in zip(bounds, bounds[1:]))
+    return b"".join(
+        _frame_image_run(images[a:b], labels[a:b], ids[a:b], int(id_len[a]), int(label_len[a]))
+        for a, b in zip(bounds, bounds[1:])
+    )
 
 
 def _frame_image_run(images, labels, ids, id_width: int, label_width: int) -> bytes:
@@ -319,41 +344,44 @@ def _frame_image_run(images, labels, ids, id_width: int, label_width: int) -> by
     size = height * width * channels
     # One record with placeholder values of the right widths gives the constant pieces.
     id_probe, label_probe = (1 << (7 * (id_width - 1))), (1 << (7 * (label_width - 1)))
-    probe = image_examples(np.zeros((1, height, width, channels), np.uint8),
-                           np.array([label_probe]), np.array([id_probe]))[0]
+    probe = image_examples(
+        np.zeros((1, height, width, channels), np.uint8),
+        np.array([label_probe]),
+        np.array([id_probe]),
+    )[0]
     length = len(probe)
     id_entry = _entry("id", int64_feature(id_probe))
     image_entry = _entry("image", bytes_feature(bytes(size)))
     label_entry = _entry("label", int64_feature(label_probe))
-    head = probe[:probe.index(id_entry) + len(id_entry) - id_width]          # ... up to id varint
-    mid = image_entry[:len(image_entry) - size]                               # image entry prefix
+    head = probe[: probe.index(id_entry) + len(id_entry) - id_width]  # ... up to id varint
+    mid = image_entry[: len(image_entry) - size]  # image entry prefix
     after_image = len(head) + id_width + len(mid) + size
     tail_start = probe.index(label_entry, after_image) + len(label_entry)
-    label_prefix = probe[after_image:tail_start - label_width]
+    label_prefix = probe[after_image : tail_start - label_width]
     tail = probe[tail_start:]
     pad = (-length) % 4
     record = np.zeros((n, pad + length), dtype=np.uint8)
     col = pad
     for piece in (head, None, mid, "image", label_prefix, "label", tail):
         if piece is None:
-            record[:, col:col + id_width] = _varint_matrix(ids, id_width)
+            record[:, col : col + id_width] = _varint_matrix(ids, id_width)
             col += id_width
         elif piece == "image":
-            record[:, col:col + size] = images.reshape(n, size)
+            record[:, col : col + size] = images.reshape(n, size)
             col += size
         elif piece == "label":
-            record[:, col:col + label_width] = _varint_matrix(labels, label_width)
+            record[:, col : col + label_width] = _varint_matrix(labels, label_width)
             col += label_width
         else:
-            record[:, col:col + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+            record[:, col : col + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             col += len(piece)
-    data_crc = mask(_raw_registers(record) ^ np.uint32(_init_term(length))
-                    ^ np.uint32(0xFFFFFFFF))
+    data_crc = mask(_raw_registers(record) ^ np.uint32(_init_term(length)) ^ np.uint32(0xFFFFFFFF))
     length_bytes = struct.pack("<Q", length)
     framed = np.empty((n, HEADER_BYTES + length + FOOTER_BYTES), dtype=np.uint8)
     framed[:, :8] = np.frombuffer(length_bytes, dtype=np.uint8)
-    framed[:, 8:12] = np.frombuffer(struct.pack("<I", int(mask(crc32c_many([length_bytes]))[0])),
-                                    dtype=np.uint8)
-    framed[:, 12:12 + length] = record[:, pad:]
-    framed[:, 12 + length:] = data_crc.astype("<u4").view(np.uint8).reshape(n, 4)
+    framed[:, 8:12] = np.frombuffer(
+        struct.pack("<I", int(mask(crc32c_many([length_bytes]))[0])), dtype=np.uint8
+    )
+    framed[:, 12 : 12 + length] = record[:, pad:]
+    framed[:, 12 + length :] = data_crc.astype("<u4").view(np.uint8).reshape(n, 4)
     return framed.tobytes()

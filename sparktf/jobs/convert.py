@@ -26,43 +26,67 @@ from sparktf.datasets.sources import SourceError
 
 JOB_HELP = {
     "cifar10": "CIFAR-10 binary version: a directory holding data_batch_1.bin ... "
-               "data_batch_5.bin and test_batch.bin (searched recursively), or "
-               "cifar-10-binary.tar.gz (the file, or a directory holding it)",
+    "data_batch_5.bin and test_batch.bin (searched recursively), or "
+    "cifar-10-binary.tar.gz (the file, or a directory holding it)",
     "mnist": "a directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-             "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each gzipped (.gz) or not",
+    "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each gzipped (.gz) or not",
     "ptb": "the data/ directory of simple-examples, holding ptb.train.txt, ptb.valid.txt "
-           "and ptb.test.txt",
+    "and ptb.test.txt",
 }
 
 
 def add_job_flags(parser, dataset: str) -> None:
     """The flags of jobs/convert_<dataset>.py."""
-    parser.add_argument("--input", required=True,
-                        help=f"input, a local path or hdfs://host:port/path: {JOB_HELP[dataset]}")
-    parser.add_argument("--output", required=True,
-                        help="dataset directory to create (local path or hdfs://host:port/path); "
-                             "written to a temporary sibling and renamed into place at the end")
-    parser.add_argument("--format", default=",".join(FORMATS),
-                        help="comma-separated output formats: tfrecord (OUT/<split>/tfrecord/"
-                             "part-*.tfrecord, tf.train.Example) and/or parquet (OUT/<split>/"
-                             "parquet/, a petastorm dataset)")
-    parser.add_argument("--shards", type=int, default=None,
-                        help="TFRecord part files (and Parquet files) per split; default: one per "
-                             f"{SHARD_TARGET_BYTES >> 20} MiB of input, rounded up to a multiple "
-                             f"of {SHARD_MULTIPLE}; never more than the split's records")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing OUTPUT (only once the new dataset is complete); "
-                             "without it an existing OUTPUT is left alone and the job fails")
+    parser.add_argument(
+        "--input",
+        required=True,
+        help=f"input, a local path or hdfs://host:port/path: {JOB_HELP[dataset]}",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="dataset directory to create (local path or hdfs://host:port/path); "
+        "written to a temporary sibling and renamed into place at the end",
+    )
+    parser.add_argument(
+        "--format",
+        default=",".join(FORMATS),
+        help="comma-separated output formats: tfrecord (OUT/<split>/tfrecord/"
+        "part-*.tfrecord, tf.train.Example) and/or parquet (OUT/<split>/"
+        "parquet/, a petastorm dataset)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        help="TFRecord part files (and Parquet files) per split; default: one per "
+        f"{SHARD_TARGET_BYTES >> 20} MiB of input, rounded up to a multiple "
+        f"of {SHARD_MULTIPLE}; never more than the split's records",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing OUTPUT (only once the new dataset is complete); "
+        "without it an existing OUTPUT is left alone and the job fails",
+    )
     if dataset == "ptb":
-        parser.add_argument("--seq-len", type=int, default=formats.DEFAULT_SEQ_LEN,
-                            help="token ids per record: consecutive, non-overlapping chunks of "
-                                 "the token stream; the model unrolls seq-len - 1 steps (inputs "
-                                 "tokens[:-1], targets tokens[1:]); the final partial chunk is "
-                                 "dropped")
-        parser.add_argument("--unk", default=None, metavar="WORD",
-                            help="map words of ptb.valid.txt / ptb.test.txt that are not in the "
-                                 "vocabulary (built from ptb.train.txt) to WORD (e.g. '<unk>'); "
-                                 "without it such a word is an error")
+        parser.add_argument(
+            "--seq-len",
+            type=int,
+            default=formats.DEFAULT_SEQ_LEN,
+            help="token ids per record: consecutive, non-overlapping chunks of "
+            "the token stream; the model unrolls seq-len - 1 steps (inputs "
+            "tokens[:-1], targets tokens[1:]); the final partial chunk is "
+            "dropped",
+        )
+        parser.add_argument(
+            "--unk",
+            default=None,
+            metavar="WORD",
+            help="map words of ptb.valid.txt / ptb.test.txt that are not in the "
+            "vocabulary (built from ptb.train.txt) to WORD (e.g. '<unk>'); "
+            "without it such a word is an error",
+        )
 
 
 def run(dataset: str, args) -> int:
@@ -77,23 +101,31 @@ def run(dataset: str, args) -> int:
         return sessions[-1]
 
     try:
-        convert(dataset, args.input, args.output, output_formats=kinds, shards=args.shards,
-                overwrite=args.overwrite,
-                seq_len=getattr(args, "seq_len", formats.DEFAULT_SEQ_LEN),
-                unk=getattr(args, "unk", None), spark=session)
-    except (SourceError, OptionError, storage.PathExistsError,
-            storage.UnknownSchemeError) as exc:
+        convert(
+            dataset,
+            args.input,
+            args.output,
+            output_formats=kinds,
+            shards=args.shards,
+            overwrite=args.overwrite,
+            seq_len=getattr(args, "seq_len", formats.DEFAULT_SEQ_LEN),
+            unk=getattr(args, "unk", None),
+            spark=session,
+        )
+    except (SourceError, OptionError, storage.PathExistsError, storage.UnknownSchemeError) as exc:
         raise cli.UsageError(str(exc)) from exc
     finally:
-        for spark in sessions:   # a clean stop: executors are not relaunched at exit
+        for spark in sessions:  # a clean stop: executors are not relaunched at exit
             spark.stop()
     return 0
 
 
 def main(dataset: str, argv: Sequence[str] | None = None, *, description: str = "") -> int:
     """jobs/convert_<dataset>.py: parses ``argv`` (flags over the config file) and converts."""
-    parser = cli.parser(description or f"Convert {dataset} to TFRecord and Parquet",
-                        config_section=f"convert_{dataset}")
+    parser = cli.parser(
+        description or f"Convert {dataset} to TFRecord and Parquet",
+        config_section=f"convert_{dataset}",
+    )
     add_job_flags(parser, dataset)
     return run(dataset, cli.parse(parser, argv))
 

@@ -23,8 +23,7 @@ from sparktf import cli, storage
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = ("Batch prediction: apply an exported model to a Parquet table, write the "
-               "predictions.")
+DESCRIPTION = "Batch prediction: apply an exported model to a Parquet table, write the predictions."
 KEEP_COLUMNS = ("id", "label")
 
 
@@ -38,22 +37,44 @@ def input_table(path: str) -> str:
 
 def parser(description: str = DESCRIPTION):
     p = cli.parser(description, config_section="predict")
-    p.add_argument("--model", help="SavedModel directory, MODEL_DIR/export or MODEL_DIR "
-                                   "(local, file:// or hdfs://); required")
+    p.add_argument(
+        "--model",
+        help="SavedModel directory, MODEL_DIR/export or MODEL_DIR "
+        "(local, file:// or hdfs://); required",
+    )
     p.add_argument("--input", help="Parquet table or dataset split (local or hdfs://); required")
-    p.add_argument("--output", help="where to write the predictions as Parquet (local or "
-                                    "hdfs://); required")
+    p.add_argument(
+        "--output", help="where to write the predictions as Parquet (local or hdfs://); required"
+    )
     p.add_argument("--batch-size", type=int, default=128, help="rows per model call")
-    p.add_argument("--input-col", default=None,
-                   help="column fed to the model (default: image, tokens or z by model kind)")
-    p.add_argument("--signature", default=None,
-                   help="signature to call (default: predict_images, else serving_default)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="also write the k most likely classes and their probabilities")
-    p.add_argument("--lm-output", default="perplexity", choices=["perplexity", "next_word"],
-                   help="language models: per-sequence perplexity or next-word log-probs")
-    p.add_argument("--partitions", type=int, default=None,
-                   help="repartition the input into this many partitions (default: as read)")
+    p.add_argument(
+        "--input-col",
+        default=None,
+        help="column fed to the model (default: image, tokens or z by model kind)",
+    )
+    p.add_argument(
+        "--signature",
+        default=None,
+        help="signature to call (default: predict_images, else serving_default)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="also write the k most likely classes and their probabilities",
+    )
+    p.add_argument(
+        "--lm-output",
+        default="perplexity",
+        choices=["perplexity", "next_word"],
+        help="language models: per-sequence perplexity or next-word log-probs",
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="repartition the input into this many partitions (default: as read)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     return p
 
@@ -70,15 +91,15 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
 
     # Everything that can be checked without Spark is checked before it starts.
     if storage.exists(args.output) and not args.overwrite:
-        raise cli.UsageError(f"output {args.output} already exists; pass --overwrite to "
-                             "replace it")
+        raise cli.UsageError(f"output {args.output} already exists; pass --overwrite to replace it")
     try:
         info = inference.inspect_model(args.model)
     except inference.ModelNotFoundError as exc:
         raise cli.UsageError(str(exc)) from None
     table = input_table(args.input)
-    log.info("model %s (version %s); input %s; output %s", info.uri, info.version, table,
-             args.output)
+    log.info(
+        "model %s (version %s); input %s; output %s", info.uri, info.version, table, args.output
+    )
 
     from pyspark.sql import functions as F
 
@@ -92,16 +113,23 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
             df = df.repartition(args.partitions)
         try:
             result = inference.predict(
-                df, info.uri, input_col=args.input_col, batch_size=args.batch_size,
-                signature=args.signature, top_k=args.top_k, lm_output=args.lm_output)
+                df,
+                info.uri,
+                input_col=args.input_col,
+                batch_size=args.batch_size,
+                signature=args.signature,
+                top_k=args.top_k,
+                lm_output=args.lm_output,
+            )
         except inference.PredictInputError as exc:
             raise cli.UsageError(f"input {table}: {exc}") from None
         added = [c for c in result.columns if c not in df.columns]
         keep = [c for c in KEEP_COLUMNS if c in df.columns]
-        out = result.select(*keep, *added,
-                            F.lit(info.version).cast("long").alias("model_version"))
-        with storage.publish(args.output, overwrite=args.overwrite) as tmp, \
-                stage_progress(spark.sparkContext):
+        out = result.select(*keep, *added, F.lit(info.version).cast("long").alias("model_version"))
+        with (
+            storage.publish(args.output, overwrite=args.overwrite) as tmp,
+            stage_progress(spark.sparkContext),
+        ):
             try:
                 out.write.parquet(storage.spark_uri(tmp))
             except Exception as exc:
@@ -111,8 +139,13 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
                 raise
         rows = spark.read.parquet(storage.spark_uri(args.output)).count()  # from the footers
         elapsed = time.monotonic() - start
-        log.info("wrote %d predictions to %s in %.1f s (%.0f rows/s)", rows, args.output,
-                 elapsed, rows / max(elapsed, 1e-9))
+        log.info(
+            "wrote %d predictions to %s in %.1f s (%.0f rows/s)",
+            rows,
+            args.output,
+            elapsed,
+            rows / max(elapsed, 1e-9),
+        )
     finally:
         spark.stop()
     return 0

@@ -84,7 +84,11 @@ class AlexNetV2Task(ClassifierTask):
             x = keras.layers.GlobalAveragePooling2D(keepdims=True, name="global_pool")(x)
         x = keras.layers.Dropout(1.0 - c["dropout_keep_prob"], name="dropout7")(x)
         x = conv(
-            self.num_classes, 1, "fc8", activation=None, bias_initializer="zeros",
+            self.num_classes,
+            1,
+            "fc8",
+            activation=None,
+            bias_initializer="zeros",
             kernel_initializer=fc_init,
         )(x)
         return keras.layers.Flatten(name="fc8_squeezed")(x)

@@ -33,5 +33,15 @@ from sparktf.train.config import (
 from sparktf.train.driver import fit, gpu_spark_conf
 from sparktf.train.plan import RunPlan, plan_run
 
-__all__ = ["ConfigError", "RunConfig", "RunPlan", "ScalingConfig", "TrainConfig",
-           "TrainResult", "TrainingError", "fit", "gpu_spark_conf", "plan_run"]
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "RunPlan",
+    "ScalingConfig",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingError",
+    "fit",
+    "gpu_spark_conf",
+    "plan_run",
+]

@@ -103,8 +103,9 @@ class ModelDir:
         checkpoint's local prefix, or None for a fresh start."""
         import tensorflow as tf
 
-        self._manager = tf.train.CheckpointManager(checkpoint, self.checkpoint_dir,
-                                                   max_to_keep=keep, checkpoint_name=CKPT_NAME)
+        self._manager = tf.train.CheckpointManager(
+            checkpoint, self.checkpoint_dir, max_to_keep=keep, checkpoint_name=CKPT_NAME
+        )
         prefix = self._fetch_latest()
         if prefix:
             checkpoint.restore(prefix).expect_partial()
@@ -137,8 +138,9 @@ class ModelDir:
                 storage.copy_file(entry, os.path.join(target, base))
                 found = True
         if not found:
-            raise storage.PathNotFoundError(f"checkpoint {prefix} is named in the state file "
-                                            "but its files are missing")
+            raise storage.PathNotFoundError(
+                f"checkpoint {prefix} is named in the state file but its files are missing"
+            )
         return os.path.join(target, name)
 
     def _push_checkpoint(self, prefix: str, kept: list[str]) -> str:
@@ -150,8 +152,9 @@ class ModelDir:
         storage.makedirs(remote_dir)
         for base in sorted(os.listdir(self.checkpoint_dir)):
             if base.startswith(name + "."):
-                storage.copy_file(os.path.join(self.checkpoint_dir, base),
-                                  storage.join(remote_dir, base))
+                storage.copy_file(
+                    os.path.join(self.checkpoint_dir, base), storage.join(remote_dir, base)
+                )
         state = storage.join(remote_dir, STATE_FILE)
         with storage.publish(state, overwrite=True) as tmp:
             storage.copy_file(os.path.join(self.checkpoint_dir, STATE_FILE), tmp)
@@ -207,8 +210,7 @@ class ModelDir:
     def finish(self, run_info: dict) -> None:
         """The writer's last word: every event file copied, the run's summary written."""
         self.sync_events(force=True)
-        storage.write_text(storage.join(self.uri, RUN_FILE),
-                           json.dumps(run_info, indent=2) + "\n")
+        storage.write_text(storage.join(self.uri, RUN_FILE), json.dumps(run_info, indent=2) + "\n")
 
     def close(self) -> None:
         if self._scratch:

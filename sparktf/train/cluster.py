@@ -99,7 +99,7 @@ class ClusterRun:
         self.driver_ps: list[tuple[str, subprocess.Popen, str]] = []
         self.feed_thread: threading.Thread | None = None
         self.feed_error: BaseException | None = None
-        self.fed = Counter()          # feed chunks per node key
+        self.fed = Counter()  # feed chunks per node key
         self.fed_rows_by = Counter()  # rows per node key
         self.fed_rows = 0
         self.feed_started_wall: float | None = None
@@ -113,12 +113,13 @@ class ClusterRun:
 
     # -- start --------------------------------------------------------------------------
 
-    def __enter__(self) -> "ClusterRun":
+    def __enter__(self) -> ClusterRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(failed=exc is not None,
-                   reason=f"{type(exc).__name__}: {exc}" if exc is not None else "")
+        self.close(
+            failed=exc is not None, reason=f"{type(exc).__name__}: {exc}" if exc is not None else ""
+        )
 
     def _on_event(self, key: str, event: str, data: dict) -> None:
         if event == "error":
@@ -126,7 +127,7 @@ class ClusterRun:
                 if self._first_error is None:
                     self._first_error = (key, data)
 
-    def start(self) -> "ClusterRun":
+    def start(self) -> ClusterRun:
         from tensorflowonspark import TFCluster, util
 
         scaling, run = self.scaling, self.run
@@ -134,49 +135,71 @@ class ClusterRun:
         if tfos_log.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
             tfos_log.setLevel(logging.WARNING)  # its INFO lines include the managers' authkeys
         try:
-            spark_lib.wait_for_executors(self.sc, scaling.num_executors,
-                                         min(run.startup_timeout_s, 120.0))
+            spark_lib.wait_for_executors(
+                self.sc, scaling.num_executors, min(run.startup_timeout_s, 120.0)
+            )
         except spark_lib.ExecutorCountError as exc:
             raise ConfigError(str(exc)) from None
         host = util.get_ip_address()
         self.control = ControlServer(host, on_event=self._on_event)
-        self.spec = ProcessSpec(plan=self.plan, control_url=self.control.url,
-                                token=self.control.token,
-                                driver_lost_s=max(30.0, run.failure_timeout_s / 2),
-                                startup_timeout_s=run.startup_timeout_s,
-                                consume_only=self.consume_only)
-        tfos_ps = scaling.num_workers + (0 if scaling.ps_on_driver else scaling.num_ps) \
-            if scaling.strategy == "ps" else 0
-        input_mode = (TFCluster.InputMode.SPARK if self.train.input_mode == "spark"
-                      else TFCluster.InputMode.TENSORFLOW)
+        self.spec = ProcessSpec(
+            plan=self.plan,
+            control_url=self.control.url,
+            token=self.control.token,
+            driver_lost_s=max(30.0, run.failure_timeout_s / 2),
+            startup_timeout_s=run.startup_timeout_s,
+            consume_only=self.consume_only,
+        )
+        tfos_ps = (
+            scaling.num_workers + (0 if scaling.ps_on_driver else scaling.num_ps)
+            if scaling.strategy == "ps"
+            else 0
+        )
+        input_mode = (
+            TFCluster.InputMode.SPARK
+            if self.train.input_mode == "spark"
+            else TFCluster.InputMode.TENSORFLOW
+        )
         TFCluster.tf_status.clear()  # module-global: a previous run's error must not leak in
         self._tfos_status = TFCluster.tf_status
         tracker = self.sc.statusTracker()
         self._jobs_before = set(tracker.getActiveJobsIds())
-        log.info("starting TensorFlow on %d executors (%s; input mode %s)",
-                 scaling.num_executors, scaling.describe(), self.train.input_mode)
+        log.info(
+            "starting TensorFlow on %d executors (%s; input mode %s)",
+            scaling.num_executors,
+            scaling.describe(),
+            self.train.input_mode,
+        )
         guarded = _GuardedContext(self.sc)
         try:
             self.tfos = TFCluster.run(
-                sc=guarded, map_fun=node.tfos_main,
+                sc=guarded,
+                map_fun=node.tfos_main,
                 # a namespace: TensorFlowOnSpark tests `'num_gpus' in tf_args` and reads
                 # tf_args.num_gpus (a dict or None crashes in _get_gpus)
                 tf_args=argparse.Namespace(num_gpus=scaling.gpus_per_worker, spec=self.spec),
-                num_executors=scaling.num_executors, num_ps=tfos_ps, tensorboard=False,
-                input_mode=input_mode, master_node="chief",
-                reservation_timeout=int(run.startup_timeout_s), release_port=True)
+                num_executors=scaling.num_executors,
+                num_ps=tfos_ps,
+                tensorboard=False,
+                input_mode=input_mode,
+                master_node="chief",
+                reservation_timeout=int(run.startup_timeout_s),
+                release_port=True,
+            )
         except SystemExit:
-            raise TrainingError("TensorFlowOnSpark could not start the cluster: "
-                                f"{self._tfos_status.get('error', 'unknown error')}") from None
+            raise TrainingError(
+                "TensorFlowOnSpark could not start the cluster: "
+                f"{self._tfos_status.get('error', 'unknown error')}"
+            ) from None
         self.roles = self._assign_roles(self.tfos.cluster_info, host)
         self._start_driver_ps()
-        self.control.publish_plans({key: {**role.to_dict(), "name": role.name}
-                                    for key, role in self.roles.items()})
+        self.control.publish_plans(
+            {key: {**role.to_dict(), "name": role.name} for key, role in self.roles.items()}
+        )
         for key, role in sorted(self.roles.items(), key=lambda kv: kv[1].name):
             log.info("  %-9s %s", role.name, key)
         if self.train.input_mode == "spark":
-            self.feed_thread = threading.Thread(target=self._feed, name="sparktf-feed",
-                                                daemon=True)
+            self.feed_thread = threading.Thread(target=self._feed, name="sparktf-feed", daemon=True)
             self.feed_thread.start()
         return self
 
@@ -202,13 +225,21 @@ class ClusterRun:
                 roles[key] = ("ps", i)
                 addresses[key] = f"{driver_host}:{_free_port()}"
         cluster: dict[str, list[str]] = {"chief": [], "worker": [], "ps": []}
-        for key, (role, index) in sorted(roles.items(), key=lambda kv: kv[1]):
+        for key, (role, _) in sorted(roles.items(), key=lambda kv: kv[1]):
             cluster[role].append(addresses[key])
         cluster = {k: v for k, v in cluster.items() if v}
         self.tfos_nodes = {f"executor-{n['executor_id']}": n for n in cluster_info}
-        return {key: Role(key=key, role=role, index=index, strategy=scaling.strategy,
-                          num_workers=scaling.num_workers, cluster=cluster)
-                for key, (role, index) in roles.items()}
+        return {
+            key: Role(
+                key=key,
+                role=role,
+                index=index,
+                strategy=scaling.strategy,
+                num_workers=scaling.num_workers,
+                cluster=cluster,
+            )
+            for key, (role, index) in roles.items()
+        }
 
     def _start_driver_ps(self) -> None:
         for key, role in self.roles.items():
@@ -227,11 +258,15 @@ class ClusterRun:
     def _feed(self) -> None:
         """Feeds ``feed_passes`` passes over the split (None: until the run stops)."""
         try:
-            self.sc.setJobGroup(self.feed_group, "sparktf: feed rows to TensorFlow",
-                                interruptOnCancel=False)
+            self.sc.setJobGroup(
+                self.feed_group, "sparktf: feed rows to TensorFlow", interruptOnCancel=False
+            )
             data = self.plan.data
-            df = self.feed_df if self.feed_df is not None else \
-                self.spark.read.parquet(storage.spark_uri(data.parquet))
+            df = (
+                self.feed_df
+                if self.feed_df is not None
+                else self.spark.read.parquet(storage.spark_uri(data.parquet))
+            )
             df = df.select(*data.names)
             keys = self.feeding_keys()
             partitions = df.rdd.getNumPartitions()
@@ -240,10 +275,14 @@ class ClusterRun:
             nodes = {}
             for key in keys:
                 n = self.tfos_nodes[key]
-                nodes[int(n["executor_id"])] = {"addr": n["addr"], "authkey": n["authkey"],
-                                                "key": key}
-            feeder = feed_lib.make_feeder(nodes, self.control.token, self.control.url,
-                                          feed_timeout_s=self.run.feed_timeout_s)
+                nodes[int(n["executor_id"])] = {
+                    "addr": n["addr"],
+                    "authkey": n["authkey"],
+                    "key": key,
+                }
+            feeder = feed_lib.make_feeder(
+                nodes, self.control.token, self.control.url, feed_timeout_s=self.run.feed_timeout_s
+            )
             done_passes = 0
             self.feed_started_wall = time.time()
             passes = self.plan.feed_passes
@@ -286,15 +325,20 @@ class ClusterRun:
             if self._tfos_status.get("error"):
                 tfos_error_seen = tfos_error_seen or now
                 if now - tfos_error_seen > 5.0:  # give the process's own report time to arrive
-                    self._fail("a TensorFlowOnSpark task failed: "
-                               + spark_lib.spark_error_text(self._tfos_status["error"]))
+                    self._fail(
+                        "a TensorFlowOnSpark task failed: "
+                        + spark_lib.spark_error_text(self._tfos_status["error"])
+                    )
             if self.feed_error is not None:
-                self._fail("feeding rows to TensorFlow failed: "
-                           + spark_lib.spark_error_text(str(self.feed_error)))
+                self._fail(
+                    "feeding rows to TensorFlow failed: "
+                    + spark_lib.spark_error_text(str(self.feed_error))
+                )
             for key, proc, _ in self.driver_ps:
                 if proc.poll() is not None:
-                    self._fail(f"{self.roles[key].name} on the driver exited with code "
-                               f"{proc.returncode}")
+                    self._fail(
+                        f"{self.roles[key].name} on the driver exited with code {proc.returncode}"
+                    )
             chief = nodes.get(chief_key)
             if all_nodes:
                 if all(nodes.get(k) is not None and nodes[k].done is not None for k in expected):
@@ -306,13 +350,17 @@ class ClusterRun:
                 name = self.roles[key].name
                 if node is None:
                     if now - start > run.startup_timeout_s:
-                        self._fail(f"{name} ({key}) did not start within "
-                                   f"{run.startup_timeout_s:.0f} s (startup_timeout_s)")
+                        self._fail(
+                            f"{name} ({key}) did not start within "
+                            f"{run.startup_timeout_s:.0f} s (startup_timeout_s)"
+                        )
                     continue
                 silent = now - node.last_seen
                 if not node.bye and node.done is None and silent > run.heartbeat_timeout_s:
-                    self._fail(f"{name} ({key}) stopped responding {silent:.0f} s ago: its "
-                               "process died (out of memory? killed?) or its executor was lost")
+                    self._fail(
+                        f"{name} ({key}) stopped responding {silent:.0f} s ago: its "
+                        "process died (out of memory? killed?) or its executor was lost"
+                    )
             if chief is not None and chief.progress and now - last_progress >= run.progress_every_s:
                 last_progress = now
                 log.info("%s", format_progress(chief.progress))
@@ -344,10 +392,14 @@ class ClusterRun:
         # Processes leave on stop/abort; wait for their goodbyes (a dead one never says it).
         while time.monotonic() < deadline:
             nodes = control.snapshot()
-            pending = [k for k in self.roles if not (nodes.get(k) and (nodes[k].bye
-                                                                       or nodes[k].error))]
-            alive = [k for k in pending if nodes.get(k) is not None
-                     and time.monotonic() - nodes[k].last_seen < 3.0]
+            pending = [
+                k for k in self.roles if not (nodes.get(k) and (nodes[k].bye or nodes[k].error))
+            ]
+            alive = [
+                k
+                for k in pending
+                if nodes.get(k) is not None and time.monotonic() - nodes[k].last_seen < 3.0
+            ]
             if not alive:
                 break
             time.sleep(0.2)
@@ -384,8 +436,11 @@ class ClusterRun:
             except Exception as exc:  # already gone with its task
                 log.debug("ps node %s: %s", node["executor_id"], exc)
 
-        threads = [threading.Thread(target=stop, args=(n,), daemon=True)
-                   for n in self.tfos.cluster_info if n["job_name"] == "ps"]
+        threads = [
+            threading.Thread(target=stop, args=(n,), daemon=True)
+            for n in self.tfos.cluster_info
+            if n["job_name"] == "ps"
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -399,7 +454,9 @@ class ClusterRun:
             if not active:
                 return
             if time.monotonic() > deadline:
-                log.warning("Spark jobs %s of the run still active; cancelling them", sorted(active))
+                log.warning(
+                    "Spark jobs %s of the run still active; cancelling them", sorted(active)
+                )
                 for job in active:
                     self.sc._jsc.sc().cancelJob(int(job))
                 return
@@ -407,8 +464,7 @@ class ClusterRun:
 
 
 def format_progress(p: dict) -> str:
-    parts = [f"step {p.get('step', 0)}/{p.get('target', '?')}",
-             f"epoch {p.get('epoch', 0):.2f}"]
+    parts = [f"step {p.get('step', 0)}/{p.get('target', '?')}", f"epoch {p.get('epoch', 0):.2f}"]
     for name in ("loss", "accuracy", "perplexity", "d_loss", "g_loss"):
         if name in p:
             parts.append(f"{name} {p[name]:.4g}")

@@ -33,8 +33,9 @@ class TrainingError(RuntimeError):
     """The run failed; the message names the process and its error."""
 
 
-def _positive(name: str, value: float | int | None, *, allow_none: bool = False,
-              allow_zero: bool = False) -> None:
+def _positive(
+    name: str, value: float | int | None, *, allow_none: bool = False, allow_zero: bool = False
+) -> None:
     if value is None and allow_none:
         return
     if value is None or value < 0 or (value == 0 and not allow_zero):
@@ -91,8 +92,7 @@ class ScalingConfig:
         if self.strategy == "allreduce":
             return f"allreduce: {self.num_workers} workers (worker 0 is the chief)"
         where = "on the driver" if self.ps_on_driver else "on executors"
-        return (f"ps: chief (coordinator) + {self.num_workers} workers + {self.num_ps} ps "
-                f"({where})")
+        return f"ps: chief (coordinator) + {self.num_workers} workers + {self.num_ps} ps ({where})"
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class RunConfig:
     summary_every_steps: int = 20
     histogram_every_steps: int = 0  # 0: with every checkpoint
     progress_every_s: float = 5.0
-    sync_every_s: float = 60.0      # copy TensorBoard events to an hdfs:// model_dir
+    sync_every_s: float = 60.0  # copy TensorBoard events to an hdfs:// model_dir
     feed_timeout_s: float = 300.0
     failure_timeout_s: float = 120.0
     startup_timeout_s: float = 300.0
@@ -130,8 +130,13 @@ class RunConfig:
         _positive("keep_checkpoints", self.keep_checkpoints)
         _positive("summary_every_steps", self.summary_every_steps)
         _positive("histogram_every_steps", self.histogram_every_steps, allow_zero=True)
-        for name in ("progress_every_s", "sync_every_s", "feed_timeout_s",
-                     "failure_timeout_s", "startup_timeout_s"):
+        for name in (
+            "progress_every_s",
+            "sync_every_s",
+            "feed_timeout_s",
+            "failure_timeout_s",
+            "startup_timeout_s",
+        ):
             _positive(name, getattr(self, name))
 
     @property
@@ -180,7 +185,8 @@ class TrainConfig:
             raise ConfigError(f"input_mode must be one of {INPUT_MODES}, got {self.input_mode!r}")
         if self.file_format not in FILE_FORMATS:
             raise ConfigError(
-                f"file_format must be one of {FILE_FORMATS}, got {self.file_format!r}")
+                f"file_format must be one of {FILE_FORMATS}, got {self.file_format!r}"
+            )
         _positive("epochs", self.epochs, allow_none=True)
         _positive("steps", self.steps, allow_none=True)
         _positive("batch_size", self.batch_size, allow_none=True)

@@ -35,9 +35,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,9 @@ class NodeState:
 class ControlServer:
     """Driver side: nodes' state, the published cluster plan, and the run's flags."""
 
-    def __init__(self, advertise_host: str, *, on_event: Callable[[str, str, dict], None] | None = None):
+    def __init__(
+        self, advertise_host: str, *, on_event: Callable[[str, str, dict], None] | None = None
+    ):
         self.token = secrets.token_hex(16)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -74,7 +77,7 @@ class ControlServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server API)
+            def do_POST(self):
                 try:
                     length = int(self.headers.get("Content-Length", "0"))
                     request = json.loads(self.rfile.read(length) or b"{}")
@@ -94,8 +97,9 @@ class ControlServer:
         self._httpd = ThreadingHTTPServer(("0.0.0.0", 0), Handler)
         self._httpd.daemon_threads = True
         self.url = f"http://{advertise_host}:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="sparktf-control",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="sparktf-control", daemon=True
+        )
         self._thread.start()
         log.debug("control server at %s", self.url)
 
@@ -108,8 +112,7 @@ class ControlServer:
         now = time.monotonic()
         if event == "peek":  # feeding tasks: the run's flags, no node state
             with self._lock:
-                return 200, {"stop": self.stop, "abort": self.abort, "feed_end": None,
-                             "plan": None}
+                return 200, {"stop": self.stop, "abort": self.abort, "feed_end": None, "plan": None}
         with self._lock:
             node = self.nodes.get(key)
             if node is None:
@@ -131,8 +134,12 @@ class ControlServer:
             plan = self.plans.get(key)
             if plan:
                 node.role = plan["name"]
-            answer = {"stop": self.stop, "abort": self.abort, "feed_end": self.feed_end,
-                      "plan": plan if event == "hello" else None}
+            answer = {
+                "stop": self.stop,
+                "abort": self.abort,
+                "feed_end": self.feed_end,
+                "plan": plan if event == "hello" else None,
+            }
             self._changed.notify_all()
         if self._on_event is not None and event in ("error", "done"):
             self._on_event(key, event, data)
@@ -199,10 +206,12 @@ class ControlClient:
         self._parent = os.getppid()
 
     def post(self, event: str, data: dict | None = None, *, timeout: float = 10.0) -> dict:
-        body = json.dumps({"token": self.token, "key": self.key, "event": event,
-                           "data": data or {}}).encode()
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"token": self.token, "key": self.key, "event": event, "data": data or {}}
+        ).encode()
+        request = urllib.request.Request(
+            self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.loads(response.read())
         self._last_ok = time.monotonic()
@@ -230,8 +239,9 @@ class ControlClient:
                 if time.monotonic() > deadline:
                     raise DriverLost(f"cannot reach the driver at {self.url}: {exc}") from exc
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the driver did not assign a role to {self.key} within "
-                                   f"{timeout_s:.0f} s")
+                raise TimeoutError(
+                    f"the driver did not assign a role to {self.key} within {timeout_s:.0f} s"
+                )
             time.sleep(0.5)
 
     def set_progress(self, progress: dict) -> None:

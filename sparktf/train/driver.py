@@ -43,8 +43,13 @@ def gpu_spark_conf(scaling: ScalingConfig) -> dict[str, str]:
     }
 
 
-def fit(train: TrainConfig, scaling: ScalingConfig | None = None, run: RunConfig | None = None,
-        *, spark=None) -> TrainResult:
+def fit(
+    train: TrainConfig,
+    scaling: ScalingConfig | None = None,
+    run: RunConfig | None = None,
+    *,
+    spark=None,
+) -> TrainResult:
     """Trains ``train.model`` on Spark executors; returns when the chief has exported.
 
     ``spark``: the SparkSession to run on (default ``sparktf.spark.get_session``, with the GPU
@@ -68,14 +73,26 @@ def fit(train: TrainConfig, scaling: ScalingConfig | None = None, run: RunConfig
     if train.input_mode == "spark" and conf.get("spark.python.worker.reuse", "true") != "true":
         raise ConfigError("the spark input mode needs spark.python.worker.reuse=true")
     if conf.get("spark.task.maxFailures", "4") != "1":
-        log.warning("spark.task.maxFailures is not 1: a failed TensorFlow task would be "
-                    "retried into a cluster that has moved on; set it to 1")
+        log.warning(
+            "spark.task.maxFailures is not 1: a failed TensorFlow task would be "
+            "retried into a cluster that has moved on; set it to 1"
+        )
     storage.makedirs(run.model_dir)
     resumed = artifacts.latest_checkpoint_step(run.model_dir)
-    log.info("training %s on %s (%s split, %d rows, input mode %s): global batch %d, "
-             "%d steps per epoch, steps %d -> %d%s", train.model, train.data, train.split,
-             plan.data.rows, train.input_mode, plan.global_batch, plan.steps_per_epoch,
-             resumed, plan.target_steps, f" (resuming from {run.model_dir})" if resumed else "")
+    log.info(
+        "training %s on %s (%s split, %d rows, input mode %s): global batch %d, "
+        "%d steps per epoch, steps %d -> %d%s",
+        train.model,
+        train.data,
+        train.split,
+        plan.data.rows,
+        train.input_mode,
+        plan.global_batch,
+        plan.steps_per_epoch,
+        resumed,
+        plan.target_steps,
+        f" (resuming from {run.model_dir})" if resumed else "",
+    )
     started_wall = time.time()
     started = time.monotonic()
     with ClusterRun(spark, plan) as cluster:
@@ -83,16 +100,27 @@ def fit(train: TrainConfig, scaling: ScalingConfig | None = None, run: RunConfig
         result = cluster.wait()
     first = result.get("first_step_wall")
     out = TrainResult(
-        model_dir=run.model_dir, start_step=int(result["start_step"]),
-        final_step=int(result["final_step"]), metrics=dict(result.get("metrics") or {}),
-        checkpoint=result.get("checkpoint"), export_path=result.get("export_path"),
-        elapsed_s=time.monotonic() - started, examples=int(result.get("examples") or 0),
+        model_dir=run.model_dir,
+        start_step=int(result["start_step"]),
+        final_step=int(result["final_step"]),
+        metrics=dict(result.get("metrics") or {}),
+        checkpoint=result.get("checkpoint"),
+        export_path=result.get("export_path"),
+        elapsed_s=time.monotonic() - started,
+        examples=int(result.get("examples") or 0),
         examples_per_sec=float(result.get("examples_per_sec") or 0.0),
         time_to_first_step_s=(first - started_wall) if first else None,
-        strategy=scaling.strategy, input_mode=train.input_mode,
+        strategy=scaling.strategy,
+        input_mode=train.input_mode,
         gpus=list(result.get("gpus") or []),
-        fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None)
-    log.info("done: step %d, %s, %.0f examples/s, %.1f s%s", out.final_step,
-             ", ".join(f"{k} {v:.4g}" for k, v in out.metrics.items()), out.examples_per_sec,
-             out.elapsed_s, f", exported {out.export_path}" if out.export_path else "")
+        fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
+    )
+    log.info(
+        "done: step %d, %s, %.0f examples/s, %.1f s%s",
+        out.final_step,
+        ", ".join(f"{k} {v:.4g}" for k, v in out.metrics.items()),
+        out.examples_per_sec,
+        out.elapsed_s,
+        f", exported {out.export_path}" if out.export_path else "",
+    )
     return out

@@ -7,7 +7,7 @@ reader's state on its executor) registers here, and the node runs it first.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _HOOKS: list[Callable[[], None]] = []
 

@@ -38,7 +38,8 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -131,9 +132,16 @@ def remove_feed_dirs(token: str, key: str) -> None:
 
 # ----------------------------------------------------------------------------- feeding side
 
-def make_feeder(nodes: dict[int, dict], token: str, control_url: str, *, feed_timeout_s: float,
-                chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                max_buffered: int = DEFAULT_MAX_BUFFERED) -> Callable:
+
+def make_feeder(
+    nodes: dict[int, dict],
+    token: str,
+    control_url: str,
+    *,
+    feed_timeout_s: float,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    max_buffered: int = DEFAULT_MAX_BUFFERED,
+) -> Callable:
     """The ``mapInArrow`` function of the feeding job.
 
     ``nodes`` maps a TensorFlowOnSpark executor id to its TFManager ``{"addr", "authkey",
@@ -158,7 +166,8 @@ def make_feeder(nodes: dict[int, dict], token: str, control_url: str, *, feed_ti
             raise FeedError(
                 f"a feeding task ran on executor {executor_id}, which runs no TensorFlow "
                 f"process of this run: in spark input mode every executor must hold one "
-                f"(executors {sorted(nodes)})")
+                f"(executors {sorted(nodes)})"
+            )
         mgr = connect_manager(node["addr"], node["authkey"])
         queue = mgr.get_queue("input")
         target = _await_feed_dir(mgr, token, node["key"], feed_timeout_s, flags)
@@ -174,8 +183,7 @@ def make_feeder(nodes: dict[int, dict], token: str, control_url: str, *, feed_ti
             step = max(1, chunk_bytes // max(1, batch.nbytes // max(1, batch.num_rows)))
             for start in range(0, batch.num_rows, step):
                 piece = batch.slice(start, step)
-                if not _wait_for_room(mgr, queue, max_buffered, feed_timeout_s, node["key"],
-                                      flags):
+                if not _wait_for_room(mgr, queue, max_buffered, feed_timeout_s, node["key"], flags):
                     writing = False
                     skipped += batch.num_rows - start
                     break
@@ -192,8 +200,9 @@ def make_feeder(nodes: dict[int, dict], token: str, control_url: str, *, feed_ti
                 queue.put((path, piece.num_rows))
                 chunks += 1
                 rows += piece.num_rows
-        yield pa.RecordBatch.from_pydict({"executor": [node["key"]], "chunks": [chunks],
-                                          "rows": [rows], "skipped": [skipped]})
+        yield pa.RecordBatch.from_pydict(
+            {"executor": [node["key"]], "chunks": [chunks], "rows": [rows], "skipped": [skipped]}
+        )
 
     return feed
 
@@ -209,8 +218,10 @@ def _await_feed_dir(mgr, token: str, key: str, timeout_s: float, flags) -> str |
         if info and info.get("token") == token:
             return info["dir"] if _get(mgr, STATE_KEY) == RUNNING else None
         if time.monotonic() > deadline:
-            raise FeedTimeout(f"the TensorFlow process of {key} did not open its feed within "
-                              f"{timeout_s:.0f} s (feed_timeout_s)")
+            raise FeedTimeout(
+                f"the TensorFlow process of {key} did not open its feed within "
+                f"{timeout_s:.0f} s (feed_timeout_s)"
+            )
         time.sleep(0.05)
 
 
@@ -227,14 +238,17 @@ def _wait_for_room(mgr, queue, max_buffered: int, timeout_s: float, key: str, fl
         if deadline is None:
             deadline = now + timeout_s
         elif now > deadline:
-            raise FeedTimeout(f"the TensorFlow process of {key} took no rows for "
-                              f"{timeout_s:.0f} s (feed_timeout_s); it may be stuck")
+            raise FeedTimeout(
+                f"the TensorFlow process of {key} took no rows for "
+                f"{timeout_s:.0f} s (feed_timeout_s); it may be stuck"
+            )
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
     return _get(mgr, STATE_KEY) == RUNNING
 
 
 # ----------------------------------------------------------------------------- decoding
+
 
 def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str, np.ndarray]:
     """The columns ``fields`` of an Arrow table as numpy arrays: int64 scalars as they are,
@@ -299,6 +313,7 @@ class Rebatcher:
 
 # ----------------------------------------------------------------------------- reading side
 
+
 class FeedReader:
     """The TensorFlow process's end of the feed: chunks in, exact batches out.
 
@@ -306,9 +321,18 @@ class FeedReader:
     ``feed_end`` says when the feed is complete); ``key`` is this node's key there.
     """
 
-    def __init__(self, *, mgr_address: Any, authkey: bytes, token: str, key: str,
-                 fields: list[Field], control, feed_timeout_s: float,
-                 shuffle_seed: int | None = None):
+    def __init__(
+        self,
+        *,
+        mgr_address: Any,
+        authkey: bytes,
+        token: str,
+        key: str,
+        fields: list[Field],
+        control,
+        feed_timeout_s: float,
+        shuffle_seed: int | None = None,
+    ):
         self.key, self.token, self.fields = key, token, fields
         self.control = control
         self.feed_timeout_s = feed_timeout_s
@@ -320,7 +344,7 @@ class FeedReader:
         self.wait_s = 0.0
         self._closed = False
 
-    def open(self) -> "FeedReader":
+    def open(self) -> FeedReader:
         self.mgr.set(STATE_KEY, RUNNING)
         self.mgr.set(FEED_KEY, {"token": self.token, "dir": self.dir})
         log.info("feed for %s open in %s", self.key, self.dir)
@@ -347,7 +371,8 @@ class FeedReader:
                     raise FeedTimeout(
                         f"{self.key}: no rows arrived from Spark for {waited:.0f} s "
                         f"(feed_timeout_s={self.feed_timeout_s:.0f}); {self.rows} rows read so "
-                        "far") from None
+                        "far"
+                    ) from None
                 continue
             if item is None:  # TensorFlowOnSpark's end-of-feed marker (its shutdown job)
                 self.queue.task_done()
@@ -403,8 +428,11 @@ class FeedReader:
                 item = out.get()
                 if item is END:
                     if self.dropped_rows:
-                        log.info("%s: feed ended; %d rows short of a batch dropped", self.key,
-                                 self.dropped_rows)
+                        log.info(
+                            "%s: feed ended; %d rows short of a batch dropped",
+                            self.key,
+                            self.dropped_rows,
+                        )
                     return
                 if isinstance(item, BaseException):
                     raise item

@@ -17,8 +17,9 @@ there).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from sparktf.train.config import ConfigError
 from sparktf.train.plan import DataInfo, ProcessSpec, Role
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- process side
+
 
 @dataclass
 class Source:
@@ -61,20 +63,25 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         from sparktf.train import exit_hooks
         from sparktf.train.feed import FeedReader
 
-        reader = FeedReader(mgr_address=spec.mgr_address, authkey=spec.mgr_authkey,
-                            token=spec.token, key=spec.key, fields=list(plan.data.fields),
-                            control=control, feed_timeout_s=plan.run.feed_timeout_s,
-                            shuffle_seed=seed).open()
+        reader = FeedReader(
+            mgr_address=spec.mgr_address,
+            authkey=spec.mgr_authkey,
+            token=spec.token,
+            key=spec.key,
+            fields=list(plan.data.fields),
+            control=control,
+            feed_timeout_s=plan.run.feed_timeout_s,
+            shuffle_seed=seed,
+        ).open()
         exit_hooks.on_exit(lambda: reader.close("failed"))
-        return Source(reader.batches(batch_size), finite=True, close_fn=reader.close,
-                      reader=reader)
-    batches = _file_batches(plan.data, plan.train.file_format, batch_size, num_shards, shard,
-                            seed)
+        return Source(reader.batches(batch_size), finite=True, close_fn=reader.close, reader=reader)
+    batches = _file_batches(plan.data, plan.train.file_format, batch_size, num_shards, shard, seed)
     return Source(batches, finite=True)
 
 
-def _file_batches(data: DataInfo, fmt: str, batch_size: int, num_shards: int, shard: int,
-                  seed: int | None) -> Iterator[dict[str, Any]]:
+def _file_batches(
+    data: DataInfo, fmt: str, batch_size: int, num_shards: int, shard: int, seed: int | None
+) -> Iterator[dict[str, Any]]:
     """Endless exact batches of this shard, from :mod:`sparktf.datasets.readers`."""
     import tensorflow as tf
 
@@ -84,9 +91,16 @@ def _file_batches(data: DataInfo, fmt: str, batch_size: int, num_shards: int, sh
     if "tokens" in names and seed is None:
         yield from _token_stream_batches(data, fmt, batch_size, num_shards, shard)
         return
-    options = dict(batch_size=batch_size, split=data.split, num_shards=num_shards,
-                   shard_index=shard, shuffle=seed is not None, seed=seed, repeat=True,
-                   drop_remainder=True)
+    options = dict(
+        batch_size=batch_size,
+        split=data.split,
+        num_shards=num_shards,
+        shard_index=shard,
+        shuffle=seed is not None,
+        seed=seed,
+        repeat=True,
+        drop_remainder=True,
+    )
     if fmt == "tfrecord":
         dataset = readers.tfrecord_dataset(data.data, verify_checksums=True, **options)
     else:
@@ -117,17 +131,22 @@ def stream_layout(tokens, ids, batch_size: int, num_shards: int = 1, shard: int 
     rows = batch_size * num_shards
     steps = len(tokens) // rows
     if steps == 0:
-        raise ConfigError(f"the split has {len(tokens)} token chunks, fewer than the global "
-                          f"batch of {rows} streams: use a smaller --batch-size")
+        raise ConfigError(
+            f"the split has {len(tokens)} token chunks, fewer than the global "
+            f"batch of {rows} streams: use a smaller --batch-size"
+        )
     order = np.argsort(ids, kind="stable")
-    used = order[:rows * steps]
+    used = order[: rows * steps]
     mine = slice(shard * batch_size, (shard + 1) * batch_size)
-    return (np.asarray(tokens)[used].reshape(rows, steps, -1)[mine],
-            np.asarray(ids)[used].reshape(rows, steps)[mine])
+    return (
+        np.asarray(tokens)[used].reshape(rows, steps, -1)[mine],
+        np.asarray(ids)[used].reshape(rows, steps)[mine],
+    )
 
 
-def _token_stream_batches(data: DataInfo, fmt: str, batch_size: int, num_shards: int,
-                          shard: int) -> Iterator[dict[str, Any]]:
+def _token_stream_batches(
+    data: DataInfo, fmt: str, batch_size: int, num_shards: int, shard: int
+) -> Iterator[dict[str, Any]]:
     """Endless passes of PTB batches in stream layout (:func:`stream_layout`), with a
     ``reset`` flag on each pass's first step so that every stream starts from a zero state."""
     import numpy as np
@@ -142,17 +161,20 @@ def _token_stream_batches(data: DataInfo, fmt: str, batch_size: int, num_shards:
     log.info("PTB streams: %d rows of %d steps for this process", rows.shape[0], rows.shape[1])
     while True:
         for t in range(rows.shape[1]):
-            batch = {"tokens": rows[:, t], "id": row_ids[:, t],
-                     "reset": np.full(batch_size, 1 if t == 0 else 0, np.int64)}
+            batch = {
+                "tokens": rows[:, t],
+                "id": row_ids[:, t],
+                "reset": np.full(batch_size, 1 if t == 0 else 0, np.int64),
+            }
             yield {name: batch[name] for name in (*data.names, "reset") if name in batch}
 
 
 def _locate_corruption(files: list[str], num_shards: int, shard: int, exc) -> Exception:
     """The error of a corrupt TFRecord file, naming it (TensorFlow's message gives only the
     offset): the files this shard reads are checked one by one."""
-    from sparktf.datasets import tfrecord
-
     import re
+
+    from sparktf.datasets import tfrecord
 
     candidates = files[shard::num_shards] if len(files) % num_shards == 0 else files
     said = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", exc.message.splitlines()[0]).strip()

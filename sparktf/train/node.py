@@ -57,17 +57,24 @@ def error_summary(exc: BaseException, *, tail: int = 12) -> dict:
     """Type, message and the last lines of the traceback of ``exc``."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     lines = text.rstrip().splitlines()
-    return {"type": type(exc).__name__, "message": str(exc).strip()[:4000],
-            "traceback": "\n".join(lines[-tail * 2:])}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc).strip()[:4000],
+        "traceback": "\n".join(lines[-tail * 2 :]),
+    }
 
 
 # ----------------------------------------------------------------------------- executor side
 
+
 def tfos_main(tf_args, ctx) -> None:
     """TensorFlowOnSpark's map function: start this executor's TensorFlow process, wait."""
     spec: ProcessSpec = tf_args.spec.for_node(
-        f"executor-{ctx.executor_id}", executor_id=ctx.executor_id,
-        mgr_address=ctx.mgr.address, mgr_authkey=bytes(ctx.mgr._authkey))
+        f"executor-{ctx.executor_id}",
+        executor_id=ctx.executor_id,
+        mgr_address=ctx.mgr.address,
+        mgr_authkey=bytes(ctx.mgr._authkey),
+    )
     run_child(spec, label=f"{ctx.job_name}:{ctx.task_index} (executor {ctx.executor_id})")
 
 
@@ -76,8 +83,9 @@ def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.pop("TF_CONFIG", None)  # the child sets its own from the driver's plan
-    child = subprocess.Popen([sys.executable, "-m", "sparktf.train.node", error_file],
-                             env=env, stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sparktf.train.node", error_file], env=env, stdin=subprocess.PIPE
+    )
     try:
         child.stdin.write(pickle.dumps(spec))
         child.stdin.close()
@@ -110,8 +118,11 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
             detail = f"{err['type']}: {err['message']}\n{err['traceback']}"
             reported = bool(err.get("reported"))
         else:  # it died without a word (killed, out of memory): tell the driver now
-            detail = (f"killed by signal {signal.Signals(-code).name} (out of memory?)"
-                      if code < 0 else f"exited with code {code} without reporting an error")
+            detail = (
+                f"killed by signal {signal.Signals(-code).name} (out of memory?)"
+                if code < 0
+                else f"exited with code {code} without reporting an error"
+            )
             reported = _report_death(spec, label, detail)
         message = f"TensorFlow process {label} exited with code {code}: {detail}"
         if reported:
@@ -126,14 +137,21 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
 def _report_death(spec: ProcessSpec, label: str, why: str) -> bool:
     try:
         ControlClient(spec.control_url, spec.token, spec.key).post(
-            "error", {"type": "ProcessDied", "message": f"TensorFlow process {label}: {why}",
-                      "traceback": ""}, timeout=5.0)
+            "error",
+            {
+                "type": "ProcessDied",
+                "message": f"TensorFlow process {label}: {why}",
+                "traceback": "",
+            },
+            timeout=5.0,
+        )
         return True
     except Exception:  # the driver will notice the missing heartbeats
         return False
 
 
 # ----------------------------------------------------------------------------- child process
+
 
 def _die_with_parent() -> None:
     """Asks Linux to SIGKILL this process when its parent dies."""
@@ -162,11 +180,17 @@ def serve(role: Role, control) -> None:
     import tensorflow as tf
 
     cluster = tf.train.ClusterSpec(role.cluster)
-    server = tf.distribute.Server(cluster, job_name=role.role, task_index=role.index,
-                                  protocol="grpc", start=True)
+    server = tf.distribute.Server(
+        cluster, job_name=role.role, task_index=role.index, protocol="grpc", start=True
+    )
     log.info("%s serving at %s", role.name, server.target)
-    control.set_progress({"serving": server.target.decode() if isinstance(server.target, bytes)
-                          else str(server.target)})
+    control.set_progress(
+        {
+            "serving": server.target.decode()
+            if isinstance(server.target, bytes)
+            else str(server.target)
+        }
+    )
     control.wait_for_stop()
     log.info("%s: run over, exiting", role.name)
 
@@ -182,21 +206,30 @@ def consume_feed(spec: ProcessSpec, role: Role, control) -> dict:
         rows += len(next(iter(b.values())))
         first = first or time.time()
     source.close("done")
-    return {"rows": rows, "started": started, "first_batch": first, "ended": time.time(),
-            "wait_s": getattr(source.reader, "wait_s", None)}
+    return {
+        "rows": rows,
+        "started": started,
+        "first_batch": first,
+        "ended": time.time(),
+        "wait_s": getattr(source.reader, "wait_s", None),
+    }
 
 
 def main(argv: list[str]) -> None:
     error_file = argv[1]
     spec: ProcessSpec = pickle.load(sys.stdin.buffer)
-    logging.basicConfig(level=spec.plan.log_level, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s [{spec.key}] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=spec.plan.log_level,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s [{spec.key}] %(name)s: %(message)s",
+    )
     for noisy in ("tensorflow", "absl", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     _die_with_parent()
 
-    control = ControlClient(spec.control_url, spec.token, spec.key,
-                            driver_lost_s=spec.driver_lost_s)
+    control = ControlClient(
+        spec.control_url, spec.token, spec.key, driver_lost_s=spec.driver_lost_s
+    )
     done = threading.Event()
 
     def on_abort(reason: str) -> None:
@@ -248,7 +281,8 @@ def _configure_process(spec: ProcessSpec, role: Role) -> None:
         os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     cluster = {k: v for k, v in role.cluster.items() if v}
     os.environ["TF_CONFIG"] = json.dumps(
-        {"cluster": cluster, "task": {"type": role.role, "index": role.index}})
+        {"cluster": cluster, "task": {"type": role.role, "index": role.index}}
+    )
     if scaling.threads_per_worker:
         os.environ.setdefault("OMP_NUM_THREADS", str(scaling.threads_per_worker))
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(scaling.threads_per_worker)

@@ -39,13 +39,13 @@ class DataInfo:
 
     dataset: str
     kind: str
-    data: str                                 # the dataset directory (URI)
+    data: str  # the dataset directory (URI)
     split: str
     rows: int
-    fields: tuple[Field, ...]                 # the columns the model reads, in order
+    fields: tuple[Field, ...]  # the columns the model reads, in order
     files: dict[str, list[str]] = field(default_factory=dict)  # format -> files of the split
-    parquet: str | None = None                # the split's Parquet directory, if converted
-    text: dict | None = None                  # the manifest's text section (PTB)
+    parquet: str | None = None  # the split's Parquet directory, if converted
+    text: dict | None = None  # the manifest's text section (PTB)
 
     @property
     def names(self) -> list[str]:
@@ -60,24 +60,34 @@ def describe_data(data: str, split: str, features: tuple[str, ...]) -> DataInfo:
     """Reads the dataset's manifest: rows of ``split``, the ``features`` columns, its files."""
     manifest = formats.load_manifest(data)
     if split not in manifest["splits"]:
-        raise ConfigError(f"dataset {data} has no split {split!r} "
-                          f"(it has {', '.join(manifest['splits'])})")
+        raise ConfigError(
+            f"dataset {data} has no split {split!r} (it has {', '.join(manifest['splits'])})"
+        )
     fields = formats.manifest_fields(manifest)
     names = {f.name for f in fields}
     missing = [name for name in features if name not in names]
     if missing:
-        raise ConfigError(f"dataset {data} ({manifest['dataset']}) has no column(s) "
-                          f"{missing} that the model needs (it has {sorted(names)})")
+        raise ConfigError(
+            f"dataset {data} ({manifest['dataset']}) has no column(s) "
+            f"{missing} that the model needs (it has {sorted(names)})"
+        )
     return DataInfo(
-        dataset=manifest["dataset"], kind=manifest["kind"], data=data, split=split,
+        dataset=manifest["dataset"],
+        kind=manifest["kind"],
+        data=data,
+        split=split,
         rows=int(manifest["splits"][split]["records"]),
-        fields=tuple(Field(f.name, f.dtype, tuple(f.shape) if f.shape else None)
-                     for f in fields if f.name in features),
-        files={fmt: formats.split_files(manifest, data, split, fmt)
-               for fmt in manifest["formats"]},
-        parquet=(storage.join(data, split, "parquet")
-                 if formats.PARQUET in manifest["formats"] else None),
-        text=manifest.get("text"))
+        fields=tuple(
+            Field(f.name, f.dtype, tuple(f.shape) if f.shape else None)
+            for f in fields
+            if f.name in features
+        ),
+        files={fmt: formats.split_files(manifest, data, split, fmt) for fmt in manifest["formats"]},
+        parquet=(
+            storage.join(data, split, "parquet") if formats.PARQUET in manifest["formats"] else None
+        ),
+        text=manifest.get("text"),
+    )
 
 
 @dataclass(frozen=True)
@@ -87,12 +97,12 @@ class RunPlan:
     train: TrainConfig
     scaling: ScalingConfig
     run: RunConfig
-    model_config: dict[str, Any]   # the registry overrides, completed (batch size, vocab)
+    model_config: dict[str, Any]  # the registry overrides, completed (batch size, vocab)
     data: DataInfo
     global_batch: int
     steps_per_epoch: int
     target_steps: int
-    feed_passes: int | None        # spark input mode: passes over the split (None: endless)
+    feed_passes: int | None  # spark input mode: passes over the split (None: endless)
     log_level: str = "INFO"
 
     @property
@@ -115,8 +125,10 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if task.kind == "regression":
-        raise ConfigError(f"{train.model} trains on its built-in data, not on a converted "
-                          "dataset: it has no distributed training job")
+        raise ConfigError(
+            f"{train.model} trains on its built-in data, not on a converted "
+            "dataset: it has no distributed training job"
+        )
     data = describe_data(train.data, train.split, task.features)
     if task.kind == "language_model":
         vocab = (data.text or {}).get("vocab_size")
@@ -124,41 +136,56 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
             overrides["vocab_size"] = int(vocab)
             task = models.get_task(train.model, **overrides)
         if task.seq_len != data.seq_len:
-            raise ConfigError(f"{train.model} unrolls {task.num_steps} steps (sequences of "
-                              f"{task.seq_len} tokens) but {train.data} holds sequences of "
-                              f"{data.seq_len}: set num_steps={data.seq_len - 1} in "
-                              "--model-config or convert with a matching seq_len")
+            raise ConfigError(
+                f"{train.model} unrolls {task.num_steps} steps (sequences of "
+                f"{task.seq_len} tokens) but {train.data} holds sequences of "
+                f"{data.seq_len}: set num_steps={data.seq_len - 1} in "
+                "--model-config or convert with a matching seq_len"
+            )
     global_batch = int(task.batch_size)
     _check_layout(train, scaling, data, global_batch)
     steps_per_epoch = max(1, data.rows // global_batch)
     return RunPlan(
-        train=train, scaling=scaling, run=run, model_config=overrides, data=data,
-        global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+        train=train,
+        scaling=scaling,
+        run=run,
+        model_config=overrides,
+        data=data,
+        global_batch=global_batch,
+        steps_per_epoch=steps_per_epoch,
         target_steps=_target_steps(train, task, data.rows, global_batch, steps_per_epoch),
         feed_passes=math.ceil(train.epochs) if train.epochs and not train.steps else None,
-        log_level=logging.getLevelName(logging.getLogger().level or logging.INFO))
+        log_level=logging.getLevelName(logging.getLogger().level or logging.INFO),
+    )
 
 
-def _check_layout(train: TrainConfig, scaling: ScalingConfig, data: DataInfo,
-                  global_batch: int) -> None:
+def _check_layout(
+    train: TrainConfig, scaling: ScalingConfig, data: DataInfo, global_batch: int
+) -> None:
     if scaling.strategy == "allreduce":
         replicas = scaling.num_workers * max(1, scaling.gpus_per_worker)
         if global_batch % replicas:
-            raise ConfigError(f"batch size {global_batch} must be divisible by the "
-                              f"{replicas} all-reduce replicas")
+            raise ConfigError(
+                f"batch size {global_batch} must be divisible by the {replicas} all-reduce replicas"
+            )
     if train.input_mode == "spark" and not data.parquet:
-        raise ConfigError(f"the spark input mode reads Parquet, but {train.data} has none "
-                          "(convert with --formats parquet)")
+        raise ConfigError(
+            f"the spark input mode reads Parquet, but {train.data} has none "
+            "(convert with --formats parquet)"
+        )
     if train.input_mode == "files" and train.file_format not in data.files:
-        raise ConfigError(f"{train.data} has no {train.file_format} files "
-                          f"(it has {', '.join(data.files)})")
+        raise ConfigError(
+            f"{train.data} has no {train.file_format} files (it has {', '.join(data.files)})"
+        )
     if data.rows < global_batch:
-        raise ConfigError(f"the {train.split} split has {data.rows} rows, fewer than one batch "
-                          f"({global_batch})")
+        raise ConfigError(
+            f"the {train.split} split has {data.rows} rows, fewer than one batch ({global_batch})"
+        )
 
 
-def _target_steps(train: TrainConfig, task, rows: int, global_batch: int,
-                  steps_per_epoch: int) -> int:
+def _target_steps(
+    train: TrainConfig, task, rows: int, global_batch: int, steps_per_epoch: int
+) -> int:
     if train.steps and train.epochs:
         return min(int(train.steps), steps_for(train.epochs, rows, global_batch))
     if train.steps:
@@ -180,13 +207,13 @@ class ProcessSpec:
     token: str
     driver_lost_s: float
     startup_timeout_s: float
-    key: str = ""                   # "executor-<id>" or "driver-ps-<i>"
+    key: str = ""  # "executor-<id>" or "driver-ps-<i>"
     executor_id: int | None = None
-    mgr_address: Any = None         # the executor's TFManager (spark input mode)
+    mgr_address: Any = None  # the executor's TFManager (spark input mode)
     mgr_authkey: bytes | None = None
-    consume_only: bool = False      # bench/feed.py: read the feed, train nothing
+    consume_only: bool = False  # bench/feed.py: read the feed, train nothing
 
-    def for_node(self, key: str, **node: Any) -> "ProcessSpec":
+    def for_node(self, key: str, **node: Any) -> ProcessSpec:
         return dataclasses.replace(self, key=key, **node)
 
 
@@ -195,11 +222,11 @@ class Role:
     """The driver's answer to a process's hello: its place in the TensorFlow cluster."""
 
     key: str
-    role: str                       # chief | worker | ps
+    role: str  # chief | worker | ps
     index: int
     strategy: str
-    num_workers: int                # training processes (all-reduce) or ps workers
-    cluster: dict[str, list[str]]   # TF cluster spec: job -> addresses
+    num_workers: int  # training processes (all-reduce) or ps workers
+    cluster: dict[str, list[str]]  # TF cluster spec: job -> addresses
 
     @property
     def name(self) -> str:
@@ -223,5 +250,5 @@ class Role:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Role":
+    def from_dict(cls, data: dict[str, Any]) -> Role:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})

@@ -56,8 +56,9 @@ def histogram(name: str, values, step: int, bucket_count: int = 30) -> None:
     import tensorflow as tf
 
     buckets = histogram_buckets(np.asarray(values), bucket_count)
-    tf.summary.write(name, tf.constant(buckets, tf.float64), step=step,
-                     metadata=_metadata("histograms"))
+    tf.summary.write(
+        name, tf.constant(buckets, tf.float64), step=step, metadata=_metadata("histograms")
+    )
 
 
 def image(name: str, images, step: int, max_outputs: int = 16) -> None:
@@ -70,8 +71,7 @@ def image(name: str, images, step: int, max_outputs: int = 16) -> None:
     pngs = tf.map_fn(tf.image.encode_png, images, fn_output_signature=tf.string)
     shape = tf.shape(images)
     dims = tf.strings.as_string([shape[2], shape[1]])  # width, height
-    tf.summary.write(name, tf.concat([dims, pngs], axis=0), step=step,
-                     metadata=_metadata("images"))
+    tf.summary.write(name, tf.concat([dims, pngs], axis=0), step=step, metadata=_metadata("images"))
 
 
 class EventWriter:

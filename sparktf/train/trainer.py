@@ -42,8 +42,18 @@ log = logging.getLogger(__name__)
 class AllReduceStep:
     """One synchronous step over the all-reduce workers; each process feeds its own rows."""
 
-    def __init__(self, tf, strategy, task, model, optimizer, global_step, *, global_batch: int,
-                 num_workers: int):
+    def __init__(
+        self,
+        tf,
+        strategy,
+        task,
+        model,
+        optimizer,
+        global_step,
+        *,
+        global_batch: int,
+        num_workers: int,
+    ):
         self.tf, self.strategy = tf, strategy
         self.devices = list(strategy.extended.worker_devices)
         self.per_process_batch = global_batch // num_workers
@@ -81,21 +91,21 @@ class AllReduceStep:
     def finished_anywhere(self, local_finished: bool) -> bool:
         tf = self.tf
         flag = self.strategy.experimental_distribute_values_from_function(
-            lambda _: tf.constant(1.0 if local_finished else 0.0))
+            lambda _: tf.constant(1.0 if local_finished else 0.0)
+        )
         return float(self._any_finished(flag)) > 0
 
     def __call__(self, batch: dict[str, np.ndarray]):
         tf = self.tf
         tensors = {k: tf.convert_to_tensor(v) for k, v in batch.items()}
         if len(self.devices) == 1:
-            values = self.strategy.experimental_distribute_values_from_function(
-                lambda _: tensors)
+            values = self.strategy.experimental_distribute_values_from_function(lambda _: tensors)
         else:
             size = self.per_replica_batch
 
             def part(ctx):
                 i = ctx.replica_id_in_sync_group % len(self.devices)
-                return {k: v[i * size:(i + 1) * size] for k, v in tensors.items()}
+                return {k: v[i * size : (i + 1) * size] for k, v in tensors.items()}
 
             values = self.strategy.experimental_distribute_values_from_function(part)
         return self._step_fn(values)
@@ -107,8 +117,9 @@ class AllReduceStep:
 class ParameterServerStep:
     """One asynchronous step scheduled by the chief on whichever ps worker is free."""
 
-    def __init__(self, tf, strategy, coordinator, task, model, optimizer, global_step, *,
-                 global_batch: int):
+    def __init__(
+        self, tf, strategy, coordinator, task, model, optimizer, global_step, *, global_batch: int
+    ):
         from sparktf import models
 
         self.tf, self.coordinator = tf, coordinator
@@ -116,8 +127,9 @@ class ParameterServerStep:
 
         @tf.function
         def step_fn(batch):
-            per_replica = strategy.run(task.train_step,
-                                       args=(model, optimizer, batch, global_batch))
+            per_replica = strategy.run(
+                task.train_step, args=(model, optimizer, batch, global_batch)
+            )
             global_step.assign_add(1)
             return models.reduce_metrics(strategy, per_replica)
 
@@ -186,12 +198,13 @@ class Trainer:
 
         self.spec, self.plan, self.role, self.control = spec, spec.plan, role, control
         self.task = models.get_task(self.plan.train.model, **self.plan.model_config)
-        self.model_dir = ModelDir(self.plan.run.model_dir, writer=role.is_chief,
-                                  sync_every_s=self.plan.run.sync_every_s)
+        self.model_dir = ModelDir(
+            self.plan.run.model_dir, writer=role.is_chief, sync_every_s=self.plan.run.sync_every_s
+        )
         self.events: EventWriter | None = None
         self.meter = Meter(self.plan.global_batch)
         self.metrics: dict[str, float] = {}
-        self.pending = None          # the last step's (possibly remote) metrics
+        self.pending = None  # the last step's (possibly remote) metrics
         self.saved_step = -1
         self.checkpoint: str | None = None
         self._sampler = None
@@ -202,8 +215,9 @@ class Trainer:
         try:
             self.build()
             self.events = EventWriter(self.model_dir, enabled=self.role.is_chief)
-            source = inputs.open_batches(self.spec, self.role, self.control,
-                                         self.stepper.per_process_batch)
+            source = inputs.open_batches(
+                self.spec, self.role, self.control, self.stepper.per_process_batch
+            )
             try:
                 end_reason = self.train(source, started)
                 result = self.finish(source, end_reason)
@@ -236,26 +250,48 @@ class Trainer:
         with strategy.scope():
             self.model = self.task.build_model()
             optimizer = self.task.make_optimizer(plan.steps_per_epoch, self.model)
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                           name="global_step")
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizers = optimizer if isinstance(optimizer, dict) else {"": optimizer}
         checkpoint = tf.train.Checkpoint(
-            model=self.model, global_step=self.global_step,
-            **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()})
+            model=self.model,
+            global_step=self.global_step,
+            **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
+        )
         restored = self.model_dir.attach(checkpoint, keep=plan.run.keep_checkpoints)
         self.start_step = int(self.global_step.numpy())
         if restored:
             self.saved_step, self.checkpoint = self.start_step, restored
         common = dict(global_batch=plan.global_batch)
         if coordinator is not None:
-            self.stepper = ParameterServerStep(tf, strategy, coordinator, self.task, self.model,
-                                               optimizer, self.global_step, **common)
+            self.stepper = ParameterServerStep(
+                tf,
+                strategy,
+                coordinator,
+                self.task,
+                self.model,
+                optimizer,
+                self.global_step,
+                **common,
+            )
         else:
-            self.stepper = AllReduceStep(tf, strategy, self.task, self.model, optimizer,
-                                         self.global_step, num_workers=self.role.num_workers,
-                                         **common)
-        log.info("%s: %s, global batch %d, steps %d -> %d", self.role.name, self.task.name,
-                 plan.global_batch, self.start_step, plan.target_steps)
+            self.stepper = AllReduceStep(
+                tf,
+                strategy,
+                self.task,
+                self.model,
+                optimizer,
+                self.global_step,
+                num_workers=self.role.num_workers,
+                **common,
+            )
+        log.info(
+            "%s: %s, global batch %d, steps %d -> %d",
+            self.role.name,
+            self.task.name,
+            plan.global_batch,
+            self.start_step,
+            plan.target_steps,
+        )
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -276,8 +312,10 @@ class Trainer:
             step += 1
             if self.meter.step():
                 self.metrics = to_floats(self.pending)
-                log.info("first step done %.1f s after the process started",
-                         self.meter.first_step_wall - started)
+                log.info(
+                    "first step done %.1f s after the process started",
+                    self.meter.first_step_wall - started,
+                )
             self.report(step)
             at_checkpoint = step % run.checkpoint_every_steps == 0
             if at_checkpoint or step % hist_every == 0:
@@ -294,20 +332,28 @@ class Trainer:
             return
         now = time.monotonic()
         run = self.plan.run
-        if not (step % run.summary_every_steps == 0 or step == self.plan.target_steps
-                or now - self._last_progress >= min(run.progress_every_s, 2.0)):
+        if not (
+            step % run.summary_every_steps == 0
+            or step == self.plan.target_steps
+            or now - self._last_progress >= min(run.progress_every_s, 2.0)
+        ):
             return
         self._last_progress = now
         self.metrics = to_floats(self.pending)
         rate = self.meter.window_rate()
         self.events.scalars(step, {**self.metrics, "examples_per_sec": rate})
-        self.control.set_progress({**self.progress(step, rate),
-                                   "first_step_wall": self.meter.first_step_wall})
+        self.control.set_progress(
+            {**self.progress(step, rate), "first_step_wall": self.meter.first_step_wall}
+        )
 
     def progress(self, step: int, rate: float) -> dict[str, Any]:
-        return {"step": step, "target": self.plan.target_steps,
-                "epoch": step / self.plan.steps_per_epoch, "examples_per_sec": rate,
-                **self.metrics}
+        return {
+            "step": step,
+            "target": self.plan.target_steps,
+            "epoch": step / self.plan.steps_per_epoch,
+            "examples_per_sec": rate,
+            **self.metrics,
+        }
 
     # -- checkpoints, summaries, export ------------------------------------------------------
 
@@ -329,8 +375,9 @@ class Trainer:
             if self._sampler is None:
                 self._sampler = self.task.build_model()
             self._sampler.set_weights(weights)
-            z = tf.random.stateless_uniform([16, self.task.z_dim], seed=[7, 7], minval=-1.0,
-                                            maxval=1.0)
+            z = tf.random.stateless_uniform(
+                [16, self.task.z_dim], seed=[7, 7], minval=-1.0, maxval=1.0
+            )
             labels = tf.range(16, dtype=tf.int64) % int(self.task.config["num_classes"])
             images = self._sampler.generate(z, labels, training=False)
             self.events.images(step, "samples", self._sampler.to_uint8(images))
@@ -338,6 +385,7 @@ class Trainer:
 
     def export(self, weights: list[np.ndarray], step: int) -> str:
         """Publishes ``export/<step>`` from a model built outside the strategy."""
+
         def write(local_dir: str) -> None:
             clean = self.task.build_model()  # outside the strategy: plain variables
             clean.set_weights(weights)
@@ -366,16 +414,29 @@ class Trainer:
         if self.role.is_chief:
             self.events.scalars(final_step, {**self.metrics, "examples_per_sec": rate})
             self.events.close()
-            self.model_dir.finish({
-                "model": self.task.name, "model_config": self.task.config,
-                "strategy": self.role.strategy, "final_step": final_step,
-                "export": export_path, "checkpoint": self.checkpoint,
-                "signatures": self.task.signature_info()})
-        return {"start_step": self.start_step, "final_step": final_step,
-                "metrics": self.metrics, "checkpoint": self.checkpoint,
-                "export_path": export_path, "examples": self.meter.examples,
-                "examples_per_sec": rate, "first_step_wall": self.meter.first_step_wall,
-                "end_reason": end_reason, "fed_rows": source.rows,
-                "dropped_rows": source.dropped_rows,
-                "gpus": [d.name for d in tf.config.list_logical_devices("GPU")],
-                "progress": self.progress(final_step, rate)}
+            self.model_dir.finish(
+                {
+                    "model": self.task.name,
+                    "model_config": self.task.config,
+                    "strategy": self.role.strategy,
+                    "final_step": final_step,
+                    "export": export_path,
+                    "checkpoint": self.checkpoint,
+                    "signatures": self.task.signature_info(),
+                }
+            )
+        return {
+            "start_step": self.start_step,
+            "final_step": final_step,
+            "metrics": self.metrics,
+            "checkpoint": self.checkpoint,
+            "export_path": export_path,
+            "examples": self.meter.examples,
+            "examples_per_sec": rate,
+            "first_step_wall": self.meter.first_step_wall,
+            "end_reason": end_reason,
+            "fed_rows": source.rows,
+            "dropped_rows": source.dropped_rows,
+            "gpus": [d.name for d in tf.config.list_logical_devices("GPU")],
+            "progress": self.progress(final_step, rate),
+        }
