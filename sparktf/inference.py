@@ -15,7 +15,11 @@ Where the model comes from (the driver reads only ``saved_model.pb`` and
   ``MODEL_DIR`` itself (then ``MODEL_DIR/export``);
 * on each executor the model is loaded once per Python worker and kept in
   :class:`ModelCache`; an ``hdfs://`` model is first copied once per machine into
-  ``$SPARKTF_MODEL_CACHE_DIR`` (default ``<tempdir>/sparktf-models/<fingerprint>``).
+  ``$SPARKTF_MODEL_CACHE_DIR`` (default ``<tempdir>/sparktf-models-<uid>/<fingerprint>``),
+  a directory private to the user (0700; one that another user owns or can write, or a
+  symbolic link, is refused). A copy is used only while its contents match the
+  fingerprint the driver computed from the source (:func:`model_fingerprint`); one that
+  does not match is copied again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import math
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 import threading
 from collections import Counter, OrderedDict, defaultdict
@@ -75,6 +80,15 @@ class PredictInputError(ValueError):
     """
 
 
+class ModelCacheError(PermissionError):
+    """The executors' model cache cannot be used safely (the message names the path)."""
+
+
+class ModelCacheMismatchError(RuntimeError):
+    """A fresh copy of a model does not match the fingerprint the driver computed (the model
+    changed after ``predict`` read it, or the copy was corrupted)."""
+
+
 class ModelNotFoundError(storage.PathNotFoundError):
     """No SavedModel at the given model path."""
 
@@ -118,8 +132,8 @@ class ModelInfo:
     """What the driver knows about a SavedModel without loading it.
 
     ``uri``: the version directory; ``version``: its name when numeric, else ``None``;
-    ``fingerprint``: a hash of ``saved_model.pb`` and ``variables/variables.index`` (the
-    index holds a checksum of every variable), which names the executors' local copies.
+    ``fingerprint``: :func:`model_fingerprint` of the directory, which names the executors'
+    local copies and verifies them.
     """
 
     uri: str
@@ -155,16 +169,34 @@ def resolve_model(model: str | os.PathLike) -> str:
     )
 
 
+def model_fingerprint(uri: str, *, graph: bytes | None = None) -> str:
+    """SHA-256 over a SavedModel directory (local or ``hdfs://``): the bytes of
+    ``saved_model.pb`` and ``variables/variables.index`` (the index holds the offset, size
+    and CRC32C of every variable, which TensorFlow checks when it reads one) and the
+    relative path and size of every file. The driver computes it from the source; an
+    executor recomputes it on its local copy and trusts the copy only when both agree."""
+    root = storage.parse(uri).path.rstrip("/")
+    digest = hashlib.sha256()
+    if graph is None:
+        graph = storage.read_bytes(storage.join(uri, "saved_model.pb"))
+    digest.update(b"saved_model.pb\0%d\0" % len(graph) + graph)
+    index = storage.join(uri, "variables", "variables.index")
+    if storage.exists(index):
+        data = storage.read_bytes(index)
+        digest.update(b"variables.index\0%d\0" % len(data) + data)
+    for path in storage.walk_files(uri):
+        rel = posixpath.relpath(storage.parse(path).path, root)
+        digest.update(f"file\0{rel}\0{storage.size(path)}\0".encode())
+    return digest.hexdigest()
+
+
 def inspect_model(model: str | os.PathLike) -> ModelInfo:
     """Resolves ``model`` and reads its signatures from ``saved_model.pb`` (no variables)."""
     uri = resolve_model(model)  # before importing TensorFlow: a missing model fails fast
     from tensorflow.core.protobuf import saved_model_pb2  # imports TensorFlow (driver only)
 
     graph = storage.read_bytes(storage.join(uri, "saved_model.pb"))
-    digest = hashlib.sha256(graph)
-    index = storage.join(uri, "variables", "variables.index")
-    if storage.exists(index):
-        digest.update(storage.read_bytes(index))
+    fingerprint = model_fingerprint(uri, graph=graph)
     proto = saved_model_pb2.SavedModel()
     try:
         proto.ParseFromString(graph)
@@ -194,7 +226,7 @@ def inspect_model(model: str | os.PathLike) -> ModelInfo:
     return ModelInfo(
         uri=uri,
         version=int(name) if name.isdigit() else None,
-        fingerprint=digest.hexdigest(),
+        fingerprint=fingerprint,
         signatures=signatures,
     )
 
@@ -589,15 +621,71 @@ class ModelCache:
 
 
 def model_cache_dir() -> str:
-    """Where executors keep local copies of HDFS models (``$SPARKTF_MODEL_CACHE_DIR``)."""
-    return os.environ.get("SPARKTF_MODEL_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), "sparktf-models"
+    """Where executors keep local copies of HDFS models: ``$SPARKTF_MODEL_CACHE_DIR``, else
+    ``<tempdir>/sparktf-models-<uid>`` (one per user: the directory must be private)."""
+    path = os.environ.get("SPARKTF_MODEL_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"sparktf-models-{os.geteuid()}"
     )
+    return os.path.abspath(path)  # no trailing "/": lstat must see a symbolic link itself
+
+
+def _private_cache_dir() -> str:
+    """:func:`model_cache_dir`, created 0700 if missing; ModelCacheError unless it is a real
+    directory owned by this user that no one else can write (another user could otherwise
+    plant a model that every later prediction would load)."""
+    base = model_cache_dir()
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(base)
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"is writable by other users (mode {stat.filemode(st.st_mode)})"
+    if problem:
+        raise ModelCacheError(
+            f"model cache directory {base} {problem}: refusing to use it, since a model "
+            "placed there would be loaded and run. Remove it, or set "
+            "SPARKTF_MODEL_CACHE_DIR to a directory only this user can write"
+        )
+    return base
+
+
+def _open_lock(path: str) -> int:
+    """The lock file at ``path``, opened without following a symbolic link (0600 if new)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ModelCacheError(
+                f"model cache lock file {path} is a symbolic link: refusing to follow it; remove it"
+            ) from exc
+        raise
+
+
+def _verified(path: str, fingerprint: str) -> bool:
+    """Whether the local copy at ``path`` exists and matches ``fingerprint``."""
+    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return False
+    try:
+        return model_fingerprint(path) == fingerprint
+    except (OSError, storage.StorageError):  # being replaced by another worker
+        return False
 
 
 def _local_model_dir(model_uri: str, fingerprint: str) -> str:
     """A local directory holding the model: itself when local, else a copy made once per
-    machine (a lock file serialises the workers of all executors on it)."""
+    machine in the user's private cache (a lock file serialises the workers of all
+    executors on it). A copy is used only when its contents match ``fingerprint``; a copy
+    that does not (tampered, truncated) is replaced by a fresh one."""
     loc = storage.parse(model_uri)
     if loc.scheme == "file":
         if not os.path.isfile(os.path.join(loc.path, "saved_model.pb")):
@@ -606,23 +694,47 @@ def _local_model_dir(model_uri: str, fingerprint: str) -> str:
                 "an hdfs:// model or a path that every executor sees"
             )
         return loc.path
-    base = model_cache_dir()
+    base = _private_cache_dir()
     target = os.path.join(base, fingerprint[:32])
-    if os.path.isfile(os.path.join(target, "saved_model.pb")):
+    if _verified(target, fingerprint):
         return target
-    os.makedirs(base, exist_ok=True)
-    with open(target + ".lock", "w") as lock:
+    lock = _open_lock(target + ".lock")
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if _verified(target, fingerprint):
+            return target
+        # Holding the lock, any partial copy of this model is a crashed worker's leftover.
+        for name in os.listdir(base):
+            if name.startswith(f"{fingerprint[:32]}.tmp-"):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        if os.path.lexists(target):
+            log.warning(
+                "the cached copy %s of model %s does not match its fingerprint: "
+                "copying the model again",
+                target,
+                model_uri,
+            )
+        partial = tempfile.mkdtemp(prefix=f"{fingerprint[:32]}.tmp-", dir=base)
         try:
-            if not os.path.isfile(os.path.join(target, "saved_model.pb")):
-                partial = f"{target}.tmp-{os.getpid()}"
-                shutil.rmtree(partial, ignore_errors=True)
-                storage.copy_tree(model_uri, partial)
-                os.rename(partial, target)  # atomic: a complete copy or none
-                ModelCache.stats[fingerprint]["copies"] += 1
-                log.info("copied model %s to %s", model_uri, target)
+            copy = os.path.join(partial, "model")
+            storage.copy_tree(model_uri, copy)
+            if model_fingerprint(copy) != fingerprint:
+                raise ModelCacheMismatchError(
+                    f"the copy of model {model_uri} made on this executor does not match the "
+                    "model the driver read (it changed since predict() was called?): "
+                    "predict again"
+                )
+            if os.path.lexists(target):  # the rejected copy: out of the way, then deleted
+                stale = os.path.join(partial, "stale")
+                os.rename(target, stale)
+            os.rename(copy, target)  # atomic: a complete, verified copy or none
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            shutil.rmtree(partial, ignore_errors=True)
+        ModelCache.stats[fingerprint]["copies"] += 1
+        log.info("copied model %s to %s", model_uri, target)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
     return target
 
 

@@ -16,7 +16,9 @@ The HDFS user is ``SPARKTF_HDFS_USER``, else ``HADOOP_USER_NAME``, else the logi
 
 Reads and writes stream: files are read in ranges and written through a chunked upload,
 never buffered whole. ``publish`` gives an atomic publish: write under a temporary
-sibling name, rename into place when the block succeeds, delete the temporary otherwise.
+sibling name, rename into place when the block succeeds, delete the temporary otherwise;
+one publish at a time per target (a lock file beside it), the previous version put back under
+its name if a replacement fails, and leftovers of crashed publishes cleaned up.
 """
 
 from __future__ import annotations
@@ -24,14 +26,18 @@ from __future__ import annotations
 import contextlib
 import getpass
 import io
+import json
 import logging
 import os
 import posixpath
+import re
 import shutil
+import socket
 import threading
+import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -70,6 +76,10 @@ class PathExistsError(StorageError, FileExistsError):
 
 class StoragePermissionError(StorageError, PermissionError):
     """The file system refused the operation."""
+
+
+class PublishConflictError(StorageError):
+    """Another publish to the same target is in progress (its lock file is held)."""
 
 
 SUPPORTED_SCHEMES = ("", "file", "hdfs")
@@ -226,7 +236,9 @@ class _Hdfs:
                 ) from exc
             if exception == "FileAlreadyExistsException" or "already exists" in message:
                 raise PathExistsError(f"{what}: {uri} already exists") from exc
-            raise StorageError(f"{what} {uri} failed: {message.splitlines()[0]}") from exc
+            raise StorageError(
+                f"HDFS {what} {uri} failed (WebHDFS at {self.url}): {message.splitlines()[0]}"
+            ) from exc
 
     def status(self, path: str) -> dict | None:
         with self.errors("stat", path):
@@ -545,33 +557,401 @@ def temp_sibling(path: str, tag: str = "tmp") -> str:
     return Location(loc.scheme, loc.netloc, posixpath.join(posixpath.dirname(loc.path), name)).uri
 
 
+# ----------------------------------------------------------------------------- publish
+
+# Leftovers of a publish that died (temporary copies, set-aside old versions, lock files) are
+# removed by the next publish to the same target, and by any publish in the same directory
+# once they are older than this (seconds) and their own target is not being published.
+LEFTOVER_AGE_S = float(os.environ.get("SPARKTF_PUBLISH_LEFTOVER_AGE", str(24 * 3600)))
+# A publish refreshes the modification time of its lock file every LOCK_HEARTBEAT_S; a lock
+# not refreshed for LOCK_STALE_S (or whose process is gone, on this host) is stale and broken.
+LOCK_HEARTBEAT_S = 30.0
+LOCK_STALE_S = float(os.environ.get("SPARKTF_PUBLISH_LOCK_STALE", "600"))
+LOCK_TAG = "publish-lock"
+_LEFTOVER_RE = re.compile(r"^\.(?P<target>.+)\.(?P<tag>tmp|old)-[0-9a-f]{12}$")
+_LOCK_RE = re.compile(r"^\.(?P<target>.+)\." + re.escape(LOCK_TAG) + "$")
+_HELD_LOCKS: set[str] = set()  # tokens of the locks this process holds
+# For tests only: called as ``hook(path, tmp, old)`` between the two renames of an overwrite
+# (the old version set aside, the new one not yet in place).
+_swap_hook: Callable[[str, str, str], None] | None = None
+
+
+def lock_path(path: str) -> str:
+    """The lock file of publishes to ``path``: ``.<name>.publish-lock`` beside it."""
+    loc = parse(path)
+    name = f".{posixpath.basename(loc.path)}.{LOCK_TAG}"
+    return Location(loc.scheme, loc.netloc, posixpath.join(posixpath.dirname(loc.path), name)).uri
+
+
+def _entries(directory: str) -> dict[str, tuple[bool, float]]:
+    """``{name: (is a directory, modification time in s)}`` of a directory ({} if missing)."""
+    loc = parse(directory)
+    if loc.scheme == "file":
+        found = {}
+        try:
+            with os.scandir(loc.path) as it:
+                for entry in it:
+                    with contextlib.suppress(FileNotFoundError):
+                        st = entry.stat(follow_symlinks=False)
+                        found[entry.name] = (entry.is_dir(follow_symlinks=False), st.st_mtime)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        return found
+    fs = _hdfs(loc)
+    try:
+        with fs.errors("list", loc.path):
+            listing = fs.client.list(loc.path, status=True)
+    except PathNotFoundError:
+        return {}
+    return {
+        name: (st["type"] == "DIRECTORY", st["modificationTime"] / 1000.0) for name, st in listing
+    }
+
+
+def _create_exclusive(path: str, data: bytes) -> None:
+    """Creates the file ``path`` holding ``data``; PathExistsError if it exists (atomic: an
+    ``O_EXCL`` open locally, a create without overwrite at the HDFS NameNode)."""
+    loc = parse(path)
+    if loc.scheme == "file":
+        makedirs(posixpath.dirname(loc.path))
+        try:
+            fd = os.open(loc.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError as exc:
+            raise PathExistsError(f"create: {loc.path} already exists") from exc
+        except PermissionError as exc:
+            raise StoragePermissionError(f"create: permission denied on {loc.path}") from exc
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return
+    fs = _hdfs(loc)
+    with fs.errors("create", loc.path):
+        fs.client.write(loc.path, data=data, overwrite=False)
+
+
+def _mtime(path: str) -> float | None:
+    """Modification time (s) of ``path``, None if it does not exist."""
+    loc = parse(path)
+    if loc.scheme == "file":
+        try:
+            return os.stat(loc.path, follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            return None
+    st = _hdfs(loc).status(loc.path)
+    return None if st is None else st["modificationTime"] / 1000.0
+
+
+def _touch(path: str) -> None:
+    loc = parse(path)
+    if loc.scheme == "file":
+        os.utime(loc.path)
+        return
+    fs = _hdfs(loc)
+    with fs.errors("touch", loc.path):
+        fs.client.set_times(loc.path, modification_time=int(time.time() * 1000))
+
+
+@lru_cache(maxsize=1)
+def _host_id() -> str:
+    """This host (and PID namespace): where a lock's PID can be checked."""
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    with contextlib.suppress(OSError):
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    return "/".join(parts)
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # cannot tell: only the heartbeat age decides
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _PublishLock:
+    """The lock of publishes to one target: a file created exclusively beside it, holding
+    the owner's host, PID and a token, its modification time refreshed by a heartbeat."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.path = lock_path(target)
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> tuple[dict | None, float] | None:
+        """(owner record or None if unreadable, modification time), None when absent."""
+        mtime = _mtime(self.path)
+        if mtime is None:
+            return None
+        try:
+            owner = json.loads(read_text(self.path))
+        except PathNotFoundError:
+            return None
+        except (ValueError, StorageError):
+            owner = None
+        return (owner if isinstance(owner, dict) else None), mtime
+
+    def _stale(self, owner: dict | None, mtime: float) -> str | None:
+        """Why a lock is stale, or None when its publish may still be running."""
+        age = time.time() - mtime
+        if age > LOCK_STALE_S:
+            return f"not refreshed for {age:.0f} s"
+        if owner and owner.get("host_id") == _host_id():
+            pid = owner.get("pid")
+            if pid == os.getpid() and owner.get("token") not in _HELD_LOCKS:
+                return f"left behind by this process ({pid})"
+            if pid != os.getpid() and not _pid_alive(pid):
+                return f"its process {pid} on {owner.get('host')} is gone"
+        return None
+
+    def acquire(self) -> _PublishLock:
+        """Takes the lock, breaking a stale one; PublishConflictError if it is held."""
+        record = {
+            "token": self.token,
+            "host": socket.gethostname(),
+            "host_id": _host_id(),
+            "pid": os.getpid(),
+            "started": time.time(),
+        }
+        data = json.dumps(record).encode()
+        for attempt in range(3):
+            try:
+                _create_exclusive(self.path, data)
+                break
+            except PathExistsError:
+                seen = self._read()
+                if seen is None:
+                    continue  # released meanwhile: try again
+                owner, mtime = seen
+                reason = self._stale(owner, mtime)
+                if reason is None or attempt == 2:
+                    who = (
+                        f"process {owner.get('pid')} on {owner.get('host')}, started "
+                        + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner["started"]))
+                        if owner and "started" in owner
+                        else "an unknown process"
+                    )
+                    raise PublishConflictError(
+                        f"publish {self.target}: another publish to this path is in progress "
+                        f"({who}; lock {self.path}); retry once it has finished "
+                        f"(a lock not refreshed for {LOCK_STALE_S:.0f} s is broken)"
+                    ) from None
+                again = self._read()  # break it only if it is still the stale one
+                if again is not None and (again[0] or {}).get("token") == (owner or {}).get(
+                    "token"
+                ):
+                    log.warning("breaking the stale publish lock %s (%s)", self.path, reason)
+                    delete(self.path)
+        else:
+            raise PublishConflictError(f"publish {self.target}: could not take {self.path}")
+        _HELD_LOCKS.add(self.token)
+        self._thread = threading.Thread(
+            target=self._heartbeat, daemon=True, name=f"publish-lock {self.target}"
+        )
+        self._thread.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(LOCK_HEARTBEAT_S):
+            try:
+                _touch(self.path)
+            except Exception as exc:  # a missed beat only ages the lock
+                log.warning("could not refresh the publish lock %s: %s", self.path, exc)
+
+    def verify(self) -> None:
+        """Raises PublishConflictError when the lock is no longer this publish's (it was
+        broken as stale and taken by another publish)."""
+        seen = self._read()
+        if seen is None or (seen[0] or {}).get("token") != self.token:
+            raise PublishConflictError(
+                f"publish {self.target}: lost the lock {self.path} (broken as stale by another "
+                "publish?); not replacing the target"
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            seen = self._read()
+            if seen is not None and (seen[0] or {}).get("token") == self.token:
+                delete(self.path)
+        except Exception as exc:  # a lock left behind is broken as stale later
+            log.warning("could not remove the publish lock %s: %s", self.path, exc)
+        finally:
+            _HELD_LOCKS.discard(self.token)
+
+
+def _recover(path: str, entries: dict[str, tuple[bool, float]] | None = None) -> None:
+    """Cleans the leftovers of crashed publishes to ``path`` (its lock held): a previous
+    version set aside by a publish that died mid-swap is renamed back when ``path`` is
+    missing; other temporaries and set-aside versions are deleted. ``entries``: the
+    directory's listing (``_entries``) if already at hand."""
+    loc = parse(path)
+    name = posixpath.basename(loc.path)
+    if entries is None:
+        entries = _entries(_parent(loc))
+    own = {
+        n: e
+        for n, e in entries.items()
+        if (m := _LEFTOVER_RE.match(n)) is not None and m["target"] == name
+    }
+    olds = [n for n in own if _LEFTOVER_RE.match(n)["tag"] == "old"]
+    if olds and name not in entries:
+        newest = max(olds, key=lambda n: own[n][1])
+        log.warning(
+            "%s is missing after a publish died while replacing it: restoring its previous "
+            "version from %s",
+            loc.uri,
+            newest,
+        )
+        rename(_sibling(loc, newest), loc.uri)
+        del own[newest]
+    for n in sorted(own):
+        leftover = _sibling(loc, n)
+        try:
+            delete(leftover)
+            log.info("removed %s, left by a publish of %s that did not finish", leftover, loc.uri)
+        except StorageError as exc:
+            log.warning("could not remove the leftover %s: %s", leftover, exc)
+
+
+def _sibling(loc: Location, name: str) -> str:
+    """The entry ``name`` beside ``loc``."""
+    return Location(loc.scheme, loc.netloc, posixpath.join(posixpath.dirname(loc.path), name)).uri
+
+
+def _parent(loc: Location) -> str:
+    return Location(loc.scheme, loc.netloc, posixpath.dirname(loc.path)).uri
+
+
+def _clean_aged(path: str, entries: dict[str, tuple[bool, float]]) -> None:
+    """Cleans the leftovers older than LEFTOVER_AGE_S of other targets in ``path``'s
+    directory (listed in ``entries``), each under its target's lock (a publish in progress
+    is left alone)."""
+    loc = parse(path)
+    name = posixpath.basename(loc.path)
+    now = time.time()
+    targets = set()
+    for n, (_, mtime) in entries.items():
+        m = _LEFTOVER_RE.match(n) or _LOCK_RE.match(n)
+        if m is not None and m["target"] != name and now - mtime > LEFTOVER_AGE_S:
+            targets.add(m["target"])
+    for target in sorted(targets):
+        other = _sibling(loc, target)
+        try:
+            lock = _PublishLock(other).acquire()
+        except PublishConflictError:
+            log.info("leftovers of %s kept: a publish of it is in progress", other)
+            continue
+        except StorageError as exc:
+            log.warning("could not clean the leftovers of %s: %s", other, exc)
+            continue
+        try:
+            _recover(other)
+        except StorageError as exc:
+            log.warning("could not clean the leftovers of %s: %s", other, exc)
+        finally:
+            lock.release()
+
+
+def _swap(path: str, tmp: str) -> None:
+    """Replaces ``path`` by ``tmp``: the old version is set aside, the new one renamed in,
+    then the old one deleted. If the new one cannot be renamed in, the old one is renamed
+    back under its name before the error propagates. A local file is replaced in one step
+    (``os.replace``): readers never find it missing."""
+    target, new = parse(path), parse(tmp)
+    if target.scheme == "file" and os.path.isfile(new.path) and not os.path.isdir(target.path):
+        try:
+            os.replace(new.path, target.path)
+        except PermissionError as exc:
+            raise StoragePermissionError(f"replace: permission denied on {target.path}") from exc
+        return
+    old = temp_sibling(path, "old")
+    rename(path, old)
+    try:
+        if _swap_hook is not None:
+            _swap_hook(path, tmp, old)
+        rename(tmp, path)
+    except BaseException as exc:
+        try:
+            rename(old, path)
+        except BaseException as again:
+            log.error(
+                "publish %s failed and its previous version could not be put back: it is at "
+                "%s (the next publish to %s restores it): %s",
+                path,
+                old,
+                path,
+                again,
+            )
+            exc.add_note(
+                f"the previous version of {path} is at {old} (restored by the next "
+                f"publish to {path})"
+            )
+        else:
+            log.error(
+                "publish %s failed while renaming the new version in (%s): the previous "
+                "version is back under its name",
+                path,
+                exc,
+            )
+        raise
+    try:
+        delete(old)
+    except StorageError as exc:
+        log.warning("published %s but could not delete its previous version %s: %s", path, old, exc)
+
+
 @contextlib.contextmanager
 def publish(path: str, *, overwrite: bool = False) -> Iterator[str]:
     """Atomic publish: yields a temporary sibling path to write (a file or a directory).
 
     When the block succeeds the temporary is renamed to ``path``; when it raises, the
     temporary is deleted and ``path`` is untouched. An existing ``path`` is refused up front
-    unless ``overwrite`` (then it is replaced only after the new content is complete).
+    unless ``overwrite``: then it is replaced only after the new content is complete, and if
+    the new version cannot be renamed in, the old one is renamed back under its name.
+
+    One publish at a time per target: a lock file ``.<name>.publish-lock`` beside ``path``
+    (created exclusively, refreshed while the publish runs) makes a concurrent publish fail
+    with PublishConflictError. Leftovers of publishes that died (``.<name>.tmp-*``,
+    ``.<name>.old-*``, stale locks) are cleaned by the next publish to ``path``, and those
+    of other targets in the same directory once older than LEFTOVER_AGE_S.
     """
-    if exists(path) and not overwrite:
+    if not overwrite and exists(path):
         raise PathExistsError(f"{path} already exists (pass overwrite to replace it)")
-    tmp = temp_sibling(path)
+    lock = _PublishLock(path).acquire()
     try:
-        yield tmp
-        if not exists(tmp):
-            raise StorageError(f"publish {path}: nothing was written to {tmp}")
-        if exists(path):
-            old = temp_sibling(path, "old")
-            rename(path, old)
-            rename(tmp, path)
-            delete(old)
-        else:
-            rename(tmp, path)
-        log.info("published %s", path)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            delete(tmp)
-        raise
+        entries = _entries(_parent(parse(path)))
+        _recover(path, entries)
+        _clean_aged(path, entries)
+        if not overwrite and exists(path):
+            raise PathExistsError(f"{path} already exists (pass overwrite to replace it)")
+        tmp = temp_sibling(path)
+        try:
+            yield tmp
+            if not exists(tmp):
+                raise StorageError(f"publish {path}: nothing was written to {tmp}")
+            lock.verify()
+            if exists(path):
+                if not overwrite:
+                    raise PathExistsError(f"publish {path}: it was created meanwhile")
+                _swap(path, tmp)
+            else:
+                rename(tmp, path)
+            log.info("published %s", path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                delete(tmp)
+            raise
+    finally:
+        lock.release()
 
 
 # ----------------------------------------------------------------------------- copies

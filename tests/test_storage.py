@@ -188,3 +188,171 @@ def test_webhdfs_address_from_hadoop_conf(tmp_path, monkeypatch):
     monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
     assert storage.webhdfs_url("nn.example:8020") == "http://nn.example:50070"
     assert storage.webhdfs_url("other:8020") == "http://other:9870"
+
+
+# ----------------------------------------------------------------------------- safe publish
+
+
+def _names(directory: str) -> list[str]:
+    return [storage.parse(p).path.rsplit("/", 1)[-1] for p in storage.listdir(directory)]
+
+
+def _publish_v(target: str, text: str, **kwargs) -> None:
+    with storage.publish(target, **kwargs) as tmp:
+        storage.write_text(storage.join(tmp, "part-0"), text)
+
+
+def test_failed_swap_puts_the_old_version_back(tmp_path, monkeypatch):
+    """The new version cannot be renamed in (a cleaner removed it between the two renames):
+    the old one is renamed back under its name, with its content, and nothing is left."""
+    parent = str(tmp_path / "out")
+    target = storage.join(parent, "dataset")
+    _publish_v(target, "v1")
+
+    def cleaner(path, tmp, old):
+        assert not os.path.exists(path) and os.path.isdir(old)
+        storage.delete(tmp)
+
+    monkeypatch.setattr(storage, "_swap_hook", cleaner)
+    with pytest.raises(storage.PathNotFoundError, match="rename"):
+        _publish_v(target, "v2", overwrite=True)
+    assert storage.read_text(storage.join(target, "part-0")) == "v1"
+    assert _names(parent) == ["dataset"]
+
+
+@pytest.mark.hdfs
+def test_failed_swap_on_hdfs_keeps_the_old_dataset_readable(hdfs, monkeypatch):
+    """A real refusal by the NameNode: in a sticky directory, the superuser hands the new
+    copy to another user between the two renames, so alice may no longer rename it in."""
+    parent = hdfs.fresh("swap")
+    admin = storage._client(hdfs.webhdfs_url, storage.hdfs_user())  # started HDFS: superuser
+    storage.makedirs(parent)
+    admin.set_permission(storage.parse(parent).path, "1777")
+    target = storage.join(parent, "dataset")
+    monkeypatch.setenv("SPARKTF_HDFS_USER", "alice")
+    _publish_v(target, "v1")
+
+    def hand_over(path, tmp, old):
+        admin.set_owner(storage.parse(tmp).path, owner="bob")
+
+    monkeypatch.setattr(storage, "_swap_hook", hand_over)
+    with pytest.raises(storage.StoragePermissionError, match="alice"):
+        _publish_v(target, "v2", overwrite=True)
+    assert storage.read_text(storage.join(target, "part-0")) == "v1"  # readable, as before
+    left = [n for n in _names(parent) if n != "dataset"]
+    assert len(left) == 1 and left[0].startswith(".dataset.tmp-")  # bob's: alice cannot delete
+
+    # The next publish to the same target (by a user allowed to) removes the leftover.
+    monkeypatch.setattr(storage, "_swap_hook", None)
+    monkeypatch.delenv("SPARKTF_HDFS_USER")
+    _publish_v(target, "v3", overwrite=True)
+    assert storage.read_text(storage.join(target, "part-0")) == "v3"
+    assert _names(parent) == ["dataset"]
+
+
+def test_crash_mid_swap_is_repaired_by_the_next_publish(base):
+    """A publisher killed between its two renames leaves the target missing, the old version
+    set aside and a lock of a dead process: the next publish restores the old version
+    under its name, removes the leftovers and breaks the stale lock."""
+    target = storage.join(base, "dataset")
+    _publish_v(target, "v1")
+    code = (
+        "import os, signal, sys\n"
+        "from sparktf import storage\n"
+        "storage._swap_hook = lambda path, tmp, old: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "with storage.publish(sys.argv[1], overwrite=True) as tmp:\n"
+        "    storage.write_text(storage.join(tmp, 'part-0'), 'v2')\n"
+    )
+    crashed = subprocess.run(
+        [sys.executable, "-c", code, target], capture_output=True, text=True, timeout=120
+    )
+    assert crashed.returncode == -9, crashed.stderr
+    left = _names(base)
+    assert "dataset" not in left
+    assert sorted(n.split("-")[0] for n in left) == [
+        ".dataset.old",
+        ".dataset.publish",
+        ".dataset.tmp",
+    ], left
+
+    with pytest.raises(storage.PathExistsError):  # the old version is back: not replaced
+        _publish_v(target, "v3")
+    assert storage.read_text(storage.join(target, "part-0")) == "v1"
+    assert _names(base) == ["dataset"]
+    _publish_v(target, "v3", overwrite=True)
+    assert storage.read_text(storage.join(target, "part-0")) == "v3"
+    assert _names(base) == ["dataset"]
+
+
+def test_concurrent_publish_is_refused_not_nested(base):
+    import threading
+
+    target = storage.join(base, "dataset")
+    inside, release, errors = threading.Event(), threading.Event(), []
+
+    def first():
+        try:
+            with storage.publish(target) as tmp:
+                storage.write_text(storage.join(tmp, "part-0"), "first")
+                inside.set()
+                assert release.wait(60)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            inside.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert inside.wait(60) and not errors
+        with pytest.raises(storage.PublishConflictError) as err:
+            _publish_v(target, "second", overwrite=True)
+        assert "another publish to this path is in progress" in str(err.value)
+        assert target in str(err.value) and f"process {os.getpid()}" in str(err.value)
+    finally:
+        release.set()
+        thread.join(60)
+    assert not errors, errors
+    assert storage.read_text(storage.join(target, "part-0")) == "first"
+    assert _names(target) == ["part-0"]  # nothing nested inside
+    assert _names(base) == ["dataset"]  # lock released, no temporary
+
+
+def test_old_leftovers_are_cleaned_but_not_a_publish_in_progress(base, monkeypatch):
+    import threading
+
+    # Leftovers of a publish of "gone" that died long ago (a temporary and its lock).
+    storage.write_text(storage.join(base, ".gone.tmp-0123456789ab", "part-0"), "partial")
+    storage.write_text(storage.join(base, ".gone.publish-lock"), "")
+    monkeypatch.setattr(storage, "LEFTOVER_AGE_S", 0.0)  # "long ago": any age
+    monkeypatch.setattr(storage, "LOCK_STALE_S", 0.5)
+    time.sleep(1.0)
+
+    busy = storage.join(base, "busy")
+    inside, release, errors = threading.Event(), threading.Event(), []
+    monkeypatch.setattr(storage, "LOCK_HEARTBEAT_S", 0.2)  # keeps busy's lock fresh
+
+    def in_progress():
+        try:
+            with storage.publish(busy) as tmp:
+                storage.write_text(storage.join(tmp, "part-0"), "busy")
+                inside.set()
+                assert release.wait(60)
+        except BaseException as exc:
+            errors.append(exc)
+            inside.set()
+
+    thread = threading.Thread(target=in_progress)
+    thread.start()
+    try:
+        assert inside.wait(60) and not errors
+        time.sleep(1.0)  # busy's temporary is older than the age limit, its lock is not stale
+        _publish_v(storage.join(base, "other"), "other")
+        left = _names(base)
+        assert not [n for n in left if n.startswith(".gone")], left
+        assert [n for n in left if n.startswith(".busy.tmp-")], left  # in progress: kept
+    finally:
+        release.set()
+        thread.join(60)
+    assert not errors, errors
+    assert storage.read_text(storage.join(busy, "part-0")) == "busy"
+    assert _names(base) == ["busy", "other"]

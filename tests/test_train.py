@@ -416,6 +416,137 @@ def test_resnet20_steps_and_image_signature(spark, tmp_path):
     assert_nothing_left()
 
 
+def _run_in_thread(fn):
+    """Runs ``fn()`` in a thread; returns a function that joins it and returns or raises."""
+    import threading
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the test's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+
+    def join(timeout: float = 600):
+        thread.join(timeout)
+        assert not thread.is_alive(), "the run did not end"
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    return join
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _node_pids() -> list[int]:
+    return [int(line.split()[0]) for line in node_processes()]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, mnist, tmp_path):
+    """A TensorFlow process that stops (no crash, no exit): its heartbeats stop, the driver
+    names it, and the whole run ends within --failure-timeout of the stop."""
+    import signal
+
+    from sparktf.train import TrainingError
+
+    model_dir = tmp_path / "model"
+    join = _run_in_thread(
+        lambda: _fit(
+            spark,
+            mnist / "data",
+            model_dir,
+            strategy="allreduce",
+            input_mode="files",
+            steps=100000,
+            checkpoint_every_steps=5,
+            failure_timeout_s=30.0,
+        )
+    )
+    from sparktf.train import artifacts
+
+    _wait_for(lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= 5, 240, "a checkpoint")
+    # A non-chief worker: /proc/PID/comm carries the role (tf-worker:0).
+    victim = next(p for p in _node_pids() if "worker" in Path(f"/proc/{p}/comm").read_text())
+    os.kill(victim, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        with pytest.raises(TrainingError) as failure:
+            join()
+        elapsed = time.monotonic() - stopped
+    finally:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    message = str(failure.value)
+    print(f"failed {elapsed:.1f} s after SIGSTOP: {message}")
+    # Named by the driver (heartbeats stopped) or by TensorFlow's own coordination service
+    # through the chief (/job:worker/task:0 unhealthy), which the driver translates.
+    assert f"pid {victim}" in message and "worker:0" in message
+    assert elapsed <= 30.0
+    assert_nothing_left()
+    assert spark.sparkContext.parallelize(range(4), 2).sum() == 6
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
+    spark, mnist, tmp_path
+):
+    import signal
+
+    from sparktf.train import artifacts
+
+    model_dir = tmp_path / "model"
+    join = _run_in_thread(
+        lambda: _fit(
+            spark,
+            mnist / "data",
+            model_dir,
+            strategy="allreduce",
+            input_mode="files",
+            steps=400,
+            checkpoint_every_steps=10,
+            max_restarts=1,
+        )
+    )
+    _wait_for(lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= 10, 240, "a checkpoint")
+    at_kill = artifacts.latest_checkpoint_step(str(model_dir))
+    victim = next(p for p in _node_pids() if "worker" in Path(f"/proc/{p}/comm").read_text())
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    result = join()
+    print(
+        f"recovered and finished {time.monotonic() - killed:.1f} s after kill -9; "
+        f"checkpoint at the kill: step {at_kill}; restarts: {result.restarts}"
+    )
+    assert result.final_step == 400
+    assert result.export_path == storage.join(str(model_dir), "export", "400")
+    assert len(result.restarts) == 1
+    restart = result.restarts[0]
+    # The cause names the killed process: reported by its Spark task (killed by SIGKILL) or
+    # by its peer's failed collective (/job:worker/task:0, which the driver translates).
+    assert f"pid {victim}" in restart["cause"] and "worker:0" in restart["cause"]
+    # Work lost: at most one checkpoint interval after the checkpoint seen at the kill.
+    assert restart["resumed_from_step"] >= at_kill
+    assert_nothing_left()
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
@@ -497,6 +628,32 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
     result = json.loads(result_file.read_text())
     assert result["final_step"] == 3 and len(result["gpus"]) == 1
     assert_nothing_left()
+
+
+def test_progress_watch_start_up_and_stall_deadlines():
+    from sparktf.train.cluster import _ProgressWatch
+    from sparktf.train.config import RunConfig
+    from sparktf.train.control import NodeState
+
+    run = RunConfig(model_dir="/m", startup_timeout_s=10, stall_timeout_s=5)
+    watch = _ProgressWatch(run, ["a", "b"])
+    t0 = watch.started
+    nodes = {"a": NodeState("a", role="chief:0"), "b": NodeState("b", role="worker:0")}
+    assert watch.update(nodes, "a", t0 + 9) is None  # still starting
+    message = watch.update(nodes, "a", t0 + 11)
+    assert "did not start within 10 s" in message and "chief:0 (a)" in message
+    nodes["a"].progress = {"step": 1, "target": 100}
+    nodes["b"].progress = {"step": 1}
+    assert watch.update(nodes, "a", t0 + 12) is None
+    nodes["a"].progress = {"step": 7, "target": 100}
+    assert watch.update(nodes, "a", t0 + 14) is None  # b lags, the run still moves
+    assert watch.update(nodes, "a", t0 + 18) is None
+    stalled = watch.update(nodes, "a", t0 + 20)  # a: 6 s without a new step
+    assert "global step is stuck at 7" in stalled
+    assert "worker:0 (b, at step 1)" in stalled and "chief:0 (a, at step 7)" in stalled
+    nodes["a"].progress = {"step": 100, "target": 100}  # finishing: export may take long
+    assert watch.update(nodes, "a", t0 + 21) is None
+    assert watch.update(nodes, "a", t0 + 60) is None
 
 
 def test_ptb_stream_layout_continues_each_row_across_steps():

@@ -31,7 +31,8 @@ public class MiniHdfs {
       throw new IllegalArgumentException("--base-dir and --ready-file are required");
     }
     File base = new File(baseDir).getAbsoluteFile();
-    boolean format = !new File(base, "data/name1/current/VERSION").exists();
+    // MiniDFSCluster keeps the NameNode image in BASE/name-0-1: present means formatted before.
+    boolean format = !new File(base, "name-0-1/current/VERSION").exists();
 
     Configuration conf = new Configuration();
     conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, base.getPath());

@@ -121,6 +121,12 @@ def parser(description: str, section: str, default_model: str | None):
         "rerun with the same directory resumes",
     )
     r.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
+    r.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        help="newest checkpoints kept in the model directory (across resumes)",
+    )
     r.add_argument("--summary-every", type=int, default=20, help="steps between scalar summaries")
     r.add_argument(
         "--progress-every",
@@ -139,6 +145,26 @@ def parser(description: str, section: str, default_model: str | None):
         type=float,
         default=120.0,
         help="bound in seconds from a failure in any TensorFlow process to the end of the job",
+    )
+    r.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        help="seconds from the start of the run to the first training step before it fails",
+    )
+    r.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=300.0,
+        help="seconds without global-step progress before the run fails, naming the processes "
+        "that stopped advancing (also the all-reduce collective timeout)",
+    )
+    r.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="times the TensorFlow cluster is started again from the latest checkpoint after a "
+        "failure (a lost process or executor) before the job fails",
     )
     r.add_argument(
         "--no-export",
@@ -185,10 +211,14 @@ def configs(args):
     run = RunConfig(
         model_dir=args.model_dir,
         checkpoint_every_steps=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
         summary_every_steps=args.summary_every,
         progress_every_s=args.progress_every,
         feed_timeout_s=args.feed_timeout,
         failure_timeout_s=args.failure_timeout,
+        startup_timeout_s=args.startup_timeout,
+        stall_timeout_s=args.stall_timeout,
+        max_restarts=args.max_restarts,
         export=args.export,
     )
     return train, scaling, run

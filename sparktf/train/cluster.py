@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -52,18 +53,24 @@ from sparktf.train.control import ControlServer
 from sparktf.train.plan import ProcessSpec, Role, RunPlan
 
 log = logging.getLogger(__name__)
-
-CLEANUP_WAIT_S = 30.0
+_TF_TASK = re.compile(r"/job:(chief|worker|ps)/(?:replica:\d+/)?task:(\d+)")
 
 
 class _GuardedContext:
     """The SparkContext as TensorFlowOnSpark sees it: its ``stop()`` and ``cancelAllJobs()``
     (called on a failure during start-up, before ``sys.exit``) are recorded, not executed --
-    the run owns neither the session nor other jobs."""
+    the run owns neither the session nor other jobs. With a ``startup``
+    (:func:`sparktf.train.reservation.authenticated_startup`), the node RDD it parallelizes
+    runs TensorFlowOnSpark's node function with the authenticated reservation client."""
 
-    def __init__(self, sc):
+    def __init__(self, sc, startup=None):
         self._sc = sc
+        self._startup = startup
         self.requested: list[str] = []
+
+    def parallelize(self, c, numSlices=None):  # noqa: N803 (SparkContext API)
+        rdd = self._sc.parallelize(c, numSlices)
+        return rdd if self._startup is None else self._startup.wrap(rdd)
 
     def stop(self):
         self.requested.append("stop")
@@ -107,6 +114,8 @@ class ClusterRun:
         self._first_error: tuple[str, dict] | None = None
         self._error_lock = threading.Lock()
         self._tfos_status: dict | None = None
+        self._tfos_error_seen: float | None = None
+        self._started = time.monotonic()
         self._jobs_before: set[int] = set()
         self._closing = False
         self.feed_group = f"sparktf-feed-{uuid.uuid4().hex[:8]}"
@@ -128,7 +137,10 @@ class ClusterRun:
                     self._first_error = (key, data)
 
     def start(self) -> ClusterRun:
-        from tensorflowonspark import TFCluster, util
+        # Lazy: importing tensorflowonspark runs logging.basicConfig(level=INFO).
+        from tensorflowonspark import TFCluster
+
+        from sparktf.train import reservation
 
         scaling, run = self.scaling, self.run
         tfos_log = logging.getLogger("tensorflowonspark")
@@ -140,8 +152,10 @@ class ClusterRun:
             )
         except spark_lib.ExecutorCountError as exc:
             raise ConfigError(str(exc)) from None
-        host = util.get_ip_address()
-        self.control = ControlServer(host, on_event=self._on_event)
+        address = reservation.driver_address(self.sc)  # loopback on the local profile
+        self.control = ControlServer(
+            address.advertise, bind_host=address.bind, on_event=self._on_event
+        )
         self.spec = ProcessSpec(
             plan=self.plan,
             control_url=self.control.url,
@@ -170,28 +184,36 @@ class ClusterRun:
             scaling.describe(),
             self.train.input_mode,
         )
-        guarded = _GuardedContext(self.sc)
         try:
-            self.tfos = TFCluster.run(
-                sc=guarded,
-                map_fun=node.tfos_main,
-                # a namespace: TensorFlowOnSpark tests `'num_gpus' in tf_args` and reads
-                # tf_args.num_gpus (a dict or None crashes in _get_gpus)
-                tf_args=argparse.Namespace(num_gpus=scaling.gpus_per_worker, spec=self.spec),
-                num_executors=scaling.num_executors,
-                num_ps=tfos_ps,
-                tensorboard=False,
-                input_mode=input_mode,
-                master_node="chief",
-                reservation_timeout=int(run.startup_timeout_s),
-                release_port=True,
-            )
+            # TensorFlowOnSpark's reservation exchange, authenticated (no pickle from the
+            # network) and bound to the driver's address; its server stops with the block
+            # on a failure, else once every node has the cluster.
+            with reservation.authenticated_startup(address) as auth:
+                self.tfos = TFCluster.run(
+                    sc=_GuardedContext(self.sc, auth),
+                    map_fun=node.tfos_main,
+                    # a namespace: TensorFlowOnSpark tests `'num_gpus' in tf_args` and reads
+                    # tf_args.num_gpus (a dict or None crashes in _get_gpus)
+                    tf_args=argparse.Namespace(num_gpus=scaling.gpus_per_worker, spec=self.spec),
+                    num_executors=scaling.num_executors,
+                    num_ps=tfos_ps,
+                    tensorboard=False,
+                    input_mode=input_mode,
+                    master_node="chief",
+                    reservation_timeout=int(run.startup_timeout_s),
+                    release_port=True,
+                )
         except SystemExit:
             raise TrainingError(
                 "TensorFlowOnSpark could not start the cluster: "
                 f"{self._tfos_status.get('error', 'unknown error')}"
             ) from None
-        self.roles = self._assign_roles(self.tfos.cluster_info, host)
+        except Exception as exc:  # e.g. "timed out waiting for reservations to complete"
+            raise TrainingError(
+                "TensorFlowOnSpark could not start the cluster within "
+                f"{run.startup_timeout_s:.0f} s (startup_timeout_s): {type(exc).__name__}: {exc}"
+            ) from None
+        self.roles = self._assign_roles(self.tfos.cluster_info, address.advertise)
         self._start_driver_ps()
         self.control.publish_plans(
             {key: {**role.to_dict(), "name": role.name} for key, role in self.roles.items()}
@@ -309,65 +331,91 @@ class ClusterRun:
         ``all_nodes``: wait until every process of the plan reported done; returns
         ``{key: result}``.
         """
-        run = self.run
         chief_key = next(k for k, r in self.roles.items() if r.is_chief)
-        expected = set(self.roles)
-        start = time.monotonic()
-        last_progress = 0.0
-        tfos_error_seen = None
+        watch = _ProgressWatch(self.run, [k for k, r in self.roles.items() if r.trains])
+        last_log = 0.0
         while True:
             self.control.wait(0.5)
             now = time.monotonic()
             nodes = self.control.snapshot()
-            if self._first_error is not None:
-                key, err = self._first_error
-                self._fail(self._describe_error(key, err))
-            if self._tfos_status.get("error"):
-                tfos_error_seen = tfos_error_seen or now
-                if now - tfos_error_seen > 5.0:  # give the process's own report time to arrive
-                    self._fail(
-                        "a TensorFlowOnSpark task failed: "
-                        + spark_lib.spark_error_text(self._tfos_status["error"])
-                    )
-            if self.feed_error is not None:
-                self._fail(
-                    "feeding rows to TensorFlow failed: "
-                    + spark_lib.spark_error_text(str(self.feed_error))
-                )
-            for key, proc, _ in self.driver_ps:
-                if proc.poll() is not None:
-                    self._fail(
-                        f"{self.roles[key].name} on the driver exited with code {proc.returncode}"
-                    )
-            chief = nodes.get(chief_key)
+            self._check_errors(now)
             if all_nodes:
-                if all(nodes.get(k) is not None and nodes[k].done is not None for k in expected):
-                    return {k: nodes[k].done for k in expected}
-            elif chief is not None and chief.done is not None:
-                return chief.done
-            for key in expected:
-                node = nodes.get(key)
-                name = self.roles[key].name
-                if node is None:
-                    if now - start > run.startup_timeout_s:
-                        self._fail(
-                            f"{name} ({key}) did not start within "
-                            f"{run.startup_timeout_s:.0f} s (startup_timeout_s)"
-                        )
-                    continue
-                silent = now - node.last_seen
-                if not node.bye and node.done is None and silent > run.heartbeat_timeout_s:
+                if all(nodes[k].done is not None for k in self.roles if k in nodes):
+                    return {k: nodes[k].done for k in self.roles}
+            elif nodes[chief_key].done is not None:
+                return nodes[chief_key].done
+            self._check_alive(nodes, now)
+            stalled = watch.update(nodes, chief_key, now)
+            if stalled:
+                self._fail(stalled)
+            progress = nodes[chief_key].progress
+            if progress.get("step") is not None and now - last_log >= self.run.progress_every_s:
+                last_log = now
+                log.info("%s", format_progress(progress))
+
+    def _check_errors(self, now: float) -> None:
+        """Fails the run on a process's error, a failed Spark job or a dead driver-side ps."""
+        if self._first_error is not None:
+            key, err = self._first_error
+            self._fail(self._describe_error(key, err))
+        if self._tfos_status.get("error"):
+            self._tfos_error_seen = self._tfos_error_seen or now
+            if now - self._tfos_error_seen > 5.0:  # the process's own report may be coming
+                text = spark_lib.spark_error_text(self._tfos_status["error"])
+                self._fail(f"a TensorFlowOnSpark task failed: {text}")
+        if self.feed_error is not None:
+            text = spark_lib.spark_error_text(str(self.feed_error))
+            self._fail(f"feeding rows to TensorFlow failed: {text}")
+        for key, proc, _ in self.driver_ps:
+            if proc.poll() is not None:
+                self._fail(
+                    f"{self.roles[key].name} on the driver exited with code {proc.returncode}"
+                )
+
+    def _check_alive(self, nodes: dict, now: float) -> None:
+        """Start-up deadline for processes that never said hello; heartbeats after that."""
+        run = self.run
+        silent_since_start = [
+            k
+            for k in self.roles
+            if nodes[k].pid is None and now - self._started > run.startup_timeout_s
+        ]
+        if silent_since_start:
+            names = ", ".join(f"{self.roles[k].name} ({k})" for k in sorted(silent_since_start))
+            self._fail(
+                f"the TensorFlow cluster did not start within {run.startup_timeout_s:.0f} s "
+                f"(startup_timeout_s): {names} never reached the driver (its executor busy, "
+                "its Python environment broken, or the driver unreachable from it?)"
+            )
+        for key in self.roles:
+            node = nodes[key]
+            silent = now - node.last_seen
+            if node.pid is not None and not node.bye and node.done is None:
+                if silent > run.heartbeat_timeout_s:
                     self._fail(
-                        f"{name} ({key}) stopped responding {silent:.0f} s ago: its "
-                        "process died (out of memory? killed?) or its executor was lost"
+                        f"{self.roles[key].name} ({key}, pid {node.pid} on {node.host}) stopped "
+                        f"responding {silent:.0f} s ago: its process died or hangs (out of "
+                        "memory? killed? stopped?) or its executor was lost"
                     )
-            if chief is not None and chief.progress and now - last_progress >= run.progress_every_s:
-                last_progress = now
-                log.info("%s", format_progress(chief.progress))
 
     def _describe_error(self, key: str, err: dict) -> str:
         name = self.roles[key].name if key in self.roles else key
-        return f"{name} ({key}) failed: {err.get('type')}: {err.get('message')}"
+        message = f"{name} ({key}) failed: {err.get('type')}: {err.get('message')}"
+        return message + self._name_tf_tasks(message)
+
+    def _name_tf_tasks(self, text: str) -> str:
+        """TensorFlow names processes ``/job:worker/task:0``; say which ones those are."""
+        nodes = self.control.snapshot()
+        named = []
+        for job, index in dict.fromkeys(_TF_TASK.findall(text)):
+            for key, role in self.roles.items():
+                if (role.role, role.index) == (job, int(index)):
+                    node = nodes[key]
+                    named.append(
+                        f"/job:{job}/task:{index} is {role.name} ({key}, pid {node.pid} "
+                        f"on {node.host})"
+                    )
+        return f" [{'; '.join(named)}]" if named else ""
 
     def _fail(self, message: str) -> None:
         log.error("%s", message)
@@ -388,7 +436,7 @@ class ClusterRun:
             control.request_abort(reason or "the driver ended the run")
         else:
             control.request_stop()
-        deadline = time.monotonic() + CLEANUP_WAIT_S
+        deadline = time.monotonic() + self.run.cleanup_timeout_s
         # Processes leave on stop/abort; wait for their goodbyes (a dead one never says it).
         while time.monotonic() < deadline:
             nodes = control.snapshot()
@@ -403,17 +451,17 @@ class ClusterRun:
             if not alive:
                 break
             time.sleep(0.2)
-        self._stop_tfos_ps_nodes()
+        self._stop_tfos_ps_nodes(deadline)
         if self.feed_thread is not None:
-            self.feed_thread.join(max(1.0, deadline - time.monotonic()))
+            self.feed_thread.join(max(0.5, deadline - time.monotonic()))
             if self.feed_thread.is_alive():
                 log.warning("the feed job did not end; cancelling it")
                 self.sc.cancelJobGroup(self.feed_group)
-                self.feed_thread.join(10.0)
+                self.feed_thread.join(2.0)
         self._wait_for_jobs(deadline)
         for key, proc, tmp in self.driver_ps:
             try:
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.5, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s on the driver did not exit; killing it", key)
                 proc.kill()
@@ -423,7 +471,7 @@ class ClusterRun:
             self.tfos.server.stop()
         control.close()
 
-    def _stop_tfos_ps_nodes(self) -> None:
+    def _stop_tfos_ps_nodes(self, deadline: float) -> None:
         """TensorFlowOnSpark's ps nodes wait for a message on their control queue."""
         if self.tfos is None:
             return
@@ -444,7 +492,7 @@ class ClusterRun:
         for t in threads:
             t.start()
         for t in threads:
-            t.join(10.0)
+            t.join(max(0.1, deadline - time.monotonic()))
 
     def _wait_for_jobs(self, deadline: float) -> None:
         """Waits for the run's Spark jobs (TensorFlowOnSpark's start job) to end."""
@@ -461,6 +509,52 @@ class ClusterRun:
                     self.sc._jsc.sc().cancelJob(int(job))
                 return
             time.sleep(0.2)
+
+
+class _ProgressWatch:
+    """Start-up and stall deadlines over the training processes' reported global steps.
+
+    Start-up lasts until the chief reports its first step (``startup_timeout_s`` from the
+    start of the run); then the chief's step must advance within ``stall_timeout_s``. A
+    stall names the training processes whose own step stopped advancing (all of them when
+    none reports steps: the ps strategy's chief speaks for its workers).
+    """
+
+    def __init__(self, run, training_keys: list[str]):
+        self.run = run
+        self.keys = training_keys
+        self.started = time.monotonic()
+        self.seen: dict[str, tuple[int, float]] = {}  # key -> (step, when it last changed)
+
+    def update(self, nodes: dict, chief_key: str, now: float) -> str | None:
+        """Records the steps; returns a failure message once a deadline has passed."""
+        for key in self.keys:
+            step = nodes[key].progress.get("step")
+            if step is not None and self.seen.get(key, (None,))[0] != step:
+                self.seen[key] = (step, now)
+        chief = nodes[chief_key].progress
+        if chief_key not in self.seen:
+            if now - self.started <= self.run.startup_timeout_s:
+                return None
+            waiting = ", ".join(f"{nodes[k].role} ({k})" for k in self.keys if k not in self.seen)
+            return (
+                f"the TensorFlow cluster did not start within {self.run.startup_timeout_s:.0f} s "
+                f"(startup_timeout_s): no first training step yet from {waiting} (still "
+                "building the model, restoring a checkpoint or reading the first batch)"
+            )
+        step, since = self.seen[chief_key]
+        if now - since <= self.run.stall_timeout_s or step >= chief.get("target", step + 1):
+            return None
+        stuck = [
+            f"{nodes[k].role} ({k}, at step {self.seen[k][0] if k in self.seen else 'none'})"
+            for k in self.keys
+            if k not in self.seen or now - self.seen[k][1] > self.run.stall_timeout_s
+        ]
+        return (
+            f"no training progress for {now - since:.0f} s (stall_timeout_s "
+            f"{self.run.stall_timeout_s:.0f}): the global step is stuck at {step}; processes "
+            f"that stopped advancing: {', '.join(stuck)}"
+        )
 
 
 def format_progress(p: dict) -> str:

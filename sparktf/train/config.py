@@ -105,10 +105,18 @@ class RunConfig:
     ``sparktf_train.json`` (the run's configs).
 
     Time limits: ``failure_timeout_s`` bounds the time from a failure in any TensorFlow
-    process (an exception, a crash, a lost executor) to the end of the run with an error;
-    ``feed_timeout_s`` is how long the ``spark`` input mode waits for a TensorFlow process to
-    take more rows (feeder side) or for rows to arrive (TensorFlow side) before it fails;
-    ``startup_timeout_s`` bounds bringing the cluster up.
+    process (an exception, a crash, a lost executor, a process that stops responding) to the
+    end of the run with an error; ``startup_timeout_s`` bounds bringing the cluster up, from
+    the start of the run to the chief's first step; ``stall_timeout_s`` bounds the time
+    without global-step progress after that (also the all-reduce collective timeout), so a
+    process that still heart-beats but makes no progress fails the run; ``feed_timeout_s`` is
+    how long the ``spark`` input mode waits for a TensorFlow process to take more rows
+    (feeder side) or for rows to arrive (TensorFlow side) before it fails.
+
+    ``max_restarts``: when a TensorFlow process, its executor or a Spark job of the run
+    fails, the driver takes the TensorFlow cluster down and starts it again from the latest
+    checkpoint, up to this many times (0: the first failure ends the run). At most one
+    checkpoint interval of work is lost per restart.
     """
 
     model_dir: str
@@ -121,6 +129,8 @@ class RunConfig:
     feed_timeout_s: float = 300.0
     failure_timeout_s: float = 120.0
     startup_timeout_s: float = 300.0
+    stall_timeout_s: float = 300.0
+    max_restarts: int = 0
     export: bool = True
 
     def __post_init__(self) -> None:
@@ -136,13 +146,21 @@ class RunConfig:
             "feed_timeout_s",
             "failure_timeout_s",
             "startup_timeout_s",
+            "stall_timeout_s",
         ):
             _positive(name, getattr(self, name))
+        _positive("max_restarts", self.max_restarts, allow_zero=True)
 
     @property
     def heartbeat_timeout_s(self) -> float:
         """Silence after which the driver declares a TensorFlow process dead."""
         return max(5.0, min(60.0, self.failure_timeout_s / 2))
+
+    @property
+    def cleanup_timeout_s(self) -> float:
+        """Time left to take the run down once a failure is known: detection (at most
+        ``heartbeat_timeout_s``) plus clean-up stay within ``failure_timeout_s``."""
+        return max(3.0, min(30.0, self.failure_timeout_s - self.heartbeat_timeout_s - 3.0))
 
 
 @dataclass(frozen=True)
@@ -209,6 +227,8 @@ class TrainResult:
     strategy: str
     input_mode: str
     gpus: list[str] = field(default_factory=list)  # GPUs the chief's TensorFlow saw
+    # one entry per restart: {"cause": ..., "resumed_from_step": ...} (RunConfig.max_restarts)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
     # spark input mode: rows fed to each training process (by node key), one number per process
     fed_rows: dict[str, int] | None = None
 

@@ -27,6 +27,7 @@ This module imports neither TensorFlow nor Spark.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -43,6 +44,39 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_S = 1.0
+MAX_REQUEST_BYTES = 1 << 20  # events are a few hundred bytes; larger bodies are not read
+REQUEST_TIMEOUT_S = 30.0  # a connection that sends nothing this long is closed
+
+
+class RejectLog:
+    """WARNING lines for rejected network input, naming the peer and the reason; at most
+    ``limit`` per ``window_s`` (a flood of forged requests must not flood the driver's log)."""
+
+    def __init__(self, logger: logging.Logger, what: str, *, limit: int = 10, window_s=10.0):
+        self._log, self._what = logger, what
+        self._limit, self._window_s = limit, window_s
+        self._lock = threading.Lock()
+        self._window_start = 0.0
+        self._count = 0
+        self._suppressed = 0
+        self.total = 0  # every rejection, logged or not
+
+    def reject(self, peer: str, reason: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.total += 1
+            if now - self._window_start > self._window_s:
+                suppressed, self._suppressed = self._suppressed, 0
+                self._window_start, self._count = now, 0
+                if suppressed:
+                    self._log.warning(
+                        "%s: %d more rejected requests not logged", self._what, suppressed
+                    )
+            if self._count >= self._limit:
+                self._suppressed += 1
+                return
+            self._count += 1
+        self._log.warning("%s: rejected a request from %s: %s", self._what, peer, reason)
 
 
 @dataclass
@@ -60,10 +94,21 @@ class NodeState:
 
 
 class ControlServer:
-    """Driver side: nodes' state, the published cluster plan, and the run's flags."""
+    """Driver side: nodes' state, the published cluster plan, and the run's flags.
+
+    Listens on ``bind_host`` only (default: ``advertise_host``; the driver passes Spark's
+    driver address, loopback on the local profile). A request is rejected -- logged at
+    WARNING with the peer's address, nothing else done -- when its ``Content-Length`` is
+    missing or above :data:`MAX_REQUEST_BYTES` (413, before the body is read), its body is
+    not a JSON object (400), or its token is not this run's (403; compared in constant time).
+    """
 
     def __init__(
-        self, advertise_host: str, *, on_event: Callable[[str, str, dict], None] | None = None
+        self,
+        advertise_host: str,
+        *,
+        on_event: Callable[[str, str, dict], None] | None = None,
+        bind_host: str | None = None,
     ):
         self.token = secrets.token_hex(16)
         self._lock = threading.Lock()
@@ -74,39 +119,82 @@ class ControlServer:
         self.abort: str | None = None
         self.feed_end: dict[str, int] | None = None
         self._on_event = on_event
+        self.rejects = RejectLog(log, "control server")
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                try:
-                    length = int(self.headers.get("Content-Length", "0"))
-                    request = json.loads(self.rfile.read(length) or b"{}")
-                    status, answer = server._handle(request)
-                except Exception as exc:  # a malformed request must not kill the server
-                    status, answer = 400, {"error": f"{type(exc).__name__}: {exc}"}
+            timeout = REQUEST_TIMEOUT_S
+
+            def _peer(self) -> str:
+                return f"{self.client_address[0]}:{self.client_address[1]}"
+
+            def _reply(self, status: int, answer: dict, *, close: bool = False) -> None:
                 body = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if close:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_POST(self):
+                try:
+                    length = int(self.headers.get("Content-Length", ""))
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_REQUEST_BYTES:
+                    reason = (
+                        f"Content-Length {length} above {MAX_REQUEST_BYTES}"
+                        if length > MAX_REQUEST_BYTES
+                        else "no valid Content-Length"
+                    )
+                    server.rejects.reject(self._peer(), reason)
+                    status = 413 if length > MAX_REQUEST_BYTES else 411
+                    self._reply(status, {"error": reason}, close=True)
+                    return
+                try:
+                    request = json.loads(self.rfile.read(length) or b"{}")
+                    if not isinstance(request, dict):
+                        raise ValueError("not a JSON object")
+                except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                    server.rejects.reject(self._peer(), f"not JSON ({type(exc).__name__})")
+                    self._reply(400, {"error": "the request is not a JSON object"}, close=True)
+                    return
+                try:
+                    status, answer = server._handle(request)
+                except Exception as exc:  # a malformed request must not kill the server
+                    status, answer = 400, {"error": f"{type(exc).__name__}: {exc}"}
+                if status == 403:
+                    server.rejects.reject(self._peer(), "wrong token")
+                self._reply(status, answer)
+
+            def log_error(self, format, *args):
+                # malformed HTTP (a request line that is not HTTP, an oversize header, ...);
+                # the message quotes the sender's bytes: escaped and shortened for the log
+                message = (format % args).encode("ascii", "backslashreplace").decode()
+                server.rejects.reject(self._peer(), message[:160])
 
             def log_message(self, *args):  # keep the driver's log clean
                 pass
 
-        self._httpd = ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+        self._httpd = ThreadingHTTPServer((bind_host or advertise_host, 0), Handler)
         self._httpd.daemon_threads = True
         self.url = f"http://{advertise_host}:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="sparktf-control", daemon=True
         )
         self._thread.start()
-        log.debug("control server at %s", self.url)
+        log.debug("control server at %s (bound to %s)", self.url, self._httpd.server_address[0])
 
     # -- requests ------------------------------------------------------------------------
 
     def _handle(self, request: dict) -> tuple[int, dict]:
-        if request.get("token") != self.token:
+        token = request.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(
+            token.encode(), self.token.encode()
+        ):
             return 403, {"error": "wrong token: this node belongs to another run"}
         key, event, data = request["key"], request["event"], request.get("data") or {}
         now = time.monotonic()

@@ -13,7 +13,14 @@ from pathlib import Path
 from sparktf import storage
 from sparktf.train import artifacts
 from sparktf.train.cluster import ClusterRun
-from sparktf.train.config import ConfigError, RunConfig, ScalingConfig, TrainConfig, TrainResult
+from sparktf.train.config import (
+    ConfigError,
+    RunConfig,
+    ScalingConfig,
+    TrainConfig,
+    TrainingError,
+    TrainResult,
+)
 from sparktf.train.plan import plan_run
 
 log = logging.getLogger("sparktf.train")
@@ -56,7 +63,8 @@ def fit(
     settings of ``scaling``). It must have exactly ``scaling.num_executors`` executors.
     Raises :class:`ConfigError` for settings that cannot work (before anything starts) and
     :class:`~sparktf.train.config.TrainingError` when a TensorFlow process or a Spark job of
-    the run fails; in both cases nothing of the run is left running.
+    the run fails (after ``run.max_restarts`` restarts from the latest checkpoint); in both
+    cases nothing of the run is left running.
     """
     scaling = scaling or ScalingConfig()
     if run is None:
@@ -95,13 +103,30 @@ def fit(
     )
     started_wall = time.time()
     started = time.monotonic()
-    with ClusterRun(spark, plan) as cluster:
-        cluster.start()
-        result = cluster.wait()
+    restarts: list[dict] = []
+    while True:
+        try:
+            with ClusterRun(spark, plan) as cluster:
+                cluster.start()
+                result = cluster.wait()
+            break
+        except TrainingError as exc:
+            if len(restarts) >= run.max_restarts:
+                raise
+            step = artifacts.latest_checkpoint_step(run.model_dir)
+            restarts.append({"cause": str(exc), "resumed_from_step": step})
+            log.warning(
+                "restart %d of %d: the TensorFlow cluster is started again from the checkpoint "
+                "of step %d after: %s",
+                len(restarts),
+                run.max_restarts,
+                step,
+                exc,
+            )
     first = result.get("first_step_wall")
     out = TrainResult(
         model_dir=run.model_dir,
-        start_step=int(result["start_step"]),
+        start_step=resumed if restarts else int(result["start_step"]),
         final_step=int(result["final_step"]),
         metrics=dict(result.get("metrics") or {}),
         checkpoint=result.get("checkpoint"),
@@ -113,6 +138,7 @@ def fit(
         strategy=scaling.strategy,
         input_mode=train.input_mode,
         gpus=list(result.get("gpus") or []),
+        restarts=restarts,
         fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
     )
     log.info(

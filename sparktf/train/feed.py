@@ -34,6 +34,7 @@ import logging
 import os
 import queue as queue_lib
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -102,32 +103,101 @@ def _feed_bases() -> list[str]:
     return ["/dev/shm", tempfile.gettempdir()]
 
 
+def _feed_prefix(token: str, key: str) -> str:
+    return f"sparktf-feed-{token[:8]}-{key}-"
+
+
 def feed_dir_names(token: str, key: str) -> list[str]:
-    """Every place the feed directory of node ``key`` of run ``token`` can be."""
-    return [os.path.join(base, f"sparktf-feed-{token[:8]}-{key}") for base in _feed_bases()]
+    """The feed directories of node ``key`` of run ``token`` that exist and belong to this
+    user (their names end in a random part: see :func:`node_local_dir`)."""
+    prefix = _feed_prefix(token, key)
+    found = []
+    for base in _feed_bases():
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            # mkdtemp's random part has no "-": "executor-1-" never matches "executor-12-".
+            if not name.startswith(prefix) or "-" in name[len(prefix) :]:
+                continue
+            path = os.path.join(base, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                found.append(path)
+    return sorted(found)
 
 
 def node_local_dir(token: str, key: str, *, min_free: int = 1 << 30) -> str:
-    """The feed directory of one node: in ``/dev/shm`` when it has ``min_free`` bytes free,
-    else in the system temporary directory (``SPARKTF_FEED_DIR`` overrides both). The name is
-    fixed by run and node, so the Spark task that started the node can remove it whatever
-    happened to the node."""
-    candidates = feed_dir_names(token, key)
-    path = candidates[-1]
-    if len(candidates) > 1:
+    """Creates the feed directory of one node: in ``/dev/shm`` when it has ``min_free`` bytes
+    free, else in the system temporary directory (``SPARKTF_FEED_DIR`` overrides both).
+
+    The directory is private: created with mode 0700 in one step (``mkdtemp``), its name
+    ends in a random part, so another user on the machine can neither read the rows nor
+    plant a file or a symbolic link there. Feeding tasks learn the name from the node's
+    TFManager (:func:`_await_feed_dir`); they run as the same user. The name starts with
+    run and node, so the Spark task that started the node can find it and remove it
+    whatever happened to the node (:func:`remove_feed_dirs`)."""
+    bases = _feed_bases()
+    base = bases[-1]
+    if len(bases) > 1:
         try:
             st = os.statvfs("/dev/shm")
             if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= min_free:
-                path = candidates[0]
+                base = bases[0]
         except OSError:
             pass
-    os.makedirs(path, exist_ok=True)
-    return path
+    os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix=_feed_prefix(token, key), dir=base)
 
 
 def remove_feed_dirs(token: str, key: str) -> None:
+    """Removes the feed directories of node ``key`` of run ``token`` (rows left unread)."""
     for path in feed_dir_names(token, key):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_feed_dir(path: str, key: str) -> str:
+    """``path`` if it is a private directory of this user, else FeedError (the name came
+    from the TFManager, but a feeding task writes rows only where no one else can read)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise FeedError(f"the feed directory {path} of {key} is not usable: {exc}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise FeedError(
+            f"the feed directory {path} of {key} is not a private directory of this user "
+            f"(mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid}, this user "
+            f"{os.geteuid()}): refusing to write rows there"
+        )
+    return path
+
+
+def write_chunk(directory: str, batch) -> str:
+    """Writes one Arrow record batch as an Arrow IPC file in ``directory``; its path.
+
+    The file is created 0600 with ``O_EXCL | O_NOFOLLOW`` under a temporary name and renamed
+    into place once complete, so a reader never maps half a chunk."""
+    import pyarrow as pa
+
+    path = os.path.join(directory, f"{uuid.uuid4().hex}.arrow")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path + ".tmp", flags, 0o600)
+    try:
+        with open(fd, "wb", closefd=True) as sink:
+            with pa.ipc.new_file(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+        os.rename(path + ".tmp", path)
+    except BaseException:
+        try:
+            os.unlink(path + ".tmp")
+        except OSError:
+            pass
+        raise
+    return path
 
 
 # ----------------------------------------------------------------------------- feeding side
@@ -187,12 +257,8 @@ def make_feeder(
                     writing = False
                     skipped += batch.num_rows - start
                     break
-                path = os.path.join(target, f"{uuid.uuid4().hex}.arrow")
                 try:
-                    with pa.OSFile(path + ".tmp", "wb") as sink:
-                        with pa.ipc.new_file(sink, piece.schema) as writer:
-                            writer.write_batch(piece)
-                    os.rename(path + ".tmp", path)
+                    path = write_chunk(target, piece)
                 except FileNotFoundError:  # the reader finished and removed its directory
                     writing = False
                     skipped += batch.num_rows - start
@@ -216,7 +282,9 @@ def _await_feed_dir(mgr, token: str, key: str, timeout_s: float, flags) -> str |
             return None
         info = _get(mgr, FEED_KEY)
         if info and info.get("token") == token:
-            return info["dir"] if _get(mgr, STATE_KEY) == RUNNING else None
+            if _get(mgr, STATE_KEY) != RUNNING:
+                return None
+            return _check_feed_dir(info["dir"], key)
         if time.monotonic() > deadline:
             raise FeedTimeout(
                 f"the TensorFlow process of {key} did not open its feed within "

@@ -123,7 +123,7 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
                 if code < 0
                 else f"exited with code {code} without reporting an error"
             )
-            reported = _report_death(spec, label, detail)
+            reported = _report_death(spec, f"{label}, pid {child.pid}", detail)
         message = f"TensorFlow process {label} exited with code {code}: {detail}"
         if reported:
             # The driver has the error and aborts the run. Ending this task normally keeps
@@ -151,6 +151,17 @@ def _report_death(spec: ProcessSpec, label: str, why: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- child process
+
+
+def _set_process_name(name: str) -> None:
+    """Shows the role in ``ps``/``top`` (``/proc/PID/comm``, 15 characters)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(15, f"tf-{name}".encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except Exception:  # not Linux: cosmetic only
+        pass
 
 
 def _die_with_parent() -> None:
@@ -241,6 +252,7 @@ def main(argv: list[str]) -> None:
     try:
         role = Role.from_dict(control.hello(spec.startup_timeout_s))
         log.info("role %s in %s", role.name, json.dumps(role.cluster))
+        _set_process_name(role.name)
         control.start_heartbeat(on_abort)
         _configure_process(spec, role)
         if not role.trains:

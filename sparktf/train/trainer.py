@@ -246,7 +246,12 @@ class Trainer:
             strategy = tf.distribute.ParameterServerStrategy(resolver)
             coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         else:
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+            # A collective that waits longer than the stall timeout (a peer stuck or gone)
+            # fails the step instead of hanging the process.
+            options = tf.distribute.experimental.CommunicationOptions(
+                timeout_seconds=plan.run.stall_timeout_s
+            )
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         with strategy.scope():
             self.model = self.task.build_model()
             optimizer = self.task.make_optimizer(plan.steps_per_epoch, self.model)
@@ -329,6 +334,7 @@ class Trainer:
     def report(self, step: int) -> None:
         """The chief's scalars and progress, every ``summary_every_steps`` or second or two."""
         if not self.role.is_chief:
+            self.control.set_progress({"step": step})  # the driver's stall check reads it
             return
         now = time.monotonic()
         run = self.plan.run

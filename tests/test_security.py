@@ -1,0 +1,435 @@
+"""Tests of the driver's network surface during a run: TensorFlowOnSpark's reservation
+exchange (sparktf.train.reservation) and the control server (sparktf.train.control).
+
+What an attacker on the same network would try, with real sockets: a forged pickle (whose
+unpickling would create a marker file), a message signed with another key, a replayed
+message, an oversize length or Content-Length, a wrong token; from 127.0.0.1 and from this
+machine's external address. Each must run nothing, be logged as rejected, and leave the
+server working. The last test starts a real run on the local-cluster session while such
+messages are sent to its reservation port.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import pickle
+import secrets
+import shutil
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from tensorflowonspark import reservation as tfos_reservation
+
+from sparktf.datasets.synthetic import write_mnist
+from sparktf.train import reservation
+from sparktf.train.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def external_address() -> str:
+    """A non-loopback IPv4 address of this machine (skips the test when it has none)."""
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                with socket.socket() as s:  # really ours: it can be bound
+                    s.bind((a.address, 0))
+                return a.address
+    pytest.skip("this machine has no non-loopback IPv4 address")
+
+
+class Forged:
+    """Unpickling this creates ``marker``: what an attacker's payload would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def prefixed(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def exchange(addr: tuple[str, int], data: bytes, timeout: float = 5.0) -> bytes:
+    """Sends ``data`` on a new connection; returns everything received until the server
+    closes the connection (b'' when it answered nothing)."""
+    with socket.create_connection(addr, timeout=timeout) as sock:
+        sock.sendall(data)
+        received = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                return received
+            if not chunk:
+                return received
+            received += chunk
+
+
+def ask(addr: tuple[str, int], frame: bytes) -> bytes:
+    """Sends one frame; returns the server's length-prefixed answer (without its prefix)."""
+    with socket.create_connection(addr, timeout=5.0) as sock:
+        sock.sendall(frame)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection without an answer"
+            data += chunk
+        return data[4:]
+
+
+def refused(addr: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(addr, timeout=2.0).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def rejections(caplog, what: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and r.getMessage().startswith(f"{what}: rejected")
+    ]
+
+
+NODE = {
+    "executor_id": 0,
+    "host": LOOPBACK,
+    "job_name": "chief",
+    "task_index": 0,
+    "port": 2222,
+    "tb_pid": 0,
+    "tb_port": 0,
+    "addr": (LOOPBACK, 40000),
+    "authkey": b"\x00secret-authkey\xff",
+}
+
+
+@pytest.fixture
+def server():
+    secret = secrets.token_bytes(32)
+    srv = reservation.AuthServer(2, secret=secret, bind_host=LOOPBACK)
+    srv.secret = secret
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+# ----------------------------------------------------------------------------- reservations
+
+
+def test_reservation_forged_pickle_runs_nothing_and_is_logged(server, tmp_path, caplog):
+    marker = tmp_path / "pwned"
+    client = reservation.AuthClient(server.address, secret=server.secret)
+    assert client.register(NODE) == "OK"
+    # The forged pickle: the connection is closed without an answer; nothing ran.
+    assert exchange(server.address, prefixed(pickle.dumps(Forged(marker)))) == b""
+    # TensorFlowOnSpark's own (unauthenticated) client cannot read the reservations.
+    with pytest.raises(Exception, match="socket closed"):
+        tfos_reservation.Client(server.address).get_reservations()
+    time.sleep(0.2)
+    assert not marker.exists()
+    logged = rejections(caplog, "reservation server")
+    assert len(logged) == 2 and all(f"from {LOOPBACK}:" in m for m in logged)
+    assert "bad MAC" in logged[0] and "too short" in logged[1]  # TFoS's QINFO: 30 bytes
+    # The server still serves the run.
+    assert client.get_reservations() == [NODE]
+    client.close()
+
+
+def test_reservation_wrong_mac_and_replay_are_rejected(server, caplog):
+    body = json.dumps({"msg": {"type": "QINFO"}}).encode()
+    nonce = secrets.token_bytes(16)
+    other_key = hmac.new(b"another run", body, hashlib.sha256).digest()
+    assert exchange(server.address, prefixed(other_key + nonce + body)) == b""
+    assert "bad MAC" in rejections(caplog, "reservation server")[-1]
+
+    # A valid REG, as a client of this run sends it, answered once ...
+    codec = reservation.Codec(server.secret)
+    frame, nonce = codec.seal(b"Q", {"msg": {"type": "REG", "data": NODE}})
+    answer = codec.open(*codec.verify(b"A", ask(server.address, frame)))
+    assert answer == {"re": nonce.hex(), "msg": "OK"}
+    assert server.reservations.get() == [NODE]
+    # ... and sent again by someone who recorded it: rejected, not registered twice.
+    assert exchange(server.address, frame) == b""
+    assert "replayed message" in rejections(caplog, "reservation server")[-1]
+    assert server.reservations.get() == [NODE]
+
+
+def test_reservation_oversize_length_is_rejected_without_reading(server, caplog):
+    start = time.monotonic()
+    assert exchange(server.address, struct.pack(">I", 0xFFFFFFFF) + b"x" * 100) == b""
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.0, f"took {elapsed:.2f} s"
+    assert "too large: 4294967295 bytes" in rejections(caplog, "reservation server")[-1]
+
+
+def test_reservation_client_gets_authkeys_and_address_tuples(server):
+    second = {**NODE, "executor_id": 1, "job_name": "worker", "addr": "/tmp/pymp-x/listener"}
+    clients = [reservation.AuthClient(server.address, secret=server.secret) for _ in range(2)]
+    assert clients[0].register(NODE) == "OK"
+    assert clients[0]._request("QUERY") is False
+    assert clients[1].register(second) == "OK"
+    for client in clients:
+        info = client.await_reservations()
+        assert info == [NODE, second]
+        assert type(info[0]["addr"]) is tuple and type(info[0]["authkey"]) is bytes
+        client.close()
+    assert server.await_reservations(None, {}, timeout=5) == [NODE, second]
+    # A client with another run's secret gets nothing.
+    with pytest.raises(reservation.ReservationError, match="closed the connection"):
+        reservation.AuthClient(server.address, secret=secrets.token_bytes(32)).get_reservations()
+    # stop() closes the port before it returns.
+    server.stop()
+    assert refused(server.address)
+
+
+def test_reservation_server_not_reachable_on_the_external_address(server):
+    external = external_address()
+    assert not refused(server.address)
+    assert refused((external, server.address[1]))
+
+
+def test_reservation_forged_pickle_from_the_external_address(tmp_path, caplog):
+    """A cluster profile: the server bound to the machine's address rejects the forgery."""
+    external = external_address()
+    marker = tmp_path / "pwned"
+    srv = reservation.AuthServer(1, secret=secrets.token_bytes(32), bind_host=external)
+    addr = srv.start()
+    try:
+        assert addr[0] == external and refused((LOOPBACK, addr[1]))
+        with socket.create_connection(addr, timeout=5.0, source_address=(external, 0)) as sock:
+            sock.sendall(prefixed(pickle.dumps(Forged(marker))))
+            assert sock.recv(100) == b""
+        time.sleep(0.2)
+        assert not marker.exists()
+        assert f"from {external}:" in rejections(caplog, "reservation server")[-1]
+    finally:
+        srv.stop()
+
+
+def test_authenticated_startup_swaps_and_always_stops_the_server():
+    original = tfos_reservation.Server
+    address = reservation.DriverAddress(bind=LOOPBACK, advertise=LOOPBACK)
+    # A failed start (anything raised, SystemExit included): the server stops at once.
+    for error in (RuntimeError("boom"), SystemExit(1)):
+        with pytest.raises(type(error)):
+            with reservation.authenticated_startup(address) as startup:
+                srv = tfos_reservation.Server(1)
+                assert isinstance(srv, reservation.AuthServer)
+                addr = srv.start()
+                raise error
+        assert tfos_reservation.Server is original
+        assert startup.servers == [srv] and srv.stopped and refused(addr)
+    # A successful start: the server stops once every node has fetched the cluster.
+    with reservation.authenticated_startup(address, served_timeout_s=30) as startup:
+        srv = tfos_reservation.Server(1)
+        addr = srv.start()
+        client = reservation.AuthClient(addr, secret=startup.secret)
+        client.register(NODE)
+    assert tfos_reservation.Server is original
+    assert not srv.stopped  # the node has not fetched the complete list yet
+    assert client.await_reservations() == [NODE]
+    deadline = time.monotonic() + 3.0
+    while not srv.stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.stopped and refused(addr)
+
+
+def test_executor_side_swap_is_undone_even_on_failure(server):
+    original = tfos_reservation.Client
+
+    def node_function(iterator):  # what TensorFlowOnSpark's _mapfn does with the client
+        client = tfos_reservation.Client(server.address)
+        assert isinstance(client, reservation.AuthClient)
+        client.register({**NODE, "executor_id": next(iterator)})
+        raise ValueError("the node failed")
+
+    with pytest.raises(ValueError, match="the node failed"):
+        reservation.run_with_auth_client(node_function, server.secret, iter([7]))
+    assert tfos_reservation.Client is original
+    assert server.reservations.get()[0]["executor_id"] == 7
+
+
+# ----------------------------------------------------------------------------- control
+
+
+def http_post(addr, body: bytes, headers: dict[str, str]) -> bytes:
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return exchange(addr, f"POST / HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+
+
+def status_of(response: bytes) -> int:
+    if response.startswith(b"HTTP/"):
+        return int(response.split(b" ", 2)[1])
+    # no status line: the answer to a request line that is not HTTP/1.x (an error page)
+    return int(response.split(b"Error code: ", 1)[1][:3])
+
+
+@pytest.fixture
+def control():
+    srv = ControlServer(LOOPBACK)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def control_addr(srv: ControlServer) -> tuple[str, int]:
+    return srv._httpd.server_address[:2]
+
+
+def test_control_forged_pickle_and_non_json_are_rejected(control, tmp_path, caplog):
+    marker = tmp_path / "pwned"
+    addr = control_addr(control)
+    forged = pickle.dumps(Forged(marker))
+    # Raw, as sent to TensorFlowOnSpark's port (not even HTTP) ...
+    assert status_of(exchange(addr, prefixed(forged) + b"\r\n")) == 400
+    # ... and as an HTTP body.
+    response = http_post(addr, forged, {"Content-Length": str(len(forged))})
+    assert status_of(response) == 400 and b"not a JSON object" in response
+    time.sleep(0.2)
+    assert not marker.exists()
+    logged = rejections(caplog, "control server")
+    assert len(logged) == 2 and all(f"from {LOOPBACK}:" in m for m in logged)
+    assert "not JSON" in logged[1]
+    assert control.nodes == {}
+
+
+def test_control_oversize_content_length_is_refused_before_reading(control, caplog):
+    start = time.monotonic()
+    response = http_post(control_addr(control), b"{}", {"Content-Length": str(10**12)})
+    elapsed = time.monotonic() - start
+    assert status_of(response) == 413 and elapsed < 2.0, (response[:100], elapsed)
+    assert (
+        f"Content-Length {10**12} above {MAX_REQUEST_BYTES}"
+        in rejections(caplog, "control server")[-1]
+    )
+
+
+def test_control_wrong_token_is_rejected_and_logged(control, caplog):
+    body = json.dumps({"token": "0" * 32, "key": "executor-0", "event": "error"}).encode()
+    response = http_post(control_addr(control), body, {"Content-Length": str(len(body))})
+    assert status_of(response) == 403
+    assert "wrong token" in rejections(caplog, "control server")[-1]
+    assert control.nodes == {}
+    # The run's own client still gets through.
+    assert ControlClient(control.url, control.token, "executor-0").post("beat")["stop"] is False
+
+
+def test_control_server_binds_only_the_driver_address(control, tmp_path, caplog):
+    external = external_address()
+    port = control_addr(control)[1]
+    assert refused((external, port))
+    # Bound to the external address (a cluster profile): a forgery from there is rejected.
+    marker = tmp_path / "pwned"
+    srv = ControlServer(external)
+    try:
+        forged = pickle.dumps(Forged(marker))
+        response = http_post(control_addr(srv), forged, {"Content-Length": str(len(forged))})
+        assert status_of(response) == 400 and not marker.exists()
+        assert f"from {external}:" in rejections(caplog, "control server")[-1]
+        assert refused((LOOPBACK, control_addr(srv)[1]))
+    finally:
+        srv.close()
+
+
+# ----------------------------------------------------------------------------- a real run
+
+
+@pytest.fixture(scope="module")
+def mnist(spark, tmp_path_factory):
+    """Tiny MNIST-format dataset (as in tests/test_train.py)."""
+    from sparktf.datasets.convert import convert
+
+    base = tmp_path_factory.mktemp("mnist")
+    write_mnist(base / "raw", n_train=100, n_test=10)
+    convert("mnist", str(base / "raw"), str(base / "data"), shards=2, spark=spark)
+    return base
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_forged_pickle_during_a_real_start_runs_nothing(
+    spark, mnist, tmp_path, monkeypatch, caplog
+):
+    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
+
+    port = free_port()
+    monkeypatch.setenv("TFOS_SERVER_PORT", str(port))
+    marker = tmp_path / "pwned"
+    forged = prefixed(pickle.dumps(Forged(marker)))
+    qinfo = prefixed(pickle.dumps({"type": "QINFO"}))  # TensorFlowOnSpark's own request
+    delivered: list[bytes] = []
+    stop = threading.Event()
+
+    def attack() -> None:
+        while not stop.is_set():
+            for payload in (forged, qinfo):
+                try:
+                    delivered.append(exchange((LOOPBACK, port), payload))
+                except OSError:  # not listening (yet, or any more)
+                    pass
+            time.sleep(0.05)
+
+    attacker = threading.Thread(target=attack, daemon=True)
+    attacker.start()
+    data = tmp_path / "data"
+    shutil.copytree(mnist / "data", data)
+    try:
+        result = fit(
+            TrainConfig(
+                model="mnist_mlp",
+                data=str(data),
+                input_mode="files",
+                steps=2,
+                batch_size=8,
+                model_config={"hidden_units": 8},
+            ),
+            ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
+            RunConfig(
+                model_dir=str(tmp_path / "model"),
+                checkpoint_every_steps=2,
+                failure_timeout_s=60.0,
+            ),
+            spark=spark,
+        )
+    finally:
+        stop.set()
+        attacker.join(10.0)
+    assert result.final_step == 2
+    # The attacker got through to the port during the start, got no answer, ran nothing.
+    assert delivered and set(delivered) == {b""}
+    assert not marker.exists()
+    logged = rejections(caplog, "reservation server")
+    assert any("bad MAC" in m for m in logged)  # the forged pickle
+    assert all("bad MAC" in m or "30 bytes is too short" in m for m in logged)  # and QINFO
+    assert refused((LOOPBACK, port))  # stopped once the cluster was up
+    # The executors' Python workers (reused by PySpark) are back to TensorFlowOnSpark's client.
+    clients = (
+        spark.sparkContext.parallelize(range(4), 4)
+        .map(lambda _: repr(__import__("tensorflowonspark.reservation").reservation.Client))
+        .collect()
+    )
+    assert set(clients) == {repr(tfos_reservation.Client)}
