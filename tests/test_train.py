@@ -549,6 +549,42 @@ def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_kill_9_under_ps_with_the_spark_feed_restarts_and_reaches_the_target(
+    spark, mnist, tmp_path
+):
+    """The other strategy and input mode: the ps worker dies; a new cluster (coordinator,
+    worker, parameter server, feed) resumes from the checkpoint."""
+    import signal
+
+    from sparktf.train import artifacts
+
+    model_dir = tmp_path / "model"
+    join = _run_in_thread(
+        lambda: _fit(
+            spark,
+            mnist / "data",
+            model_dir,
+            strategy="ps",
+            input_mode="spark",
+            steps=120,
+            checkpoint_every_steps=10,
+            max_restarts=1,
+        )
+    )
+    _wait_for(lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= 10, 240, "a checkpoint")
+    at_kill = artifacts.latest_checkpoint_step(str(model_dir))
+    victim = next(p for p in _node_pids() if "worker" in Path(f"/proc/{p}/comm").read_text())
+    os.kill(victim, signal.SIGKILL)
+    result = join()
+    print(f"ps/spark restarts: {result.restarts}")
+    assert result.final_step == 120 and result.strategy == "ps"
+    assert len(result.restarts) == 1 and f"pid {victim}" in result.restarts[0]["cause"]
+    assert result.restarts[0]["resumed_from_step"] >= at_kill
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
     from sparktf.train import TrainingError
 

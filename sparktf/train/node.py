@@ -75,7 +75,8 @@ def tfos_main(tf_args, ctx) -> None:
         mgr_address=ctx.mgr.address,
         mgr_authkey=bytes(ctx.mgr._authkey),
     )
-    run_child(spec, label=f"{ctx.job_name}:{ctx.task_index} (executor {ctx.executor_id})")
+    node = f"{ctx.job_name}:{ctx.task_index}"
+    run_child(spec, label=f"on executor {ctx.executor_id} (TensorFlowOnSpark node {node})")
 
 
 def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:
