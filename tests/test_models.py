@@ -445,6 +445,364 @@ def test_linear_regression_export(tmp_path: Path) -> None:
     np.testing.assert_allclose(out["y"].numpy(), model(x).numpy(), rtol=1e-6)
 
 
+# --------------------------------------------------------------------------- book 9.2 options
+# The train_image_classifier options: optimizers, decay types, label smoothing, weight
+# decay, moving averages, mixed precision.  Expected values are computed here by hand.
+
+
+def _rate_at(task: models.ModelTask, steps: list[int], steps_per_epoch: int = 10) -> list[float]:
+    return _rates(task.make_optimizer(steps_per_epoch=steps_per_epoch), steps)
+
+
+@pytest.mark.parametrize("name", sorted(models.OPTIMIZERS))
+def test_every_book_optimizer_builds_and_changes_the_weights(name: str) -> None:
+    task = models.get_task("mnist_mlp", hidden_units=8, optimizer={"name": name})
+    model = task.build_model()
+    optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+    assert isinstance(optimizer, models.OPTIMIZERS[name])
+    if name == "momentum":  # SGD with the book's default momentum
+        assert float(optimizer.momentum) == pytest.approx(0.9)
+    before = [w.numpy() for w in model.trainable_weights]
+    metrics = _steps(task, model, task.example_batch(4), 1)[0]
+    assert np.isfinite(metrics["loss"])
+    for old, new in zip(before, model.trainable_weights):
+        assert not np.array_equal(old, new.numpy()), f"{name} left {new.path} unchanged"
+
+
+def test_optimizer_and_schedule_configs_are_checked() -> None:
+    cases = [
+        ({"optimizer": {"name": "lamb"}}, "unknown optimizer 'lamb'"),
+        ({"optimizer": {"name": "adam", "momentum": 0.9}}, r"takes no \['momentum'\]"),
+        ({"optimizer": {"name": "sgd", "learning_rate": 1.0}}, "learning_rate"),
+        ({"optimizer": {"name": "sgd", "use_ema": True}}, "moving_average_decay"),
+        ({"lr_schedule": "cosine"}, "unknown lr_schedule 'cosine'"),
+        ({"lr_schedule": "piecewise"}, "needs lr_boundaries_epochs"),
+        ({"lr_schedule": "piecewise", "lr_boundaries_epochs": [2, 1]}, "increasing"),
+        ({"lr_schedule": "exponential", "lr_decay_epochs": 0}, "lr_decay_epochs must be"),
+        ({"lr_schedule": "polynomial", "max_steps": None}, "none of them is set"),
+        ({"learning_rate": -1.0}, "learning_rate must be"),
+        ({"moving_average_decay": 1.5}, "moving_average_decay must be"),
+        ({"precision": "fp8"}, "precision must be one of"),
+        ({"label_smoothing": 1.0}, "label_smoothing must be"),
+        ({"weight_decay": -0.1}, "weight_decay must be"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ValueError, match=message):
+            models.get_task("mnist_mlp", **overrides)
+    with pytest.raises(ValueError, match="unknown precision"):
+        with models.precision_policy("fp64"):
+            pass
+
+
+def test_each_decay_type_gives_the_expected_rate() -> None:
+    """Rates at known steps (10 steps per epoch), from the schedules' formulas."""
+    steps = [0, 9, 10, 14, 15, 24, 25, 29, 30, 40, 55, 100]
+    base = {"learning_rate": 0.1}
+
+    def expected(rate: object) -> list[float]:
+        return [rate(s) for s in steps]  # type: ignore[operator]
+
+    fixed = models.get_task("mnist_mlp", **base, lr_schedule="fixed")
+    assert _rate_at(fixed, steps) == pytest.approx(expected(lambda s: 0.1))
+    exponential = models.get_task(
+        "mnist_mlp", **base, lr_schedule="exponential", lr_decay_epochs=1.5, lr_decay_factor=0.5
+    )
+    assert _rate_at(exponential, steps) == pytest.approx(expected(lambda s: 0.1 * 0.5 ** (s // 15)))
+    polynomial = models.get_task(
+        "mnist_mlp",
+        **base,
+        lr_schedule="polynomial",
+        end_learning_rate=0.01,
+        lr_decay_total_epochs=4,
+    )
+    assert _rate_at(polynomial, steps) == pytest.approx(
+        expected(lambda s: (0.1 - 0.01) * (1 - min(s, 40) / 40) + 0.01)
+    )
+    piecewise = models.get_task(
+        "mnist_mlp",
+        **base,
+        lr_schedule="piecewise",
+        lr_boundaries_epochs=[1, 2.5],
+        lr_decay_factor=0.1,
+    )
+    assert _rate_at(piecewise, steps) == pytest.approx(
+        expected(lambda s: 0.1 if s < 10 else 0.01 if s < 25 else 0.001)
+    )
+    # Polynomial without its own length: the config's epochs, else its max_steps.
+    by_epochs = models.get_task(
+        "mnist_mlp", **base, lr_schedule="polynomial", end_learning_rate=0.0, epochs=2
+    )
+    assert _rate_at(by_epochs, [10, 20, 30]) == pytest.approx([0.05, 0.0, 0.0])
+    by_steps = models.get_task(
+        "mnist_mlp", **base, lr_schedule="polynomial", end_learning_rate=0.0, max_steps=200
+    )
+    assert _rate_at(by_steps, [50, 200]) == pytest.approx([0.075, 0.0])
+
+
+def _job_args(*argv: str) -> object:
+    from sparktf.jobs import train as job
+
+    return job.parser("test", "train", None).parse_args(list(argv))
+
+
+def test_book_flags_become_model_config_overrides() -> None:
+    from sparktf import cli
+    from sparktf.jobs.train import optimizer_overrides
+
+    assert optimizer_overrides(_job_args("--model", "resnet20")) == {}
+    # An optimizer option completes the model's own optimizer (ResNet: momentum SGD).
+    assert optimizer_overrides(_job_args("--model", "resnet20", "--momentum", "0.8")) == {
+        "optimizer": {"name": "sgd", "momentum": 0.8}
+    }
+    # Another optimizer starts from its own defaults plus the options given.
+    args = _job_args(
+        "--model", "resnet20", "--optimizer", "rmsprop", "--rmsprop-decay", "0.95",
+        "--rmsprop-momentum", "0.5", "--opt-epsilon", "1.0", "--learning-rate", "0.01",
+    )  # fmt: skip
+    overrides = optimizer_overrides(args)
+    assert overrides == {
+        "optimizer": {"name": "rmsprop", "rho": 0.95, "momentum": 0.5, "epsilon": 1.0},
+        "learning_rate": 0.01,
+    }
+    rmsprop = models.get_task("resnet20", **overrides).make_optimizer(steps_per_epoch=10)
+    assert isinstance(rmsprop, keras.optimizers.RMSprop)
+    assert (rmsprop.rho, rmsprop.momentum, rmsprop.epsilon) == (0.95, 0.5, 1.0)
+    args = _job_args(
+        "--model", "mnist_mlp", "--optimizer", "ftrl", "--ftrl-learning-rate-power", "-0.6",
+        "--ftrl-initial-accumulator-value", "0.2", "--ftrl-l1", "0.01", "--ftrl-l2", "0.02",
+    )  # fmt: skip
+    assert optimizer_overrides(args)["optimizer"] == {
+        "name": "ftrl",
+        "learning_rate_power": -0.6,
+        "initial_accumulator_value": 0.2,
+        "l1_regularization_strength": 0.01,
+        "l2_regularization_strength": 0.02,
+    }
+    args = _job_args("--model", "mnist_mlp", "--optimizer", "momentum", "--nesterov")
+    momentum = models.get_task("mnist_mlp", **optimizer_overrides(args)).make_optimizer(10)
+    assert (float(momentum.momentum), momentum.nesterov) == (pytest.approx(0.9), True)
+    # Decay types: exponential, polynomial over the run's --epochs, fixed, piecewise.
+    args = _job_args(
+        "--model", "mnist_mlp", "--learning-rate", "0.1", "--learning-rate-decay-type",
+        "exponential", "--num-epochs-per-decay", "2", "--learning-rate-decay-factor", "0.5",
+    )  # fmt: skip
+    task = models.get_task("mnist_mlp", **optimizer_overrides(args))
+    assert _rate_at(task, [19, 20, 40]) == pytest.approx([0.1, 0.05, 0.025])
+    args = _job_args(
+        "--model", "mnist_mlp", "--learning-rate", "0.1", "--learning-rate-decay-type",
+        "polynomial", "--end-learning-rate", "0.02", "--epochs", "4",
+    )  # fmt: skip
+    task = models.get_task("mnist_mlp", **optimizer_overrides(args))
+    assert task.config["lr_decay_total_epochs"] == 4
+    assert _rate_at(task, [0, 20, 40, 80]) == pytest.approx([0.1, 0.06, 0.02, 0.02])
+    args = _job_args("--model", "resnet20", "--learning-rate-decay-type", "fixed")
+    fixed = models.get_task("resnet20", **optimizer_overrides(args))
+    assert _rate_at(fixed, [0, 5000]) == pytest.approx([0.1, 0.1])
+    args = _job_args(
+        "--model", "mnist_mlp", "--learning-rate-decay-type", "piecewise",
+        "--lr-boundaries-epochs", "1,3", "--learning-rate-decay-factor", "0.5",
+    )  # fmt: skip
+    task = models.get_task("mnist_mlp", **optimizer_overrides(args))
+    assert _rate_at(task, [9, 10, 29, 30]) == pytest.approx([0.01, 0.005, 0.005, 0.0025])
+    # Regularisation, averages, precision.
+    args = _job_args(
+        "--model", "mnist_mlp", "--label-smoothing", "0.1", "--weight-decay", "4e-5",
+        "--moving-average-decay", "0.999", "--precision", "bf16",
+    )  # fmt: skip
+    assert optimizer_overrides(args) == {
+        "label_smoothing": 0.1,
+        "weight_decay": 4e-5,
+        "moving_average_decay": 0.999,
+        "precision": "bf16",
+    }
+    # An option the chosen optimizer does not have, or a model without the key: usage errors.
+    with pytest.raises(cli.UsageError, match="--momentum applies to --optimizer momentum/sgd"):
+        optimizer_overrides(_job_args("--model", "mnist_mlp", "--momentum", "0.9"))
+    with pytest.raises(cli.UsageError, match="label_smoothing"):
+        optimizer_overrides(_job_args("--model", "ptb_small", "--label-smoothing", "0.1"))
+    with pytest.raises(cli.UsageError, match="num-epochs-per-decay applies"):
+        optimizer_overrides(_job_args("--model", "resnet20", "--num-epochs-per-decay", "2"))
+
+
+def test_label_smoothing_gives_the_hand_computed_loss() -> None:
+    task = models.get_task("mnist_softmax", label_smoothing=0.2, learning_rate=0.01)
+    model = task.build_model()
+    _perturb(model)
+    batch = task.example_batch(3, seed=5)
+    logits = model(batch["image"]).numpy().astype(np.float64)
+    labels = batch["label"].numpy()
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    targets = np.full((3, 10), 0.2 / 10)
+    targets[np.arange(3), labels] += 0.8
+    smoothed = float(np.mean(-(targets * log_probs).sum(-1)))
+    plain = float(np.mean(-log_probs[np.arange(3), labels]))
+    accuracy = float(np.mean(logits.argmax(-1) == labels))
+    evaluated = task.eval_step(model, batch, 3)  # evaluation: the true labels
+    assert float(evaluated["loss"]) == pytest.approx(plain, rel=1e-5)
+    optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+    trained = task.train_step(model, optimizer, batch, 3)
+    assert float(trained["loss"]) == pytest.approx(smoothed, rel=1e-5)
+    assert smoothed != pytest.approx(plain, rel=1e-3)
+    assert float(trained["accuracy"]) == accuracy == float(evaluated["accuracy"])
+
+
+@pytest.mark.parametrize("name", ["resnet20", "alexnet_v2", "mnist_softmax", "mnist_mlp"])
+def test_weight_decay_adds_the_l2_term_of_every_kernel(name: str) -> None:
+    task = models.get_task(name, **{**TINY.get(name, {}), "weight_decay": 0.01})
+    model = task.build_model()
+    _perturb(model)
+    kernels = [w.numpy() for w in model.trainable_weights if w.path.endswith("kernel")]
+    assert kernels
+    expected = 0.01 / 2 * sum(float(np.sum(k.astype(np.float64) ** 2)) for k in kernels)
+    optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+    metrics = task.train_step(model, optimizer, task.example_batch(2), 2)
+    assert float(metrics["regularization_loss"]) == pytest.approx(expected, rel=1e-4)
+    assert not models.get_model(name, **{**TINY.get(name, {}), "weight_decay": 0.0}).losses
+
+
+def test_weight_decay_is_in_the_optimised_loss() -> None:
+    """One SGD step with decay moves each kernel by an extra -lr * wd * w."""
+    batch = models.get_task("mnist_softmax").example_batch(4)
+    moved = []
+    for wd in (0.0, 0.1):
+        keras.utils.set_random_seed(3)
+        task = models.get_task("mnist_softmax", weight_decay=wd, learning_rate=0.05)
+        model = task.build_model()
+        _perturb(model)
+        start = model.get_layer("logits").kernel.numpy()
+        _steps(task, model, batch, 1)
+        moved.append(model.get_layer("logits").kernel.numpy() - start)
+    np.testing.assert_allclose(moved[1] - moved[0], -0.05 * 0.1 * start, rtol=1e-3, atol=1e-7)
+
+
+def _hand_average(history: list[list[np.ndarray]], decay: float) -> list[np.ndarray]:
+    """Keras's EMA: the first update copies the weights, then d * avg + (1 - d) * w."""
+    average = [w.astype(np.float64) for w in history[0]]
+    for weights in history[1:]:
+        average = [decay * a + (1 - decay) * w for a, w in zip(average, weights)]
+    return average
+
+
+def test_moving_average_weights_are_hand_computed_checkpointed_and_exported(
+    tmp_path: Path,
+) -> None:
+    task = models.get_task("resnet20", **TINY["resnet20"], moving_average_decay=0.7)
+    model = task.build_model()
+    optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+    trainable = {id(w) for w in model.trainable_weights}
+    step = tf.function(lambda b: task.train_step(model, optimizer, b, 4))
+    history = []
+    for seed in range(4):
+        step(task.example_batch(4, seed=seed))
+        history.append([w.numpy() for w in model.trainable_weights])
+    averaged = dict(zip(map(id, model.trainable_weights), _hand_average(history, 0.7)))
+    exported = models.weights_for_export(task, model, optimizer)
+    assert len(exported) == len(model.weights)
+    for variable, value in zip(model.weights, exported):
+        if id(variable) in trainable:
+            np.testing.assert_allclose(value, averaged[id(variable)], rtol=1e-5, atol=1e-6)
+            assert not np.allclose(value, variable.numpy())
+        else:  # batch-norm statistics: the model's own
+            np.testing.assert_array_equal(value, variable.numpy())
+    # The averages are optimizer variables: a checkpoint restores them.
+    prefix = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
+    model2 = task.build_model()
+    optimizer2 = task.make_optimizer(steps_per_epoch=10, model=model2)
+    tf.train.Checkpoint(model=model2, optimizer=optimizer2).restore(prefix).assert_consumed()
+    for a, b in zip(models.weights_for_export(task, model2, optimizer2), exported):
+        np.testing.assert_array_equal(a, b)
+    # Without averaging the export is the model's weights.
+    plain = models.get_task("resnet20", **TINY["resnet20"])
+    plain_model = plain.build_model()
+    plain_optimizer = plain.make_optimizer(steps_per_epoch=10, model=plain_model)
+    for a, b in zip(
+        models.weights_for_export(plain, plain_model, plain_optimizer), plain_model.get_weights()
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_moving_averages_of_both_gan_networks() -> None:
+    # One update of each network per step, so each step is one averaging step.
+    task = models.get_task("dcgan", **TINY["dcgan"], generator_steps=1, moving_average_decay=0.5)
+    model = task.build_model()
+    optimizers = task.make_optimizer(steps_per_epoch=10, model=model)
+    batch = task.example_batch(4)
+    step = tf.function(lambda b: task.train_step(model, optimizers, b, 4))
+    history = []
+    for _ in range(2):
+        step(batch)
+        history.append([w.numpy() for w in model.trainable_weights])
+    averaged = dict(zip(map(id, model.trainable_weights), _hand_average(history, 0.5)))
+    exported = models.weights_for_export(task, model, optimizers)
+    for part in (model.generator, model.discriminator):
+        assert {id(w) for w in part.trainable_weights} <= set(averaged)
+    for variable, value in zip(model.weights, exported):
+        want = averaged.get(id(variable), variable.numpy())
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_trains_and_exports_a_float32_model(tmp_path: Path) -> None:
+    task = models.get_task("resnet20", **TINY["resnet20"], precision="bf16")
+    with models.precision_policy(task.config["precision"]) as policy:
+        assert policy.name == "mixed_bfloat16"
+        model = task.build_model()
+    assert keras.config.dtype_policy().name == "float32"  # restored
+    assert model.get_layer("init_conv").compute_dtype == "bfloat16"
+    assert model.get_layer("logits").compute_dtype == "float32"
+    assert {v.dtype for v in model.weights} == {"float32"}
+    optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+    assert not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)  # bf16 needs none
+    batch = task.example_batch(4)
+    before = [w.numpy() for w in model.trainable_weights]
+    metrics = _steps(task, model, batch, 2)
+    assert np.isfinite([m["loss"] for m in metrics]).all()
+    assert {v.dtype for v in model.weights} == {"float32"}
+    assert any(not np.array_equal(a, b.numpy()) for a, b in zip(before, model.trainable_weights))
+    # The export: a model built outside the policy with the trained weights.
+    clean = task.build_model()
+    assert clean.get_layer("init_conv").compute_dtype == "float32"
+    clean.set_weights(models.weights_for_export(task, model, optimizer))
+    loaded = tf.saved_model.load(task.export(clean, str(tmp_path / "export")))
+    served = loaded.signatures["predict_images"](images=batch["image"])
+    assert served["scores"].dtype == tf.float32
+    expected = tf.nn.softmax(clean(batch["image"], training=False)).numpy()
+    np.testing.assert_allclose(served["scores"].numpy(), expected, rtol=1e-4, atol=1e-6)
+    # ... and it serves what the bf16 model computes, up to 16-bit rounding.
+    mixed = tf.nn.softmax(tf.cast(model(batch["image"], training=False), tf.float32)).numpy()
+    np.testing.assert_allclose(served["scores"].numpy(), mixed, atol=0.05)
+
+
+def test_fp16_scales_the_loss_and_clips_the_unscaled_gradient() -> None:
+    """One SGD step with a tiny clip norm: fp16 with loss scaling moves the weights as
+    fp32 does (clipping a still-scaled gradient would move them 2**15 times less)."""
+    overrides = {"hidden_units": 8, "optimizer": {"name": "sgd"}, "learning_rate": 0.5}
+    batch = models.get_task("mnist_mlp").example_batch(8)
+    moves = {}
+    for precision in ("fp32", "fp16"):
+        keras.utils.set_random_seed(11)
+        task = models.get_task("mnist_mlp", **overrides, clip_norm=0.01, precision=precision)
+        with models.precision_policy(precision):
+            model = task.build_model()
+        optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+        assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == (precision == "fp16")
+        start = [w.numpy() for w in model.trainable_weights]
+        metrics = _steps(task, model, batch, 1)[0]
+        assert np.isfinite(metrics["loss"])
+        moves[precision] = np.concatenate(
+            [(w.numpy() - s).ravel() for w, s in zip(model.trainable_weights, start)]
+        )
+    assert np.linalg.norm(moves["fp32"]) == pytest.approx(0.5 * 0.01, rel=1e-4)  # clipped
+    assert np.linalg.norm(moves["fp16"]) == pytest.approx(0.5 * 0.01, rel=1e-2)
+    cosine = (
+        moves["fp16"]
+        @ moves["fp32"]
+        / np.linalg.norm(moves["fp16"])
+        / np.linalg.norm(moves["fp32"])
+    )
+    assert cosine == pytest.approx(1.0, abs=0.02)
+
+
 # --------------------------------------------------------------------------- distribution
 # Strategies need their own process: logical devices / servers are fixed at TF start-up.
 
@@ -454,6 +812,17 @@ cases = [
     ("ptb_small", {"vocab_size": 30, "hidden_size": 8, "num_steps": 4, "batch_size": 4}),
     ("dcgan", {"gf_dim": 4, "df_dim": 4, "gfc_dim": 8, "dfc_dim": 8}),
 ]
+
+def check_averages(task, model, optimizer, history, decay):
+    # weights_for_export == Keras's EMA of the weights seen after each step, by hand.
+    average = [w.astype(np.float64) for w in history[0]]
+    for weights in history[1:]:
+        average = [decay * a + (1 - decay) * w for a, w in zip(average, weights)]
+    exported = models.weights_for_export(task, model, optimizer)
+    assert len(exported) == len(average) == len(model.trainable_weights) == len(model.weights)
+    for got, want in zip(exported, average):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(exported[0], model.get_weights()[0])
 """
 
 _MIRRORED_SCRIPT = (
@@ -500,6 +869,40 @@ _MIRRORED_SCRIPT = (
             expected = tf.nn.softmax(model(batch["image"])).numpy()
             np.testing.assert_allclose(served["scores"].numpy(), expected, rtol=1e-4, atol=1e-6)
         print(name, {k: round(float(v), 4) for k, v in metrics.items()})
+
+    # Moving averages and fp16 loss scaling inside strategy.run (replicas in sync).
+    task = models.get_task("mnist_mlp", hidden_units=8, optimizer={"name": "sgd"},
+                           learning_rate=0.1, moving_average_decay=0.5, precision="fp16")
+    with strategy.scope():
+        with models.precision_policy("fp16"):
+            model = task.build_model()
+        optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+
+    @tf.function
+    def ema_step(b):
+        per_replica = strategy.run(task.train_step, args=(model, optimizer, b, 4))
+        return models.reduce_metrics(strategy, per_replica)
+
+    def run_step(seed):
+        batch = task.example_batch(4, seed=seed)
+        for b in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch)):
+            return ema_step(b)
+
+    history = []
+    for seed in range(3):
+        assert np.isfinite(float(run_step(seed)["loss"]))
+        history.append([w.numpy() for w in model.trainable_weights])
+    check_averages(task, model, optimizer, history, 0.5)
+    replicas = model.trainable_weights[0].value.values
+    np.testing.assert_array_equal(replicas[0].numpy(), replicas[1].numpy())
+    # An overflowing loss scale: the step is skipped on every replica and the scale halves.
+    optimizer.dynamic_scale.assign(2.0**40)
+    before = model.get_weights()
+    run_step(3)
+    assert optimizer.dynamic_scale.numpy() == 2.0**39
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    print("averages + fp16 ok")
     print("STRATEGY-OK")
     """
     )
@@ -557,6 +960,31 @@ _PS_SCRIPT = (
             states = model._state.variables[0][0].read_all()
             assert any(np.any(s) for s in states), "workers must hold their own LSTM state"
         print(name, {k: round(float(v), 4) for k, v in metrics.items()})
+
+    # Moving averages (kept on the parameter server) with a bf16 model, one step at a time.
+    task = models.get_task("mnist_mlp", hidden_units=8, moving_average_decay=0.5,
+                           precision="bf16")
+    with strategy.scope():
+        with models.precision_policy("bf16"):
+            model = task.build_model()
+        optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+    batch = {k: v.numpy() for k, v in task.example_batch(4).items()}
+    iterator = iter(coordinator.create_per_worker_dataset(
+        lambda _=None: tf.data.Dataset.from_tensors(batch).repeat()))
+
+    @tf.function
+    def ema_step(it):
+        per_replica = strategy.run(task.train_step, args=(model, optimizer, next(it), 4))
+        return models.reduce_metrics(strategy, per_replica)
+
+    history = []
+    for _ in range(3):
+        result = coordinator.schedule(ema_step, args=(iterator,))
+        coordinator.join()
+        assert np.isfinite(float(result.fetch()["loss"]))
+        history.append([w.numpy() for w in model.trainable_weights])
+    check_averages(task, model, optimizer, history, 0.5)
+    print("averages + bf16 ok")
     print("STRATEGY-OK")
     """
     )

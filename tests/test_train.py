@@ -191,8 +191,11 @@ def _fit(
     batch_size=8,
     model="mnist_mlp",
     model_config=None,
+    train_options=None,
     **run,
 ):
+    """A run on the session's two executors; ``run`` are RunConfig fields,
+    ``train_options`` more TrainConfig fields."""
     from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
 
     scaling = ScalingConfig(
@@ -219,6 +222,7 @@ def _fit(
             epochs=epochs,
             batch_size=batch_size,
             model_config=TINY_MLP if model_config is None else model_config,
+            **(train_options or {}),
         ),
         scaling,
         RunConfig(model_dir=str(model_dir), **run),
@@ -226,12 +230,13 @@ def _fit(
     )
 
 
-def _events(model_dir: str) -> dict[str, int]:
-    """Summary tags in the model directory's event files, with their counts."""
+def _events(model_dir: str, run: str = "") -> dict[str, int]:
+    """Summary tags in the model directory's event files (of one run: train, eval), with
+    their counts."""
     import tensorflow as tf
 
     tags: dict[str, int] = {}
-    with storage.local_copy(storage.join(model_dir, "events")) as local:
+    with storage.local_copy(storage.join(model_dir, "events", run)) as local:
         for root, _, files in os.walk(local):
             for name in files:
                 for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
@@ -291,6 +296,23 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnis
         [r["probabilities"] for r in rows], expected["scores"].numpy(), rtol=1e-5, atol=1e-6
     )
 
+    # The evaluation at the end of training (the test split: the dataset has no valid split)
+    # is what the export gives on that split, computed here from its scores.
+    scores = expected["scores"].numpy()
+    labels = np.array([r["label"] for r in rows])
+    top5 = np.argsort(-scores, axis=1)[:, :5]
+    assert result.eval_metrics["accuracy"] == pytest.approx(
+        np.mean(scores.argmax(axis=1) == labels), abs=1e-6
+    )
+    assert result.eval_metrics["top5_accuracy"] == pytest.approx(
+        np.mean([label in row for label, row in zip(labels, top5)]), abs=1e-6
+    )
+    assert result.eval_metrics["loss"] == pytest.approx(
+        -np.mean(np.log(scores[np.arange(len(labels)), labels])), rel=1e-4
+    )
+    assert result.eval_history == [{"step": 6, **result.eval_metrics}]
+    assert {"accuracy", "top5_accuracy", "loss"} <= set(_events(model_dir, "eval"))
+
 
 @pytest.mark.spark
 @pytest.mark.slow
@@ -331,8 +353,25 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
     model_dir = hdfs.fresh("ps-resume")
     first = _fit(spark, mnist / "data", model_dir, strategy="ps", input_mode="files", steps=4)
     assert (first.start_step, first.final_step) == (0, 4)
-    second = _fit(spark, mnist / "data", model_dir, strategy="ps", input_mode="files", steps=8)
+    second = _fit(
+        spark,
+        mnist / "data",
+        model_dir,
+        strategy="ps",
+        input_mode="files",
+        steps=8,
+        eval_every_steps=2,
+        export_best="loss",
+    )
     assert (second.start_step, second.final_step) == (4, 8)
+    # Evaluated at steps 6 and 8; export_best/ holds the export of the lower test loss only.
+    assert [e["step"] for e in second.eval_history] == [6, 8]
+    best = min(second.eval_history, key=lambda e: e["loss"])["step"]
+    assert second.best_export_path == storage.join(model_dir, "export_best", str(best))
+    assert [
+        storage.parse(p).path.rsplit("/", 1)[-1]
+        for p in storage.listdir(storage.join(model_dir, "export_best"))
+    ] == [str(best)]
     assert second.checkpoint == storage.join(model_dir, "checkpoints", "ckpt-8")
     with storage.local_copy(storage.join(model_dir, "checkpoints")) as local:
         reader = tf.train.load_checkpoint(os.path.join(local, "ckpt-8"))
@@ -580,6 +619,201 @@ def test_kill_9_under_ps_with_the_spark_feed_restarts_and_reaches_the_target(
     assert result.final_step == 120 and result.strategy == "ps"
     assert len(result.restarts) == 1 and f"pid {victim}" in result.restarts[0]["cause"]
     assert result.restarts[0]["resumed_from_step"] >= at_kill
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_ptb_valid_perplexity_is_the_token_weighted_stream_perplexity(spark, tmp_path):
+    """The language model is evaluated on the valid split (auto: the dataset has one) the
+    book's way: streams with the LSTM state carried; checked against the trained weights run
+    here through the Keras model directly."""
+    import tensorflow as tf
+
+    from sparktf import models
+    from sparktf.datasets.convert import convert
+    from sparktf.datasets.synthetic import write_ptb
+    from sparktf.train.inputs import stream_layout
+
+    write_ptb(tmp_path / "raw", lines=(120, 40, 40), vocab_size=30, learnable=True)
+    convert("ptb", str(tmp_path / "raw"), str(tmp_path / "ptb"), shards=2, spark=spark)
+    config = {"hidden_size": 16, "num_layers": 1, "keep_prob": 1.0, "batch_size": 4}
+    result = _fit(
+        spark,
+        tmp_path / "ptb",
+        tmp_path / "model",
+        strategy="allreduce",
+        input_mode="files",
+        steps=6,
+        batch_size=4,
+        model="ptb_small",
+        model_config=config,
+    )
+    metrics = result.eval_metrics
+    assert metrics["perplexity"] == pytest.approx(np.exp(metrics["loss"]), rel=1e-6)
+
+    # Independently: the final checkpoint in a fresh model, the valid split's chunks in
+    # stream layout (4 streams), the state carried from chunk to chunk, mean token NLL.
+    vocab = len((tmp_path / "ptb" / "vocab.txt").read_text().splitlines())
+    model = models.get_model("ptb_small", **config, vocab_size=vocab)
+    tf.train.Checkpoint(model=model).restore(result.checkpoint).expect_partial()
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pq.read_table(tmp_path / "ptb" / "valid" / "parquet")
+    tokens = np.stack([np.load(__import__("io").BytesIO(b)) for b in table["tokens"].to_pylist()])
+    rows, _ = stream_layout(tokens, np.asarray(table["id"]), 4)
+    state, nll, count = None, 0.0, 0
+    for t in range(rows.shape[1]):
+        x = tf.constant(rows[:, t])
+        logits, state = model(x[:, :-1], initial_state=state, return_state=True)
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=x[:, 1:], logits=logits)
+        nll += float(tf.reduce_sum(ce))
+        count += int(tf.size(ce))
+    assert metrics["loss"] == pytest.approx(nll / count, rel=1e-4)
+    assert metrics["perplexity"] == pytest.approx(np.exp(nll / count), rel=1e-4)
+    assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(mnist, tmp_path):
+    """jobs/train.py as a user runs it (its own Spark application) with the 9.2 options:
+    the export and the evaluation use the moving averages, in float32, and the evaluation
+    is what that export gives on the test split."""
+    import json
+
+    import tensorflow as tf
+
+    from sparktf import models
+
+    model_dir = tmp_path / "model"
+    result_file = tmp_path / "result.json"
+    mlp = {"hidden_units": 8}
+    job = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs/train.py"),
+            "--model",
+            "mnist_mlp",
+            "--model-config",
+            json.dumps(mlp),
+            "--data",
+            str(mnist / "data"),
+            "--model-dir",
+            str(model_dir),
+            "--strategy",
+            "allreduce",
+            "--num-workers",
+            "2",
+            "--threads-per-worker",
+            "1",
+            "--steps",
+            "4",
+            "--batch-size",
+            "8",
+            "--optimizer",
+            "momentum",
+            "--momentum",
+            "0.8",
+            "--learning-rate",
+            "0.05",
+            "--learning-rate-decay-type",
+            "polynomial",
+            "--end-learning-rate",
+            "0.001",
+            "--label-smoothing",
+            "0.1",
+            "--moving-average-decay",
+            "0.5",
+            "--precision",
+            "bf16",
+            "--eval-every",
+            "2",
+            "--export-best",
+            "accuracy",
+            "--result-json",
+            str(result_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    result = json.loads(result_file.read_text())
+    assert result["final_step"] == 4
+    assert [e["step"] for e in result["eval_history"]] == [2, 4]
+    assert "evaluation at step 2" in job.stderr and "evaluation on the test split" in job.stderr
+    assert result["best_export_path"].startswith(str(model_dir / "export_best"))
+
+    # The export holds the moving averages of the final checkpoint, as float32 variables.
+    config = json.loads((model_dir / "sparktf_train.json").read_text())["model_config"]
+    task = models.get_task("mnist_mlp", **config)
+    model = task.build_model()
+    optimizer = task.make_optimizer(12, model)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
+        result["checkpoint"]
+    ).expect_partial()
+    averaged = models.weights_for_export(task, model, optimizer)
+    assert any(not np.array_equal(a, w) for a, w in zip(averaged, model.get_weights())), (
+        "the moving averages equal the raw weights: EMA not applied"
+    )
+    model.set_weights(averaged)
+    loaded = tf.saved_model.load(result["export_path"])
+    assert all(v.dtype == tf.float32 for v in loaded.signatures["predict_images"].variables)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(mnist / "data" / "test" / "parquet")
+    images = np.stack([np.load(__import__("io").BytesIO(b)) for b in table["image"].to_pylist()])
+    scores = loaded.signatures["predict_images"](images=tf.constant(images))["scores"].numpy()
+    np.testing.assert_allclose(scores, tf.nn.softmax(model(images)).numpy(), rtol=1e-4, atol=1e-5)
+    labels = np.asarray(table["label"])
+    assert result["eval_metrics"]["accuracy"] == pytest.approx(
+        np.mean(scores.argmax(axis=1) == labels), abs=1e-6
+    )
+    assert_nothing_left()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_fine_tune_from_another_runs_export_training_only_the_head(spark, mnist, tmp_path):
+    """--checkpoint-path (an export of another run), --checkpoint-exclude-scopes logits,
+    --trainable-scopes logits: the hidden layer is the source's bit for bit at the end, the
+    head was re-initialised and trained."""
+    import tensorflow as tf
+
+    from sparktf import models
+
+    source = _fit(
+        spark,
+        mnist / "data",
+        tmp_path / "source",
+        strategy="allreduce",
+        input_mode="files",
+        steps=3,
+    )
+    tuned = _fit(
+        spark,
+        mnist / "data",
+        tmp_path / "tuned",
+        strategy="allreduce",
+        input_mode="files",
+        steps=3,
+        train_options={
+            "checkpoint_path": source.export_path,
+            "checkpoint_exclude_scopes": ("logits",),
+            "trainable_scopes": ("logits",),
+        },
+    )
+    assert tuned.final_step == 3
+
+    def weights(checkpoint):
+        model = models.get_model("mnist_mlp", **TINY_MLP)
+        tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial()
+        return {w.path: w.numpy() for w in model.weights}
+
+    before, after = weights(source.checkpoint), weights(tuned.checkpoint)
+    np.testing.assert_array_equal(after["hidden/kernel"], before["hidden/kernel"])
+    np.testing.assert_array_equal(after["hidden/bias"], before["hidden/bias"])
+    assert not np.array_equal(after["logits/kernel"], before["logits/kernel"])
     assert_nothing_left()
 
 

@@ -6,6 +6,8 @@
   :func:`sparktf.train.fit`;
 - :mod:`sparktf.jobs.predict` — ``jobs/predict.py``: batch prediction over a Parquet table
   (:func:`sparktf.inference.predict`).
+- :mod:`sparktf.jobs.evaluate` — ``jobs/evaluate.py``: metrics of an export on a dataset
+  split (accuracy, top-5, per-class precision/recall/F1, confusion matrix; perplexity).
 
 Each script in ``jobs/`` is a thin entry point: its docstring (the ``--help`` description),
 an import and ``run_job(...)``. Flag defaults come from ``conf/jobs/<job>.json`` (see

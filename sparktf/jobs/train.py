@@ -80,6 +80,168 @@ def parser(description: str, section: str, default_model: str | None):
     )
     g.add_argument("--seed", type=int, default=0, help="shuffle seed")
     g.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="keep file order")
+    o = p.add_argument_group(
+        "optimizer, learning rate, regularisation, precision",
+        "the book's train_image_classifier options (9.2); an option left out keeps the "
+        "model's own setting (sparktf.models.describe(MODEL))",
+    )
+    o.add_argument(
+        "--optimizer",
+        choices=["adadelta", "adagrad", "adam", "ftrl", "momentum", "rmsprop", "sgd"],
+        default=None,
+        help="optimizer (momentum: SGD with momentum); another than the model's starts from "
+        "Keras's defaults for it plus the options below",
+    )
+    o.add_argument("--learning-rate", type=float, default=None, help="initial learning rate")
+    o.add_argument(
+        "--opt-epsilon",
+        type=float,
+        default=None,
+        help="epsilon of adadelta, adagrad, adam, rmsprop",
+    )
+    o.add_argument(
+        "--momentum",
+        type=float,
+        default=None,
+        help="momentum of the momentum optimizer (0.9 when unset) or of sgd",
+    )
+    o.add_argument(
+        "--nesterov",
+        action="store_true",
+        default=None,
+        help="Nesterov momentum (momentum, sgd)",
+    )
+    o.add_argument("--rmsprop-momentum", type=float, default=None, help="momentum of rmsprop")
+    o.add_argument("--rmsprop-decay", type=float, default=None, help="decay (rho) of rmsprop")
+    o.add_argument("--adam-beta1", type=float, default=None, help="beta_1 of adam")
+    o.add_argument("--adam-beta2", type=float, default=None, help="beta_2 of adam")
+    o.add_argument("--adadelta-rho", type=float, default=None, help="rho of adadelta")
+    o.add_argument(
+        "--adagrad-initial-accumulator-value",
+        type=float,
+        default=None,
+        help="initial accumulator value of adagrad",
+    )
+    o.add_argument(
+        "--ftrl-learning-rate-power", type=float, default=None, help="learning rate power of ftrl"
+    )
+    o.add_argument(
+        "--ftrl-initial-accumulator-value",
+        type=float,
+        default=None,
+        help="initial accumulator value of ftrl",
+    )
+    o.add_argument("--ftrl-l1", type=float, default=None, help="L1 regularisation of ftrl")
+    o.add_argument("--ftrl-l2", type=float, default=None, help="L2 regularisation of ftrl")
+    o.add_argument(
+        "--learning-rate-decay-type",
+        choices=["fixed", "exponential", "polynomial", "piecewise"],
+        default=None,
+        help="fixed: constant; exponential: x decay factor every --num-epochs-per-decay "
+        "epochs (staircase); polynomial: linear down to --end-learning-rate over "
+        "--num-epochs-per-decay epochs (default: the run's --epochs, else the model's); "
+        "piecewise: x decay factor at each of --lr-boundaries-epochs",
+    )
+    o.add_argument(
+        "--num-epochs-per-decay",
+        type=float,
+        default=None,
+        help="epochs per exponential decay step, or the polynomial decay's length",
+    )
+    o.add_argument(
+        "--learning-rate-decay-factor",
+        type=float,
+        default=None,
+        help="factor of each exponential or piecewise decay step",
+    )
+    o.add_argument(
+        "--end-learning-rate",
+        type=float,
+        default=None,
+        help="learning rate the polynomial decay ends at",
+    )
+    o.add_argument(
+        "--lr-boundaries-epochs",
+        default=None,
+        metavar="E1,E2,...",
+        help="epochs after which the piecewise schedule multiplies the rate by the factor",
+    )
+    o.add_argument(
+        "--label-smoothing",
+        type=float,
+        default=None,
+        help="classifiers: train against (1 - s) * one_hot + s / num_classes",
+    )
+    o.add_argument(
+        "--weight-decay",
+        type=float,
+        default=None,
+        help="classifiers: L2 weight decay on every kernel (weight_decay * l2_loss(w))",
+    )
+    o.add_argument(
+        "--moving-average-decay",
+        type=float,
+        default=None,
+        help="keep an exponential moving average of the weights with this decay (in the "
+        "checkpoints; used for evaluation and the export); 0: none",
+    )
+    o.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        default=None,
+        help="compute precision (Keras mixed precision; fp16 with loss scaling); variables "
+        "and the export stay float32",
+    )
+    f = p.add_argument_group("fine-tuning and augmentation")
+    f.add_argument(
+        "--checkpoint-path",
+        default=None,
+        help="start from the weights of another run (local or hdfs://): a checkpoint prefix "
+        "(MODEL_DIR/checkpoints/ckpt-N), a checkpoints or model directory (its latest "
+        "checkpoint), or a SavedModel export (MODEL_DIR/export/<step>, or MODEL_DIR/export "
+        "for the latest); ignored when --model-dir already has a checkpoint (resume wins)",
+    )
+    f.add_argument(
+        "--checkpoint-exclude-scopes",
+        default=None,
+        metavar="SCOPES",
+        help="comma-separated layer-name prefixes not restored from --checkpoint-path (they "
+        "keep their initialisation), e.g. 'logits' to fine-tune to another number of classes",
+    )
+    f.add_argument(
+        "--trainable-scopes",
+        default=None,
+        metavar="SCOPES",
+        help="comma-separated layer-name prefixes: only these variables train, every other "
+        "one stays bit-identical (default: all train)",
+    )
+    f.add_argument(
+        "--no-augment",
+        dest="augment",
+        action="store_false",
+        help="train image models that augment by default (resnet*: 4-pixel padding, random "
+        "crop, random flip) on the images as they are",
+    )
+    e = p.add_argument_group("evaluation during training")
+    e.add_argument(
+        "--eval-split",
+        default="auto",
+        help="split evaluated during training: 'auto' (valid if the dataset has it, else "
+        "test), a split name, or 'none'",
+    )
+    e.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="steps between evaluations (0: once per epoch); always at the end",
+    )
+    e.add_argument(
+        "--export-best",
+        default=None,
+        metavar="METRIC",
+        help="also keep the export of the best evaluation so far in MODEL_DIR/export_best/ "
+        "(e.g. accuracy, top5_accuracy, perplexity, loss)",
+    )
     s = p.add_argument_group("where and how many")
     s.add_argument(
         "--strategy",
@@ -187,10 +349,17 @@ def configs(args):
         raise cli.UsageError("--data is required (a converted dataset, or 'demo')")
     if not args.model_dir:
         raise cli.UsageError("--model-dir is required")
+    tuning = finetune_and_augment_options(args)
+    # --model-config first; the specific flags (optimizer, schedule, augmentation) win.
+    model_config = {
+        **(args.model_config or {}),
+        **optimizer_overrides(args),
+        **tuning["model_config"],
+    }
     train = TrainConfig(
         model=args.model,
         data=args.data,
-        model_config=args.model_config or {},
+        model_config=model_config,
         split=args.split,
         input_mode=args.input_mode,
         file_format=args.file_format,
@@ -199,6 +368,8 @@ def configs(args):
         batch_size=args.batch_size,
         shuffle=args.shuffle,
         seed=args.seed,
+        eval_split=args.eval_split,
+        **tuning["train"],
     )
     scaling = ScalingConfig(
         strategy=args.strategy,
@@ -219,6 +390,8 @@ def configs(args):
         startup_timeout_s=args.startup_timeout,
         stall_timeout_s=args.stall_timeout,
         max_restarts=args.max_restarts,
+        eval_every_steps=args.eval_every,
+        export_best=args.export_best,
         export=args.export,
     )
     return train, scaling, run
@@ -280,3 +453,159 @@ def main(
 
 def run_job(**kwargs) -> None:
     cli.run(lambda: main(sys.argv[1:], **kwargs))
+
+
+def finetune_and_augment_options(args) -> dict:
+    """The fine-tuning and augmentation flags as ``{"model_config": overrides, "train":
+    TrainConfig field values}``.
+
+    ``--no-augment`` becomes ``{"augment": False}`` for models that have the switch (the
+    ``resnet`` family) and nothing for the others (they never augment). ``--checkpoint-path``
+    is resolved now, so a path that holds no checkpoint or export fails before Spark starts,
+    unless ``--model-dir`` already has a checkpoint (the run resumes from it and ignores the
+    path). Raises :class:`sparktf.cli.UsageError` for flags that cannot work.
+    """
+    from sparktf import storage
+    from sparktf.train import artifacts, warmstart
+
+    model_config: dict = {}
+    if not args.augment:
+        from sparktf import models  # deferred: imports TensorFlow
+
+        try:
+            has_switch = "augment" in models.describe(args.model)["config"]
+        except ValueError as exc:
+            raise cli.UsageError(str(exc)) from None
+        if has_switch:
+            model_config["augment"] = False
+        else:
+            log.info("--no-augment: %s does not augment its inputs anyway", args.model)
+    exclude = warmstart.split_scopes(args.checkpoint_exclude_scopes)
+    trainable = warmstart.split_scopes(args.trainable_scopes)
+    path = args.checkpoint_path
+    if exclude and not path:
+        raise cli.UsageError("--checkpoint-exclude-scopes needs --checkpoint-path")
+    if path:
+        try:
+            resuming = bool(args.model_dir) and artifacts.latest_checkpoint(args.model_dir)
+            if not resuming:
+                source = warmstart.resolve_source(path)
+                log.info(
+                    "--checkpoint-path %s: will start from %s %s", path, source.kind, source.path
+                )
+        except (warmstart.WarmStartError, storage.StorageError) as exc:
+            raise cli.UsageError(str(exc)) from None
+    return {
+        "model_config": model_config,
+        "train": {
+            "checkpoint_path": path or None,
+            "checkpoint_exclude_scopes": exclude,
+            "trainable_scopes": trainable,
+        },
+    }
+
+
+# Book optimizer flag (its dest) -> {optimizer name: Keras keyword argument it sets}.
+_OPTIMIZER_FLAGS: dict[str, dict[str, str]] = {
+    "opt_epsilon": {n: "epsilon" for n in ("adadelta", "adagrad", "adam", "rmsprop")},
+    "momentum": {"momentum": "momentum", "sgd": "momentum"},
+    "nesterov": {"momentum": "nesterov", "sgd": "nesterov"},
+    "rmsprop_momentum": {"rmsprop": "momentum"},
+    "rmsprop_decay": {"rmsprop": "rho"},
+    "adam_beta1": {"adam": "beta_1"},
+    "adam_beta2": {"adam": "beta_2"},
+    "adadelta_rho": {"adadelta": "rho"},
+    "adagrad_initial_accumulator_value": {"adagrad": "initial_accumulator_value"},
+    "ftrl_learning_rate_power": {"ftrl": "learning_rate_power"},
+    "ftrl_initial_accumulator_value": {"ftrl": "initial_accumulator_value"},
+    "ftrl_l1": {"ftrl": "l1_regularization_strength"},
+    "ftrl_l2": {"ftrl": "l2_regularization_strength"},
+}
+
+
+def optimizer_overrides(args) -> dict:
+    """Model-config overrides from the optimizer, learning-rate, regularisation and precision
+    flags (only those given: the model keeps its own setting for the others).
+
+    The optimizer flags complete the model's optimizer spec (``--model-config``'s if it sets
+    one), or start a new one when ``--optimizer`` names another optimizer. A flag that the
+    chosen optimizer does not have is an error. ``--learning-rate-decay-type fixed`` is
+    the ``constant`` schedule; ``--num-epochs-per-decay`` is ``lr_decay_epochs``
+    (exponential) or ``lr_decay_total_epochs`` (polynomial, which otherwise decays over the
+    run's ``--epochs`` when given). Raises :class:`sparktf.cli.UsageError`.
+    """
+    base_config: dict | None = None
+
+    def base() -> dict:
+        """The model's config with --model-config applied (read only when needed)."""
+        nonlocal base_config
+        if base_config is None:
+            from sparktf import models  # deferred: imports TensorFlow
+
+            try:
+                base_config = models.get_task(args.model, **(args.model_config or {})).config
+            except ValueError as exc:
+                raise cli.UsageError(str(exc)) from None
+        return base_config
+
+    def flag(dest: str) -> str:
+        return "--" + dest.replace("_", "-")
+
+    out: dict = {}
+    given = {d: getattr(args, d) for d in _OPTIMIZER_FLAGS if getattr(args, d, None) is not None}
+    if args.optimizer or given:
+        current = dict(base()["optimizer"])
+        name = args.optimizer or current["name"]
+        spec = current if name == current["name"] else {"name": name}
+        for dest, value in given.items():
+            keyword = _OPTIMIZER_FLAGS[dest].get(name)
+            if keyword is None:
+                raise cli.UsageError(
+                    f"{flag(dest)} applies to --optimizer {'/'.join(_OPTIMIZER_FLAGS[dest])}, "
+                    f"not to {name}"
+                )
+            spec[keyword] = value
+        out["optimizer"] = spec
+    if args.learning_rate is not None:
+        out["learning_rate"] = args.learning_rate
+    kind = args.learning_rate_decay_type
+    if kind:
+        out["lr_schedule"] = "constant" if kind == "fixed" else kind
+    if args.num_epochs_per_decay is not None or (kind == "polynomial" and args.epochs):
+        schedule = out.get("lr_schedule") or base()["lr_schedule"]
+        if schedule == "polynomial":
+            out["lr_decay_total_epochs"] = args.num_epochs_per_decay or args.epochs
+        elif schedule == "exponential":
+            out["lr_decay_epochs"] = args.num_epochs_per_decay
+        else:
+            raise cli.UsageError(
+                f"--num-epochs-per-decay applies to the exponential and polynomial "
+                f"schedules, not to {schedule!r} (set --learning-rate-decay-type)"
+            )
+    if args.learning_rate_decay_factor is not None:
+        out["lr_decay_factor"] = args.learning_rate_decay_factor
+    if args.end_learning_rate is not None:
+        out["end_learning_rate"] = args.end_learning_rate
+    if args.lr_boundaries_epochs:
+        try:
+            out["lr_boundaries_epochs"] = [
+                float(e) for e in args.lr_boundaries_epochs.split(",") if e.strip()
+            ]
+        except ValueError:
+            raise cli.UsageError(
+                f"--lr-boundaries-epochs takes comma-separated epochs, got "
+                f"{args.lr_boundaries_epochs!r}"
+            ) from None
+    for dest in ("label_smoothing", "weight_decay", "precision"):
+        if getattr(args, dest) is not None:
+            out[dest] = getattr(args, dest)
+    if args.moving_average_decay is not None:
+        out["moving_average_decay"] = args.moving_average_decay or None  # 0: none
+    if out:  # a combination that cannot work fails now, before Spark starts
+        from sparktf import models
+
+        try:
+            models.get_task(args.model, **{**(args.model_config or {}), **out})
+        except ValueError as exc:
+            raise cli.UsageError(str(exc)) from None
+    return out

@@ -15,6 +15,7 @@ are an error.
 Modules: :mod:`~sparktf.models.registry` (the names above),
 :mod:`~sparktf.models.task` (the :class:`ModelTask` contract, step and metric conventions),
 :mod:`~sparktf.models.classifier` (the image-classifier task), :mod:`~sparktf.models.layers`,
+:mod:`~sparktf.models.augment` (training-time image augmentation),
 :mod:`~sparktf.models.optim` (schedules, optimizers, clipping), :mod:`~sparktf.models.export`
 (SavedModel signatures), and one module per family.
 """
@@ -22,6 +23,7 @@ Modules: :mod:`~sparktf.models.registry` (the names above),
 from __future__ import annotations
 
 from sparktf.models.alexnet import AlexNetV2Task
+from sparktf.models.augment import AugmentMixin, augment_images, augment_seed
 from sparktf.models.classifier import ClassifierTask
 from sparktf.models.dcgan import DCGAN, DCGANTask
 from sparktf.models.layers import ScaleImage, count_params
@@ -33,7 +35,13 @@ from sparktf.models.linear import (
     least_squares_fit,
 )
 from sparktf.models.mnist import MnistMLPTask, MnistSoftmaxTask
-from sparktf.models.optim import reduce_metrics
+from sparktf.models.optim import (
+    OPTIMIZERS,
+    PRECISIONS,
+    precision_policy,
+    reduce_metrics,
+    weights_for_export,
+)
 from sparktf.models.ptb import PTBLanguageModel, PTBTask
 from sparktf.models.registry import describe, get_model, get_task, list_models
 from sparktf.models.resnet import ResNetTask
@@ -44,7 +52,10 @@ __all__ = [
     "BOOK_Y",
     "DCGAN",
     "KINDS",
+    "OPTIMIZERS",
+    "PRECISIONS",
     "AlexNetV2Task",
+    "AugmentMixin",
     "ClassifierTask",
     "DCGANTask",
     "LinearRegressionTask",
@@ -55,6 +66,8 @@ __all__ = [
     "PTBTask",
     "ResNetTask",
     "ScaleImage",
+    "augment_images",
+    "augment_seed",
     "book_dataset",
     "count_params",
     "describe",
@@ -62,5 +75,7 @@ __all__ = [
     "get_task",
     "least_squares_fit",
     "list_models",
+    "precision_policy",
     "reduce_metrics",
+    "weights_for_export",
 ]

@@ -90,5 +90,6 @@ class AlexNetV2Task(ClassifierTask):
             activation=None,
             bias_initializer="zeros",
             kernel_initializer=fc_init,
+            dtype="float32",  # logits in float32 under a mixed precision policy
         )(x)
-        return keras.layers.Flatten(name="fc8_squeezed")(x)
+        return keras.layers.Flatten(dtype="float32", name="fc8_squeezed")(x)

@@ -1,7 +1,8 @@
 """The image-classifier task shared by ResNet, AlexNet and the MNIST models.
 
 :class:`ClassifierTask` holds the classifier's train / eval step (softmax cross-entropy,
-weight decay, optional clipping) and its SavedModel export with the 7.4-style
+optionally against label-smoothed targets, weight decay, optional clipping) and its
+SavedModel export with the 7.4-style
 ``serving_default`` (serialized ``tf.train.Example``) and ``predict_images`` (uint8
 images) signatures.  A family only adds :meth:`ClassifierTask.build_logits`.
 """
@@ -9,6 +10,7 @@ images) signatures.  A family only adds :meth:`ClassifierTask.build_logits`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import keras
@@ -28,10 +30,14 @@ class ClassifierTask(ModelTask):
 
     Subclasses implement :meth:`build_logits` on the scaled float images.  Config keys:
     ``image_shape``, ``num_classes``, ``scaling`` (a :class:`ScaleImage` mode),
-    ``weight_decay`` (0 for none) and ``clip_norm`` (``None`` for no clipping).
+    ``weight_decay`` (L2 on every kernel, TF1 style ``weight_decay * l2_loss(w)``; 0 for
+    none), ``label_smoothing`` (the training loss's targets are ``(1 - s) * one_hot + s /
+    num_classes``, as slim's ``--label_smoothing``; evaluation and accuracy use the true
+    labels) and ``clip_norm`` (``None`` for no clipping).
     """
 
     kind: ClassVar[str] = "classifier"
+    shared_defaults: ClassVar[Mapping[str, Any]] = {"weight_decay": 0.0, "label_smoothing": 0.0}
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -54,6 +60,16 @@ class ClassifierTask(ModelTask):
             raise ValueError(f"image_shape must be [H, W, C], got {self.config['image_shape']}")
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+        for key, upper in (("weight_decay", None), ("label_smoothing", 1.0)):
+            value = self.config[key]
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or value < 0
+                or (upper is not None and value >= upper)
+            ):
+                bound = f"in [0, {upper})" if upper else ">= 0"
+                raise ValueError(f"{key} must be a number {bound}, got {value!r}")
 
     def build_logits(self, images: keras.KerasTensor) -> keras.KerasTensor:
         """Logits [B, num_classes] from scaled float images (functional API)."""
@@ -61,7 +77,9 @@ class ClassifierTask(ModelTask):
 
     def build_model(self) -> keras.Model:
         images = keras.Input(self.image_shape, dtype="uint8", name="image")
-        scaled = ScaleImage(self.config["scaling"], name="scale_image")(images)
+        # Scaled in float32 under any precision policy (per-image standardisation in 16
+        # bits would be coarse); the first layer casts to its compute dtype.
+        scaled = ScaleImage(self.config["scaling"], dtype="float32", name="scale_image")(images)
         logits = self.build_logits(scaled)
         model = RegistryModel(images, logits, self.name, self.config, name=self.name)
         logger.info(
@@ -70,11 +88,18 @@ class ClassifierTask(ModelTask):
         return model
 
     def _forward(
-        self, model: keras.Model, batch: Batch, training: bool
+        self, model: keras.Model, batch: Batch, training: bool, label_smoothing: float = 0.0
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
         logits = tf.cast(model(batch["image"], training=training), tf.float32)
-        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        if label_smoothing:
+            targets = tf.one_hot(labels, self.num_classes, dtype=tf.float32)
+            targets = targets * (1.0 - label_smoothing) + label_smoothing / self.num_classes
+            per_example = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        else:
+            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=logits
+            )
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
         return logits, per_example, correct
 
@@ -82,7 +107,9 @@ class ClassifierTask(ModelTask):
         self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
     ) -> Metrics:
         with tf.GradientTape() as tape:
-            _, per_example, correct = self._forward(model, batch, training=True)
+            _, per_example, correct = self._forward(
+                model, batch, training=True, label_smoothing=float(self.config["label_smoothing"])
+            )
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
             reg = regularization_loss(model)
             total = loss + reg

@@ -30,12 +30,7 @@ import tensorflow as tf
 
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import SERIALIZABLE_PACKAGE, ScaleImage, images_to_uint8
-from sparktf.models.optim import (
-    apply_gradients,
-    build_optimizer,
-    current_learning_rate,
-    learning_rate_schedule,
-)
+from sparktf.models.optim import apply_gradients, current_learning_rate, optimizer_from_config
 from sparktf.models.task import Batch, Metrics, ModelTask, RegistryConfigMixin
 
 
@@ -79,8 +74,8 @@ class _Builder:
     def _lrelu(self, name: str) -> keras.layers.Layer:
         return keras.layers.LeakyReLU(self.c["leak"], name=name)
 
-    def _dense(self, units: int, name: str) -> keras.layers.Layer:
-        return keras.layers.Dense(units, kernel_initializer=self._normal(), name=name)
+    def _dense(self, units: int, name: str, **kwargs: Any) -> keras.layers.Layer:
+        return keras.layers.Dense(units, kernel_initializer=self._normal(), name=name, **kwargs)
 
     def _conv(self, filters: int, name: str) -> keras.layers.Layer:
         return keras.layers.Conv2D(
@@ -132,7 +127,7 @@ class _Builder:
                 x = self._deconv(filters, s[level + 1], s[level], f"g_h{i}")(x)
                 x = keras.layers.ReLU(name=f"g_h{i}_relu")(self._bn(f"g_bn{i}")(x))
             x = self._deconv(self.channels, s[1], s[0], "g_h4")(x)
-            images = keras.layers.Activation("tanh", name="g_out")(x)
+            images = keras.layers.Activation("tanh", dtype="float32", name="g_out")(x)
         else:
             h4, w4 = self.height // 4, self.width // 4
             h2, w2 = self.height // 2, self.width // 2
@@ -148,7 +143,7 @@ class _Builder:
             x = keras.layers.ReLU(name="g_h2_relu")(self._bn("g_bn2")(x))
             x = ConcatCondition(name="g_cond3")(x, y)
             x = self._deconv(self.channels, (h2, w2), (self.height, self.width), "g_h3")(x)
-            images = keras.layers.Activation("sigmoid", name="g_out")(x)
+            images = keras.layers.Activation("sigmoid", dtype="float32", name="g_out")(x)
         return keras.Model(inputs, images, name="generator")
 
     def discriminator(self) -> keras.Model:
@@ -162,7 +157,7 @@ class _Builder:
                 x = self._conv(filters, f"d_h{i}_conv")(x)
                 x = self._lrelu(f"d_h{i}_lrelu")(self._bn(f"d_bn{i}")(x))
             x = keras.layers.Flatten(name="d_flatten")(x)
-            logits = self._dense(1, "d_h4_lin")(x)
+            logits = self._dense(1, "d_h4_lin", dtype="float32")(x)
         else:
             x = ConcatCondition(name="d_cond0")(image, y)
             x = self._conv(self.channels + self.num_classes, "d_h0_conv")(x)
@@ -175,7 +170,7 @@ class _Builder:
             x = self._dense(int(c["dfc_dim"]), "d_h2_lin")(x)
             x = self._lrelu("d_h2_lrelu")(self._bn("d_bn2")(x))
             x = ConcatCondition(name="d_cond3")(x, y)
-            logits = self._dense(1, "d_h3_lin")(x)
+            logits = self._dense(1, "d_h3_lin", dtype="float32")(x)
         return keras.Model(inputs, logits, name="discriminator")
 
 
@@ -312,11 +307,12 @@ class DCGANTask(ModelTask):
     def make_optimizer(
         self, steps_per_epoch: int, model: keras.Model | None = None
     ) -> dict[str, keras.optimizers.Optimizer]:
-        """``{"generator": Adam, "discriminator": Adam}``."""
+        """``{"generator": Adam, "discriminator": Adam}`` (each with its own moving
+        averages and loss scale when the config asks for them)."""
         return {
-            part: build_optimizer(
-                self.config["optimizer"],
-                learning_rate_schedule(self.config, steps_per_epoch),
+            part: optimizer_from_config(
+                self.config,
+                steps_per_epoch,
                 None if model is None else getattr(model, part).trainable_variables,
             )
             for part in ("generator", "discriminator")

@@ -82,7 +82,7 @@ class LinearRegressionTask(ModelTask):
         return float(kernel.reshape(())), float(bias.reshape(()))
 
     def _per_example(self, model: keras.Model, batch: Batch, training: bool) -> tf.Tensor:
-        prediction = model(tf.cast(batch["x"], tf.float32), training=training)
+        prediction = tf.cast(model(tf.cast(batch["x"], tf.float32), training=training), tf.float32)
         return 0.5 * tf.square(prediction - tf.cast(batch["y"], tf.float32))
 
     def train_step(

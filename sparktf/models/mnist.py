@@ -6,7 +6,9 @@
   truncated normal with stddev 1/28, softmax weights 1/sqrt(hidden_units)), Adam at
   learning rate 0.01, 200 steps of batch 100.
 
-Both take raw uint8 28x28x1 images and scale them to [0, 1] inside the model.
+Both take raw uint8 28x28x1 images and scale them to [0, 1] inside the model.  The book
+trains them without weight decay; ``weight_decay`` (the jobs' ``--weight-decay``) adds L2
+on their kernels as on every classifier.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, ClassVar
 import keras
 
 from sparktf.models.classifier import ClassifierTask
+from sparktf.models.layers import l2_regularizer
 
 _MNIST: Mapping[str, Any] = {
     "image_shape": [28, 28, 1],
@@ -44,7 +47,12 @@ class MnistSoftmaxTask(ClassifierTask):
     def build_logits(self, images: keras.KerasTensor) -> keras.KerasTensor:
         x = keras.layers.Flatten(name="flatten")(images)
         return keras.layers.Dense(
-            self.num_classes, kernel_initializer="zeros", bias_initializer="zeros", name="logits"
+            self.num_classes,
+            kernel_initializer="zeros",
+            bias_initializer="zeros",
+            kernel_regularizer=l2_regularizer(self.config["weight_decay"]),
+            dtype="float32",  # logits in float32 under a mixed precision policy
+            name="logits",
         )(x)
 
 
@@ -67,10 +75,13 @@ class MnistMLPTask(ClassifierTask):
             hidden,
             activation="relu",
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=1.0 / math.sqrt(pixels)),
+            kernel_regularizer=l2_regularizer(self.config["weight_decay"]),
             name="hidden",
         )(x)
         return keras.layers.Dense(
             self.num_classes,
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=1.0 / math.sqrt(hidden)),
+            kernel_regularizer=l2_regularizer(self.config["weight_decay"]),
+            dtype="float32",  # logits in float32 under a mixed precision policy
             name="logits",
         )(x)

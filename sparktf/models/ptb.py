@@ -108,8 +108,16 @@ class PTBLanguageModel(RegistryConfigMixin, keras.Model):
         self.output_dropouts = [
             keras.layers.Dropout(rate, name=f"lstm_{i}_dropout") for i in range(self.num_layers)
         ]
+        # TensorFlow checkpoints do not follow Keras' layer lists: name each LSTM as an
+        # attribute too, so tf.train.Checkpoint(model=...) holds its weights.
+        for i, layer in enumerate(self.lstm_layers):
+            setattr(self, f"lstm_{i}", layer)
         self.softmax = keras.layers.Dense(
-            int(c["vocab_size"]), kernel_initializer=init(), bias_initializer=init(), name="softmax"
+            int(c["vocab_size"]),
+            kernel_initializer=init(),
+            bias_initializer=init(),
+            dtype="float32",  # logits in float32 under a mixed precision policy
+            name="softmax",
         )
         self._state = _StateHolder([])
 
@@ -173,7 +181,7 @@ class PTBLanguageModel(RegistryConfigMixin, keras.Model):
     def write_state(self, state: LSTMState) -> None:
         for variables, values in zip(self._state.variables, state):
             for variable, value in zip(variables, values):
-                variable.assign(value)
+                variable.assign(tf.cast(value, variable.dtype))  # 16-bit under mixed precision
 
     def reset_states(self) -> None:
         """Zeroes the carried state (all replicas when called outside ``strategy.run``)."""

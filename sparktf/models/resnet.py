@@ -8,6 +8,10 @@ kernel; momentum SGD with a step schedule.
 
 Depth = 6n + 2 for basic units (n units per stage) and 9n + 2 for bottleneck units, so
 ResNet-20/32/56/110 use n = 3/5/9/18 and ResNet-164 is the bottleneck net with n = 18.
+
+Training augments the images as the reference does on CIFAR (4-pixel zero padding, random
+32x32 crop, random horizontal flip; :mod:`sparktf.models.augment`) unless the config says
+``"augment": false`` (the jobs' ``--no-augment``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
+from sparktf.models.augment import AugmentMixin
 from sparktf.models.classifier import ClassifierTask
 from sparktf.models.layers import SERIALIZABLE_PACKAGE, l2_regularizer
 
@@ -51,7 +56,7 @@ class PadShortcut(keras.layers.Layer):
         return {**super().get_config(), "out_filters": self.out_filters, "stride": self.stride}
 
 
-class ResNetTask(ClassifierTask):
+class ResNetTask(AugmentMixin, ClassifierTask):
     family: ClassVar[str] = "resnet"
     description: ClassVar[str] = "pre-activation ResNet (CIFAR layout; basic or bottleneck units)"
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -59,6 +64,9 @@ class ResNetTask(ClassifierTask):
         "image_shape": [32, 32, 3],
         "num_classes": 10,
         "scaling": "standardize",
+        # training-time padding + random crop + random flip (the CIFAR recipe; see
+        # sparktf.models.augment); never applied at evaluation or in the export
+        "augment": True,
         # architecture (defaults: ResNet-32)
         "num_residual_units": [5, 5, 5],
         "filters": [16, 16, 32, 64],
@@ -204,5 +212,6 @@ class ResNetTask(ClassifierTask):
             self.num_classes,
             kernel_initializer=keras.initializers.VarianceScaling(1.0, "fan_in", "uniform"),
             kernel_regularizer=l2_regularizer(c["weight_decay"]),
+            dtype="float32",  # logits in float32 under a mixed precision policy
             name="logits",
         )(h)

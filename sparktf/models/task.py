@@ -32,7 +32,12 @@ import tensorflow as tf
 
 from sparktf.models.export import Endpoint, write_saved_model
 from sparktf.models.layers import SERIALIZABLE_PACKAGE
-from sparktf.models.optim import build_optimizer, learning_rate_schedule
+from sparktf.models.optim import (
+    PRECISIONS,
+    check_optimizer_spec,
+    check_schedule,
+    optimizer_from_config,
+)
 
 KINDS = ("classifier", "language_model", "gan", "regression")
 
@@ -110,8 +115,15 @@ class ModelTask:
     own ``family`` is registered under it and its ``presets`` when it is defined.  Common
     config keys: ``batch_size`` (the global batch size the book trains with), ``epochs`` /
     ``max_steps`` (its length, either may be ``None``), ``optimizer`` (``{"name": ...,
-    **keras_kwargs}``), ``learning_rate`` and ``lr_schedule`` (see
-    :func:`sparktf.models.optim.learning_rate_schedule`).
+    **keras_kwargs}``, see :data:`sparktf.models.optim.OPTIMIZERS`), ``learning_rate`` and
+    ``lr_schedule`` (see :func:`sparktf.models.optim.learning_rate_schedule`).
+
+    Every family also has the keys of :attr:`shared_defaults` (a family's own
+    ``defaults`` win): the schedule parameters of the book's ``train_image_classifier``
+    (slim's defaults), ``moving_average_decay`` (``None``: off; else the decay of an
+    exponential moving average of the trainable weights, kept by the optimizer and
+    used by :func:`sparktf.models.optim.weights_for_export`) and ``precision``
+    (``"fp32"``, ``"bf16"``, ``"fp16"``; see :func:`sparktf.models.optim.precision_policy`).
     """
 
     name: str
@@ -122,9 +134,26 @@ class ModelTask:
     description: ClassVar[str] = ""
     defaults: ClassVar[Mapping[str, Any]] = {}
     presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    # Keys every family has, under its own defaults; a subclass adds its own (merged along
+    # the class hierarchy when a class defines ``defaults``).
+    shared_defaults: ClassVar[Mapping[str, Any]] = {
+        "lr_schedule": "constant",
+        "lr_boundaries_epochs": [],  # piecewise
+        "lr_decay_factor": 0.94,  # piecewise, exponential (slim --learning_rate_decay_factor)
+        "lr_decay_epochs": 2.0,  # exponential (slim --num_epochs_per_decay)
+        "end_learning_rate": 1e-4,  # polynomial (slim --end_learning_rate)
+        "lr_decay_total_epochs": None,  # polynomial; None: the config's epochs / max_steps
+        "moving_average_decay": None,
+        "precision": "fp32",
+    }
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "defaults" in cls.__dict__:
+            shared: dict[str, Any] = {}
+            for base in reversed(cls.__mro__):
+                shared.update(base.__dict__.get("shared_defaults", {}))
+            cls.defaults = {**shared, **cls.__dict__["defaults"]}
         if cls.__dict__.get("family"):  # shared bases (ClassifierTask) name no family
             _register(cls)
 
@@ -134,7 +163,25 @@ class ModelTask:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"{type(self).__name__}.kind must be one of {KINDS}")
+        try:
+            self._validate_training()
+        except ValueError as exc:
+            raise ValueError(f"model {self.name!r}: {exc}") from None
         self.validate()
+
+    def _validate_training(self) -> None:
+        """The keys every family shares: optimizer, schedule, averages, precision."""
+        check_optimizer_spec(self.config["optimizer"])
+        check_schedule(self.config)
+        decay = self.config.get("moving_average_decay")
+        if decay is not None and not (
+            isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 < decay < 1
+        ):
+            raise ValueError(f"moving_average_decay must be None or in (0, 1), got {decay!r}")
+        if self.config.get("precision", "fp32") not in PRECISIONS:
+            raise ValueError(
+                f"precision must be one of {sorted(PRECISIONS)}, got {self.config['precision']!r}"
+            )
 
     @classmethod
     def make(cls, name: str, overrides: Mapping[str, Any]) -> ModelTask:
@@ -180,11 +227,13 @@ class ModelTask:
         """The declared optimizer and learning-rate schedule.
 
         Pass ``model`` to build the optimizer's slot variables now (needed before the
-        first ``strategy.run``).
+        first ``strategy.run``).  With ``moving_average_decay`` it keeps the moving
+        averages; with ``precision == "fp16"`` it is a
+        :class:`keras.optimizers.LossScaleOptimizer` (the train steps scale the loss
+        through :func:`sparktf.models.optim.apply_gradients`).
         """
-        schedule = learning_rate_schedule(self.config, steps_per_epoch)
         variables = model.trainable_variables if model is not None else None
-        return build_optimizer(self.config["optimizer"], schedule, variables)
+        return optimizer_from_config(self.config, steps_per_epoch, variables)
 
     def train_step(
         self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int

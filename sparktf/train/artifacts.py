@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 EVENTS = "events/train"
+EVAL_EVENTS = "events/eval"
 EXPORT = "export"
+BEST_EXPORT = "export_best"
 RUN_FILE = "sparktf_train.json"
 STATE_FILE = "checkpoint"
 CKPT_NAME = "ckpt"
@@ -194,6 +196,10 @@ class ModelDir:
     def events_dir(self) -> str:
         return os.path.join(self.local, EVENTS)
 
+    @property
+    def eval_events_dir(self) -> str:
+        return os.path.join(self.local, EVAL_EVENTS)
+
     # -- checkpoints ----------------------------------------------------------------------
 
     def attach(self, checkpoint, *, keep: int) -> str | None:
@@ -270,12 +276,13 @@ class ModelDir:
 
     def sync_events(self, *, force: bool = False) -> None:
         """Copies new or grown event files to an hdfs:// model directory."""
-        if not (self.remote and self.writer) or not os.path.isdir(self.events_dir):
+        events = os.path.dirname(self.events_dir)  # train/ and eval/
+        if not (self.remote and self.writer) or not os.path.isdir(events):
             return
         if not force and time.monotonic() - self._last_sync < self.sync_every_s:
             return
         self._last_sync = time.monotonic()
-        for root, _, files in os.walk(self.events_dir):
+        for root, _, files in os.walk(events):
             for base in files:
                 path = os.path.join(root, base)
                 size = os.path.getsize(path)
@@ -290,10 +297,10 @@ class ModelDir:
     def export_dir(self, version: int) -> str:
         return storage.join(self.uri, EXPORT, str(version))
 
-    def export(self, write, version: int) -> str:
-        """Calls ``write(local_dir)`` and publishes the result as ``export/<version>``."""
-        target = self.export_dir(version)
-        storage.makedirs(storage.join(self.uri, EXPORT))
+    def export(self, write, version: int, *, root: str = EXPORT) -> str:
+        """Calls ``write(local_dir)`` and publishes the result as ``<root>/<version>``."""
+        target = storage.join(self.uri, root, str(version))
+        storage.makedirs(storage.join(self.uri, root))
         with storage.publish(target, overwrite=True) as tmp:
             if self.remote:
                 local = tempfile.mkdtemp(prefix="sparktf-export-")
@@ -305,6 +312,16 @@ class ModelDir:
             else:
                 write(storage.parse(tmp).path)
         return target
+
+    def export_best(self, write, version: int) -> str:
+        """Publishes ``export_best/<version>`` (the best evaluation so far) like
+        :meth:`export`, then removes the previous best."""
+        path = self.export(write, version, root=BEST_EXPORT)
+        for entry in storage.listdir(storage.join(self.uri, BEST_EXPORT)):
+            name = posixpath.basename(storage.parse(entry).path)
+            if name.isdigit() and int(name) != version:
+                storage.delete(entry)
+        return path
 
     def finish(self, run_info: dict) -> None:
         """The writer's last word: every event file copied, the run's summary written

@@ -334,10 +334,15 @@ class ClusterRun:
         chief_key = next(k for k, r in self.roles.items() if r.is_chief)
         watch = _ProgressWatch(self.run, [k for k, r in self.roles.items() if r.trains])
         last_log = 0.0
+        logged_evals = 0
         while True:
             self.control.wait(0.5)
             now = time.monotonic()
             nodes = self.control.snapshot()
+            for evaluation in nodes[chief_key].evals[logged_evals:]:
+                values = ", ".join(f"{k} {v:.4g}" for k, v in evaluation.items() if k != "step")
+                log.info("evaluation at step %d: %s", evaluation["step"], values)
+            logged_evals = len(nodes[chief_key].evals)
             self._check_errors(now)
             if all_nodes:
                 if all(nodes[k].done is not None for k in self.roles if k in nodes):

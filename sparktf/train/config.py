@@ -131,6 +131,8 @@ class RunConfig:
     startup_timeout_s: float = 300.0
     stall_timeout_s: float = 300.0
     max_restarts: int = 0
+    eval_every_steps: int = 0  # 0: once per epoch (and always at the end)
+    export_best: str | None = None  # a metric: also keep the export of its best evaluation
     export: bool = True
 
     def __post_init__(self) -> None:
@@ -150,6 +152,7 @@ class RunConfig:
         ):
             _positive(name, getattr(self, name))
         _positive("max_restarts", self.max_restarts, allow_zero=True)
+        _positive("eval_every_steps", self.eval_every_steps, allow_zero=True)
 
     @property
     def heartbeat_timeout_s(self) -> float:
@@ -175,6 +178,15 @@ class TrainConfig:
     to the TensorFlow processes (see :mod:`sparktf.train.feed`); ``"files"`` has each
     TensorFlow process read its own shard of the split's files (``file_format``).
 
+    Fine-tuning: ``checkpoint_path`` (a checkpoint or SavedModel export of another run,
+    local or ``hdfs://``) initialises the model when ``model_dir`` has no checkpoint of its
+    own (a resume wins), except the variables whose path starts with one of
+    ``checkpoint_exclude_scopes``; with ``trainable_scopes`` only those variables train.
+
+    ``eval_split``: the split evaluated during training (every ``RunConfig.eval_every_steps``
+    and at the end): ``"auto"`` takes ``valid`` when the dataset has it, else ``test``;
+    ``"none"`` turns evaluation off.
+
     Length: ``steps`` (global steps, counted across resumes) and/or ``epochs`` (passes over
     the split); training stops at whichever comes first. Neither: the model's own
     ``max_steps`` / ``epochs``. ``batch_size`` is the global batch (default: the model's);
@@ -193,6 +205,12 @@ class TrainConfig:
     batch_size: int | None = None
     shuffle: bool = True
     seed: int = 0
+    eval_split: str = "auto"  # "auto": valid if the dataset has it, else test; "none": off
+    # fine-tuning: weights from another run's checkpoint or export (ignored on a resume),
+    # except variables under exclude scopes; only variables under trainable scopes train
+    checkpoint_path: str | None = None
+    checkpoint_exclude_scopes: tuple[str, ...] = ()
+    trainable_scopes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -227,6 +245,10 @@ class TrainResult:
     strategy: str
     input_mode: str
     gpus: list[str] = field(default_factory=list)  # GPUs the chief's TensorFlow saw
+    # the last evaluation ({} without one) and every evaluation with its step
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    eval_history: list[dict[str, float]] = field(default_factory=list)
+    best_export_path: str | None = None  # RunConfig.export_best
     # one entry per restart: {"cause": ..., "resumed_from_step": ...} (RunConfig.max_restarts)
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # spark input mode: rows fed to each training process (by node key), one number per process

@@ -89,6 +89,7 @@ class NodeState:
     done: dict | None = None
     error: dict | None = None
     bye: bool = False
+    evals: list = field(default_factory=list)  # the chief's evaluations, in order
     pid: int | None = None
     host: str | None = None
 
@@ -217,6 +218,8 @@ class ControlServer:
                 node.done = data
                 if data.get("progress"):
                     node.progress = data["progress"]
+            elif event == "eval":
+                node.evals.append(data)
             elif event == "bye":
                 node.bye = True
             plan = self.plans.get(key)
@@ -261,7 +264,9 @@ class ControlServer:
 
     def snapshot(self) -> dict[str, NodeState]:
         with self._lock:
-            return {k: NodeState(**vars(v)) for k, v in self.nodes.items()}
+            return {
+                k: NodeState(**{**vars(v), "evals": list(v.evals)}) for k, v in self.nodes.items()
+            }
 
     def wait(self, timeout: float) -> None:
         """Waits up to ``timeout`` seconds for the next event."""

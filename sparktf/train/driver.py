@@ -139,8 +139,17 @@ def fit(
         input_mode=train.input_mode,
         gpus=list(result.get("gpus") or []),
         restarts=restarts,
+        eval_metrics=dict(result.get("eval_metrics") or {}),
+        eval_history=list(result.get("eval_history") or []),
+        best_export_path=result.get("best_export"),
         fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
     )
+    if out.eval_metrics:
+        log.info(
+            "evaluation on the %s split: %s",
+            plan.eval_data.split,
+            ", ".join(f"{k} {v:.4g}" for k, v in out.eval_metrics.items()),
+        )
     log.info(
         "done: step %d, %s, %.0f examples/s, %.1f s%s",
         out.final_step,

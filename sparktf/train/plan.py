@@ -104,6 +104,11 @@ class RunPlan:
     target_steps: int
     feed_passes: int | None  # spark input mode: passes over the split (None: endless)
     log_level: str = "INFO"
+    eval_data: DataInfo | None = None  # the evaluation split (None: no evaluation)
+
+    @property
+    def eval_every_steps(self) -> int:
+        return self.run.eval_every_steps or self.steps_per_epoch
 
     @property
     def per_process_batch(self) -> int:
@@ -145,6 +150,11 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
     global_batch = int(task.batch_size)
     _check_layout(train, scaling, data, global_batch)
     steps_per_epoch = max(1, data.rows // global_batch)
+    target = _target_steps(train, task, data.rows, global_batch, steps_per_epoch)
+    if task.config.get("lr_schedule") == "polynomial" and not task.config.get(
+        "lr_decay_total_epochs"
+    ):  # decay over this run's length
+        overrides["lr_decay_total_epochs"] = target / steps_per_epoch
     return RunPlan(
         train=train,
         scaling=scaling,
@@ -153,10 +163,46 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
         data=data,
         global_batch=global_batch,
         steps_per_epoch=steps_per_epoch,
-        target_steps=_target_steps(train, task, data.rows, global_batch, steps_per_epoch),
+        target_steps=target,
         feed_passes=math.ceil(train.epochs) if train.epochs and not train.steps else None,
         log_level=logging.getLevelName(logging.getLogger().level or logging.INFO),
+        eval_data=_eval_data(train, run, task),
     )
+
+
+# The evaluation metrics of each kind of model, and whether higher is better.
+EVAL_METRICS = {
+    "classifier": {"loss": False, "accuracy": True, "top5_accuracy": True},
+    "language_model": {"loss": False, "perplexity": False},
+    "gan": {"d_loss": False, "g_loss": False},
+}
+
+
+def _eval_data(train: TrainConfig, run: RunConfig, task) -> DataInfo | None:
+    """The evaluation split's description: ``eval_split``, or for ``auto`` the dataset's
+    ``valid`` split, else its ``test`` split (never the training split)."""
+    splits = formats.load_manifest(train.data)["splits"]
+    if train.eval_split == "none":
+        split = None
+    elif train.eval_split == "auto":
+        split = next((s for s in ("valid", "test") if s in splits and s != train.split), None)
+    elif train.eval_split not in splits:
+        raise ConfigError(
+            f"--eval-split {train.eval_split!r}: {train.data} has no such split "
+            f"(it has {', '.join(splits)}; 'none' turns evaluation off)"
+        )
+    else:
+        split = train.eval_split
+    if run.export_best:
+        metrics = EVAL_METRICS.get(task.kind, {})
+        if split is None:
+            raise ConfigError("--export-best needs an evaluation split (--eval-split)")
+        if run.export_best not in metrics:
+            raise ConfigError(
+                f"--export-best {run.export_best!r}: {train.model} is evaluated on "
+                f"{', '.join(metrics)}"
+            )
+    return describe_data(train.data, split, task.features) if split else None
 
 
 def _check_layout(

@@ -75,14 +75,16 @@ def image(name: str, images, step: int, max_outputs: int = 16) -> None:
 
 
 class EventWriter:
-    """The chief's TensorBoard output for one run, in ``model_dir.events_dir`` (no-ops
-    when disabled: processes other than the chief write no events)."""
+    """The chief's TensorBoard output for one run, in ``directory`` (default
+    ``model_dir.events_dir``; no-ops when disabled: processes other than the chief write no
+    events)."""
 
-    def __init__(self, model_dir, *, enabled: bool):
+    def __init__(self, model_dir, *, enabled: bool, directory: str | None = None):
         import tensorflow as tf
 
         self.model_dir = model_dir
-        self.writer = tf.summary.create_file_writer(model_dir.events_dir) if enabled else None
+        directory = directory or model_dir.events_dir
+        self.writer = tf.summary.create_file_writer(directory) if enabled else None
 
     @property
     def enabled(self) -> bool:

@@ -31,12 +31,22 @@ from typing import Any
 
 import numpy as np
 
-from sparktf.train import inputs
+from sparktf.train import inputs, warmstart
 from sparktf.train.artifacts import ModelDir
+from sparktf.train.evaluation import Evaluator
 from sparktf.train.plan import ProcessSpec, Role
 from sparktf.train.summaries import EventWriter
 
 log = logging.getLogger(__name__)
+
+
+def augment(tf, task, batch, seed: int, global_step):
+    """The task's training-time augmentation (ResNet's pad + crop + flip), if it has one:
+    per image, deterministic given the run's seed, the step and the replica."""
+    if not hasattr(task, "augment"):
+        return batch
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return task.augment(batch, (seed, global_step, replica))
 
 
 class AllReduceStep:
@@ -53,6 +63,7 @@ class AllReduceStep:
         *,
         global_batch: int,
         num_workers: int,
+        seed: int,
     ):
         self.tf, self.strategy = tf, strategy
         self.devices = list(strategy.extended.worker_devices)
@@ -68,6 +79,7 @@ class AllReduceStep:
             return ctx.all_reduce(op, tree)
 
         def replica_step(local_batch):
+            local_batch = augment(tf, task, local_batch, seed, global_step)
             metrics = task.train_step(model, optimizer, local_batch, global_batch)
             return all_reduce(tf.distribute.ReduceOp.MEAN, metrics)
 
@@ -118,18 +130,30 @@ class ParameterServerStep:
     """One asynchronous step scheduled by the chief on whichever ps worker is free."""
 
     def __init__(
-        self, tf, strategy, coordinator, task, model, optimizer, global_step, *, global_batch: int
+        self,
+        tf,
+        strategy,
+        coordinator,
+        task,
+        model,
+        optimizer,
+        global_step,
+        *,
+        global_batch: int,
+        seed: int,
     ):
         from sparktf import models
 
         self.tf, self.coordinator = tf, coordinator
         self.per_process_batch = global_batch  # the chief reads whole batches
 
+        def replica_step(batch):
+            batch = augment(tf, task, batch, seed, global_step)
+            return task.train_step(model, optimizer, batch, global_batch)
+
         @tf.function
         def step_fn(batch):
-            per_replica = strategy.run(
-                task.train_step, args=(model, optimizer, batch, global_batch)
-            )
+            per_replica = strategy.run(replica_step, args=(batch,))
             global_step.assign_add(1)
             return models.reduce_metrics(strategy, per_replica)
 
@@ -209,12 +233,25 @@ class Trainer:
         self.checkpoint: str | None = None
         self._sampler = None
         self._last_progress = 0.0
+        self.evaluator: Evaluator | None = None  # the chief's, when the plan has an eval split
+        self.eval_events: EventWriter | None = None
+        self.eval_metrics: dict[str, float] = {}
+        self.eval_history: list[dict[str, float]] = []
+        self.best: tuple[float, int] | None = None  # (value of run.export_best, step)
+        self.best_export: str | None = None
 
     def run(self) -> dict[str, Any]:
         started = time.time()
         try:
             self.build()
             self.events = EventWriter(self.model_dir, enabled=self.role.is_chief)
+            if self.role.is_chief and self.plan.eval_data is not None:
+                self.evaluator = Evaluator(
+                    self.task, self.plan.eval_data, self.plan.train.file_format
+                )
+                self.eval_events = EventWriter(
+                    self.model_dir, enabled=True, directory=self.model_dir.eval_events_dir
+                )
             source = inputs.open_batches(
                 self.spec, self.role, self.control, self.stepper.per_process_batch
             )
@@ -232,63 +269,33 @@ class Trainer:
     # -- build and restore -------------------------------------------------------------------
 
     def build(self) -> None:
-        """Strategy, model, optimizer and step variable; the latest checkpoint restored."""
+        """Strategy, model, optimizer and step variable; the latest checkpoint restored (or
+        the fine-tuning source loaded); the step function."""
         import tensorflow as tf
+
+        from sparktf import models
 
         plan = self.plan
         if plan.scaling.threads_per_worker:
             # Only intra-op: distributed runtimes need several inter-op threads (a
             # parameter-server step with one inter-op thread deadlocks).
             tf.config.threading.set_intra_op_parallelism_threads(plan.scaling.threads_per_worker)
-        coordinator = None
-        if self.role.strategy == "ps":
-            resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-            strategy = tf.distribute.ParameterServerStrategy(resolver)
-            coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-        else:
-            # A collective that waits longer than the stall timeout (a peer stuck or gone)
-            # fails the step instead of hanging the process.
-            options = tf.distribute.experimental.CommunicationOptions(
-                timeout_seconds=plan.run.stall_timeout_s
-            )
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        strategy, coordinator = self._strategy(tf)
         with strategy.scope():
-            self.model = self.task.build_model()
-            optimizer = self.task.make_optimizer(plan.steps_per_epoch, self.model)
+            with models.precision_policy(self.task.config["precision"]):
+                self.model = self.task.build_model()  # export/eval models: float32
+            # before the optimizer: it builds slots for the trainable variables only
+            warmstart.apply_trainable_scopes(self.model, plan.train.trainable_scopes)
+            self.optimizer = self.task.make_optimizer(plan.steps_per_epoch, self.model)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        optimizers = optimizer if isinstance(optimizer, dict) else {"": optimizer}
-        checkpoint = tf.train.Checkpoint(
-            model=self.model,
-            global_step=self.global_step,
-            **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
-        )
-        restored = self.model_dir.attach(checkpoint, keep=plan.run.keep_checkpoints)
-        self.start_step = int(self.global_step.numpy())
-        if restored:
-            self.saved_step, self.checkpoint = self.start_step, restored
-        common = dict(global_batch=plan.global_batch)
+        self._restore(tf)
+        common = dict(global_batch=plan.global_batch, seed=plan.train.seed)
+        parts = (self.task, self.model, self.optimizer, self.global_step)
         if coordinator is not None:
-            self.stepper = ParameterServerStep(
-                tf,
-                strategy,
-                coordinator,
-                self.task,
-                self.model,
-                optimizer,
-                self.global_step,
-                **common,
-            )
+            self.stepper = ParameterServerStep(tf, strategy, coordinator, *parts, **common)
         else:
-            self.stepper = AllReduceStep(
-                tf,
-                strategy,
-                self.task,
-                self.model,
-                optimizer,
-                self.global_step,
-                num_workers=self.role.num_workers,
-                **common,
-            )
+            workers = self.role.num_workers
+            self.stepper = AllReduceStep(tf, strategy, *parts, num_workers=workers, **common)
         log.info(
             "%s: %s, global batch %d, steps %d -> %d",
             self.role.name,
@@ -297,6 +304,41 @@ class Trainer:
             self.start_step,
             plan.target_steps,
         )
+
+    def _strategy(self, tf):
+        """The strategy from TF_CONFIG, and the chief's coordinator under ps."""
+        if self.role.strategy == "ps":
+            resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            strategy = tf.distribute.ParameterServerStrategy(resolver)
+            return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+        # A collective that waits longer than the stall timeout (a peer stuck or gone) fails
+        # the step instead of hanging the process.
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=self.plan.run.stall_timeout_s
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), None
+
+    def _restore(self, tf) -> None:
+        """The model directory's latest checkpoint, else the fine-tuning source, if any."""
+        train = self.plan.train
+        optimizers = self.optimizer if isinstance(self.optimizer, dict) else {"": self.optimizer}
+        checkpoint = tf.train.Checkpoint(
+            model=self.model,
+            global_step=self.global_step,
+            **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
+        )
+        restored = self.model_dir.attach(checkpoint, keep=self.plan.run.keep_checkpoints)
+        if train.checkpoint_path and restored:
+            log.info(
+                "resuming from %s: --checkpoint-path %s is ignored", restored, train.checkpoint_path
+            )
+        elif train.checkpoint_path:  # every all-reduce worker: variables are not re-synced
+            warmstart.warm_start(
+                self.model, train.checkpoint_path, exclude_scopes=train.checkpoint_exclude_scopes
+            )
+        self.start_step = int(self.global_step.numpy())
+        if restored:
+            self.saved_step, self.checkpoint = self.start_step, restored
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -329,6 +371,10 @@ class Trainer:
                     self.snapshot(step)
                 if at_checkpoint:
                     self.save(step)
+            if self.evaluator and step % self.plan.eval_every_steps == 0:
+                if step < self.plan.target_steps:  # the last one comes with the export
+                    self.stepper.join()
+                    self.evaluate(step, self.export_weights())
         return "target steps reached"
 
     def report(self, step: int) -> None:
@@ -353,7 +399,9 @@ class Trainer:
         )
 
     def progress(self, step: int, rate: float) -> dict[str, Any]:
+        evaluated = {"eval": self.eval_history[-1]} if self.eval_history else {}
         return {
+            **evaluated,
             "step": step,
             "target": self.plan.target_steps,
             "epoch": step / self.plan.steps_per_epoch,
@@ -389,17 +437,52 @@ class Trainer:
             self.events.images(step, "samples", self._sampler.to_uint8(images))
         return weights
 
-    def export(self, weights: list[np.ndarray], step: int) -> str:
-        """Publishes ``export/<step>`` from a model built outside the strategy."""
+    def export_weights(self) -> list[np.ndarray]:
+        """The weights evaluated and exported: with ``moving_average_decay`` the trainable
+        ones are their moving averages."""
+        from sparktf import models
 
+        return models.weights_for_export(self.task, self.model, self.optimizer)
+
+    def _writer(self, weights: list[np.ndarray]):
         def write(local_dir: str) -> None:
             clean = self.task.build_model()  # outside the strategy: plain variables
             clean.set_weights(weights)
             self.task.export(clean, local_dir)
 
-        path = self.model_dir.export(write, step)
+        return write
+
+    def export(self, weights: list[np.ndarray], step: int) -> str:
+        """Publishes ``export/<step>`` from a model built outside the strategy."""
+        path = self.model_dir.export(self._writer(weights), step)
         log.info("exported %s", path)
         return path
+
+    def evaluate(self, step: int, weights: list[np.ndarray]) -> dict[str, float]:
+        """The chief's evaluation at ``step``: logged, TensorBoard ``events/eval``, sent to
+        the driver with the next progress; ``export_best/<step>`` when its metric improved."""
+        metrics = self.evaluator(weights)
+        self.eval_metrics = metrics
+        self.eval_history.append({"step": step, **metrics})
+        self.eval_events.scalars(step, metrics)
+        self.control.send("eval", self.eval_history[-1])  # the driver logs every one
+        log.info(
+            "evaluation at step %d on the %s split: %s",
+            step,
+            self.plan.eval_data.split,
+            ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()),
+        )
+        name = self.plan.run.export_best
+        if name and self.plan.run.export:
+            from sparktf.train.plan import EVAL_METRICS
+
+            higher = EVAL_METRICS[self.task.kind][name]
+            value = metrics[name]
+            if self.best is None or (value > self.best[0] if higher else value < self.best[0]):
+                self.best = (value, step)
+                self.best_export = self.model_dir.export_best(self._writer(weights), step)
+                log.info("best %s so far (%.4g): exported %s", name, value, self.best_export)
+        return metrics
 
     def finish(self, source: inputs.Source, end_reason: str) -> dict[str, Any]:
         """Final checkpoint, snapshot and export; the process's result."""
@@ -412,7 +495,10 @@ class Trainer:
         log.info("%s: training ended at step %d (%s)", self.role.name, final_step, end_reason)
         if final_step != self.saved_step:
             self.save(final_step)
-        weights = self.snapshot(final_step)
+        self.snapshot(final_step)
+        weights = self.export_weights()
+        if self.evaluator is not None:
+            self.evaluate(final_step, weights)
         export_path = None
         if self.role.is_chief and self.plan.run.export:
             export_path = self.export(weights, final_step)
@@ -420,6 +506,8 @@ class Trainer:
         if self.role.is_chief:
             self.events.scalars(final_step, {**self.metrics, "examples_per_sec": rate})
             self.events.close()
+            if self.eval_events is not None:
+                self.eval_events.close()
             self.model_dir.finish(
                 {
                     "model": self.task.name,
@@ -429,6 +517,8 @@ class Trainer:
                     "export": export_path,
                     "checkpoint": self.checkpoint,
                     "signatures": self.task.signature_info(),
+                    "eval": self.eval_history,
+                    "best_export": self.best_export,
                 }
             )
         return {
@@ -445,4 +535,7 @@ class Trainer:
             "dropped_rows": source.dropped_rows,
             "gpus": [d.name for d in tf.config.list_logical_devices("GPU")],
             "progress": self.progress(final_step, rate),
+            "eval_metrics": self.eval_metrics,
+            "eval_history": self.eval_history,
+            "best_export": self.best_export,
         }
