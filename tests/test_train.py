@@ -494,6 +494,23 @@ def _node_pids() -> list[int]:
     return [int(line.split()[0]) for line in node_processes()]
 
 
+def _signal_a_worker_mid_run(spark, mnist, model_dir, sig, **fit_options):
+    """Starts a run in a thread; once it has a checkpoint, sends ``sig`` to a non-chief
+    worker (``/proc/PID/comm`` carries the role: tf-worker:0). Returns the run's join
+    function, the worker's pid and the step of the latest checkpoint at that moment."""
+    from sparktf.train import artifacts
+
+    join = _run_in_thread(lambda: _fit(spark, mnist / "data", model_dir, **fit_options))
+    first = fit_options["checkpoint_every_steps"]
+    _wait_for(
+        lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= first, 240, "a checkpoint"
+    )
+    at_signal = artifacts.latest_checkpoint_step(str(model_dir))
+    victim = next(p for p in _node_pids() if "worker" in Path(f"/proc/{p}/comm").read_text())
+    os.kill(victim, sig)
+    return join, victim, at_signal
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, mnist, tmp_path):
@@ -503,25 +520,17 @@ def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, 
 
     from sparktf.train import TrainingError
 
-    model_dir = tmp_path / "model"
-    join = _run_in_thread(
-        lambda: _fit(
-            spark,
-            mnist / "data",
-            model_dir,
-            strategy="allreduce",
-            input_mode="files",
-            steps=100000,
-            checkpoint_every_steps=5,
-            failure_timeout_s=30.0,
-        )
+    join, victim, _ = _signal_a_worker_mid_run(
+        spark,
+        mnist,
+        tmp_path / "model",
+        signal.SIGSTOP,
+        strategy="allreduce",
+        input_mode="files",
+        steps=100000,
+        checkpoint_every_steps=5,
+        failure_timeout_s=30.0,
     )
-    from sparktf.train import artifacts
-
-    _wait_for(lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= 5, 240, "a checkpoint")
-    # A non-chief worker: /proc/PID/comm carries the role (tf-worker:0).
-    victim = next(p for p in _node_pids() if "worker" in Path(f"/proc/{p}/comm").read_text())
-    os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
         with pytest.raises(TrainingError) as failure:
@@ -544,38 +553,36 @@ def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, 
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "input_mode", "steps"), [("allreduce", "files", 400), ("ps", "spark", 120)]
+)
 def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
-    spark, mnist, tmp_path
+    spark, mnist, tmp_path, strategy, input_mode, steps
 ):
+    """Both strategies and input modes: the worker dies; a new TF cluster (and, under ps, a
+    new coordinator, parameter server and feed) resumes from the latest checkpoint."""
     import signal
 
-    from sparktf.train import artifacts
-
     model_dir = tmp_path / "model"
-    join = _run_in_thread(
-        lambda: _fit(
-            spark,
-            mnist / "data",
-            model_dir,
-            strategy="allreduce",
-            input_mode="files",
-            steps=400,
-            checkpoint_every_steps=10,
-            max_restarts=1,
-        )
+    join, victim, at_kill = _signal_a_worker_mid_run(
+        spark,
+        mnist,
+        model_dir,
+        signal.SIGKILL,
+        strategy=strategy,
+        input_mode=input_mode,
+        steps=steps,
+        checkpoint_every_steps=10,
+        max_restarts=1,
     )
-    _wait_for(lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= 10, 240, "a checkpoint")
-    at_kill = artifacts.latest_checkpoint_step(str(model_dir))
-    victim = next(p for p in _node_pids() if "worker" in Path(f"/proc/{p}/comm").read_text())
-    os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
     result = join()
     print(
-        f"recovered and finished {time.monotonic() - killed:.1f} s after kill -9; "
-        f"checkpoint at the kill: step {at_kill}; restarts: {result.restarts}"
+        f"{strategy}/{input_mode}: recovered and finished {time.monotonic() - killed:.1f} s "
+        f"after kill -9; checkpoint at the kill: step {at_kill}; restarts: {result.restarts}"
     )
-    assert result.final_step == 400
-    assert result.export_path == storage.join(str(model_dir), "export", "400")
+    assert result.final_step == steps and result.strategy == strategy
+    assert result.export_path == storage.join(str(model_dir), "export", str(steps))
     assert len(result.restarts) == 1
     restart = result.restarts[0]
     # The cause names the killed process: reported by its Spark task (killed by SIGKILL) or
@@ -583,42 +590,6 @@ def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
     assert f"pid {victim}" in restart["cause"] and "worker:0" in restart["cause"]
     # Work lost: at most one checkpoint interval after the checkpoint seen at the kill.
     assert restart["resumed_from_step"] >= at_kill
-    assert_nothing_left()
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_kill_9_under_ps_with_the_spark_feed_restarts_and_reaches_the_target(
-    spark, mnist, tmp_path
-):
-    """The other strategy and input mode: the ps worker dies; a new cluster (coordinator,
-    worker, parameter server, feed) resumes from the checkpoint."""
-    import signal
-
-    from sparktf.train import artifacts
-
-    model_dir = tmp_path / "model"
-    join = _run_in_thread(
-        lambda: _fit(
-            spark,
-            mnist / "data",
-            model_dir,
-            strategy="ps",
-            input_mode="spark",
-            steps=120,
-            checkpoint_every_steps=10,
-            max_restarts=1,
-        )
-    )
-    _wait_for(lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= 10, 240, "a checkpoint")
-    at_kill = artifacts.latest_checkpoint_step(str(model_dir))
-    victim = next(p for p in _node_pids() if "worker" in Path(f"/proc/{p}/comm").read_text())
-    os.kill(victim, signal.SIGKILL)
-    result = join()
-    print(f"ps/spark restarts: {result.restarts}")
-    assert result.final_step == 120 and result.strategy == "ps"
-    assert len(result.restarts) == 1 and f"pid {victim}" in result.restarts[0]["cause"]
-    assert result.restarts[0]["resumed_from_step"] >= at_kill
     assert_nothing_left()
 
 
