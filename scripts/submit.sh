@@ -4,7 +4,8 @@
 #
 #   scripts/submit.sh [--profile local|standalone|yarn|k8s|FILE] [SPARK-SUBMIT-OPTIONS] JOB [ARGS]
 #
-# SPARKTF_PROFILE sets the default profile (local: local-cluster[2,1,1024] on this machine).
+# SPARKTF_PROFILE sets the default profile (local: local-cluster[2,1,1024] on this machine;
+# a training job gets local-cluster[N,1,1024] with N its TensorFlow processes).
 # Any spark-submit option before JOB (--master, --conf k=v, --num-executors ...) overrides the
 # profile. Returns the job's exit code.
 set -euo pipefail
@@ -30,6 +31,25 @@ extra=()
 if [ "$PROFILE" = "local" ]; then
   export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
   extra+=(--conf "spark.executorEnv.PYTHONPATH=$ROOT")
+  # A training job gets one local executor per TensorFlow process (chief + workers + ps),
+  # unless --master is given: the profile's local-cluster[2,...] fits only two.
+  job=""; job_args=(); has_master=0
+  for ((i = 1; i <= $#; i++)); do
+    arg="${!i}"
+    if [ -z "$job" ]; then
+      [ "$arg" = "--master" ] && has_master=1
+      case "$arg" in *.py) job="$arg" ;; esac
+    else
+      job_args+=("$arg")
+    fi
+  done
+  name="$(basename "$job" .py)"
+  if [ "$has_master" = 0 ] && [[ "$name" == train* ]]; then
+    n="$(cd "$ROOT" && "$PY" -c 'import sys; from sparktf.jobs.train import executors_needed
+print(executors_needed(sys.argv[1], sys.argv[2:]) or "")' "$name" "${job_args[@]}" 2>/dev/null \
+        | tail -n 1)" || n=""
+    [[ "$n" =~ ^[0-9]+$ ]] && extra+=(--master "local-cluster[$n,1,1024]")
+  fi
 else
   # Ship the library to remote executors (their python must have the pinned stack).
   mkdir -p "$ROOT/.local"

@@ -451,6 +451,24 @@ def main(
     return 0
 
 
+def executors_needed(section: str, argv: Sequence[str]) -> int | None:
+    """Spark executors the run that ``argv`` describes needs (one per TensorFlow process),
+    from the flags and ``conf/jobs/<section>.json``; None when they do not parse (the job
+    itself then says why). ``scripts/submit.sh`` sizes a ``local-cluster`` master with it:
+    under spark-submit the master is fixed before the job starts."""
+    try:
+        args = cli.parse(parser("", section, None), argv)
+        scaling = ScalingConfig(
+            strategy=args.strategy,
+            num_workers=args.num_workers,
+            num_ps=args.num_ps,
+            ps_on_driver=args.ps_on_driver,
+        )
+    except (cli.UsageError, ConfigError, SystemExit):
+        return None
+    return scaling.num_executors
+
+
 def run_job(**kwargs) -> None:
     cli.run(lambda: main(sys.argv[1:], **kwargs))
 
