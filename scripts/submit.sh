@@ -12,7 +12,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PROFILE="${SPARKTF_PROFILE:-local}"
 if [ "${1:-}" = "--profile" ]; then PROFILE="$2"; shift 2; fi
-case "${1:-}" in -h|--help|"") sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ]; exit $? ;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ]; exit $? ;; esac
 
 PY="${SPARKTF_PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || { echo "submit.sh: $PY not found; run scripts/setup.sh first" >&2; exit 1; }
