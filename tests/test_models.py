@@ -870,24 +870,28 @@ _MIRRORED_SCRIPT = (
             np.testing.assert_allclose(served["scores"].numpy(), expected, rtol=1e-4, atol=1e-6)
         print(name, {k: round(float(v), 4) for k, v in metrics.items()})
 
-    # Moving averages and fp16 loss scaling inside strategy.run (replicas in sync).
-    task = models.get_task("mnist_mlp", hidden_units=8, optimizer={"name": "sgd"},
-                           learning_rate=0.1, moving_average_decay=0.5, precision="fp16")
-    with strategy.scope():
-        with models.precision_policy("fp16"):
-            model = task.build_model()
-        optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
+    # Moving averages inside strategy.run (replicas in sync), then fp16 loss scaling.
+    def build(**extra):
+        task = models.get_task("mnist_mlp", hidden_units=8, optimizer={"name": "sgd"},
+                               learning_rate=0.1, moving_average_decay=0.5, **extra)
+        with strategy.scope():
+            with models.precision_policy(task.config["precision"]):
+                model = task.build_model()
+            optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
 
-    @tf.function
-    def ema_step(b):
-        per_replica = strategy.run(task.train_step, args=(model, optimizer, b, 4))
-        return models.reduce_metrics(strategy, per_replica)
+        @tf.function
+        def step(b):
+            per_replica = strategy.run(task.train_step, args=(model, optimizer, b, 4))
+            return models.reduce_metrics(strategy, per_replica)
 
-    def run_step(seed):
-        batch = task.example_batch(4, seed=seed)
-        for b in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch)):
-            return ema_step(b)
+        def run_step(seed):
+            batch = task.example_batch(4, seed=seed)
+            for b in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch)):
+                return step(b)
 
+        return task, model, optimizer, run_step
+
+    task, model, optimizer, run_step = build()
     history = []
     for seed in range(3):
         assert np.isfinite(float(run_step(seed)["loss"]))
@@ -895,6 +899,9 @@ _MIRRORED_SCRIPT = (
     check_averages(task, model, optimizer, history, 0.5)
     replicas = model.trainable_weights[0].value.values
     np.testing.assert_array_equal(replicas[0].numpy(), replicas[1].numpy())
+    task, model, optimizer, run_step = build(precision="fp16")
+    for seed in range(3):  # an overflowing first step is skipped: the loss stays finite
+        assert np.isfinite(float(run_step(seed)["loss"]))
     # An overflowing loss scale: the step is skipped on every replica and the scale halves.
     optimizer.dynamic_scale.assign(2.0**40)
     before = model.get_weights()
