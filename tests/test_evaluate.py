@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +23,8 @@ import pytest
 from sparktf import cli, inference, metrics, storage
 from sparktf.datasets.synthetic import write_mnist, write_ptb
 from sparktf.jobs import evaluate as job
+from tests import helpers
+from tests.helpers import call, export, light_profile, remove_local_copy
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -33,33 +33,6 @@ PTB_SEQ_LEN = 6
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def export(name: str, export_dir: Path, seed: int, train=None, **overrides) -> str:
-    """Exports a fresh ``name`` model; ``train=(images, labels)`` fits it for 3 epochs."""
-    import keras
-
-    from sparktf import models
-
-    keras.utils.set_random_seed(seed)
-    task = models.get_task(name, **overrides)
-    model = task.build_model()
-    if train is not None:
-        model.compile(
-            optimizer=keras.optimizers.Adam(0.01),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-        model.fit(*train, epochs=3, batch_size=20, verbose=0)
-    task.export(model, str(export_dir))
-    return str(export_dir)
-
-
-def call(model_dir: str, signature: str, **inputs) -> dict[str, np.ndarray]:
-    import tensorflow as tf
-
-    loaded = tf.saved_model.load(model_dir)
-    out = loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
-    return {k: v.numpy() for k, v in out.items()}
 
 
 def expected_classifier_metrics(scores: np.ndarray, labels: np.ndarray) -> dict:
@@ -126,36 +99,8 @@ def assert_png(data: bytes) -> tuple[int, int]:
     return pixels.shape[:2]
 
 
-def light_profile(directory: Path) -> str:
-    """conf/spark/local.conf with a ``local[2]`` master: the job's own Spark starts no
-    executor JVMs (the test session's local-cluster covers those)."""
-    text = (REPO / "conf" / "spark" / "local.conf").read_text()
-    lines = [line for line in text.splitlines() if not line.startswith("spark.master")]
-    path = directory / "light.conf"
-    path.write_text("\n".join(["spark.master local[2]", *lines]) + "\n")
-    return str(path)
-
-
-def run_job(*args: str, hdfs=None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARKTF_LOG_LEVEL": "INFO"}
-    if hdfs is not None:
-        env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
-    return subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "evaluate.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout,
-    )
-
-
-def remove_local_copy(fingerprint: str) -> None:
-    """Deletes the executors' local copy of an HDFS model (and its lock file)."""
-    copy = os.path.join(inference.model_cache_dir(), fingerprint[:32])
-    shutil.rmtree(copy, ignore_errors=True)
-    if os.path.exists(copy + ".lock"):
-        os.remove(copy + ".lock")
+def run_job(*args: str, hdfs=None, timeout: float = 300):
+    return helpers.run_job("evaluate.py", *args, hdfs=hdfs, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------- fixtures

@@ -126,7 +126,7 @@ def test_tensorflowonspark_allreduce_smoke_through_submit(spark, tmp_path):
 @pytest.mark.slow
 def test_readme_ps_example_gets_one_executor_per_tensorflow_process(tmp_path):
     """The README's ps example through scripts/submit.sh on the local profile: chief + 2
-    workers + 1 ps need 4 executors, not the profile's 2 (submit.sh sizes local-cluster)."""
+    workers need 3 executors (its config keeps the ps on the driver), not the profile's 2."""
     import json
 
     command = (
@@ -153,5 +153,5 @@ def test_readme_ps_example_gets_one_executor_per_tensorflow_process(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(result_file.read_text())
-    # (with two executors the job fails: "the run needs 4 Spark executors; only 2 registered")
+    # (with two executors the job fails: "the run needs 3 Spark executors; only 2 registered")
     assert (result["final_step"], result["strategy"], result["input_mode"]) == (4, "ps", "spark")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
 import subprocess
 import sys
 import uuid
@@ -25,6 +24,8 @@ import pytest
 import sparktf
 from sparktf import inference, storage
 from sparktf.inference import ModelNotFoundError, PredictInputError
+from tests import helpers
+from tests.helpers import call, export, light_profile, remove_local_copy
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (28, 28, 1)
@@ -46,25 +47,6 @@ def npz(array: np.ndarray) -> bytes:
 
 def file_uri(path) -> str:
     return "file://" + os.path.abspath(path)
-
-
-def export(name: str, export_dir: Path, seed: int, **overrides) -> str:
-    import keras
-
-    from sparktf import models
-
-    keras.utils.set_random_seed(seed)
-    task = models.get_task(name, **overrides)
-    task.export(task.build_model(), str(export_dir))
-    return str(export_dir)
-
-
-def call(model_dir: str, signature: str, **inputs) -> dict[str, np.ndarray]:
-    import tensorflow as tf
-
-    loaded = tf.saved_model.load(model_dir)
-    out = loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
-    return {k: v.numpy() for k, v in out.items()}
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +90,6 @@ def assert_matches(rows, mlp, prediction="prediction", probabilities="probabilit
     np.testing.assert_allclose(
         np.array([r[probabilities] for r in rows]), mlp["scores"], rtol=1e-5, atol=1e-6
     )
-
-
-def remove_local_copy(fingerprint: str) -> None:
-    """Deletes the executors' local copy of an HDFS model (and its lock file)."""
-    copy = os.path.join(inference.model_cache_dir(), fingerprint[:32])
-    shutil.rmtree(copy, ignore_errors=True)
-    if os.path.exists(copy + ".lock"):
-        os.remove(copy + ".lock")
 
 
 def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dict]:
@@ -514,28 +488,8 @@ def test_dcgan_generates_images_from_seeds_and_z(spark, tmp_path):
 # ----------------------------------------------------------------------------- the job
 
 
-def light_profile(directory: Path) -> str:
-    """conf/spark/local.conf with a ``local[2]`` master: the job's own Spark starts no
-    executor JVMs (the test session's local-cluster covers those)."""
-    text = (REPO / "conf" / "spark" / "local.conf").read_text()
-    lines = [line for line in text.splitlines() if not line.startswith("spark.master")]
-    path = directory / "light.conf"
-    path.write_text("\n".join(["spark.master local[2]", *lines]) + "\n")
-    return str(path)
-
-
-def run_job(*args: str, hdfs=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARKTF_LOG_LEVEL": "INFO"}
-    if hdfs is not None:
-        env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
-    return subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "predict.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+def run_job(*args: str, hdfs=None):
+    return helpers.run_job("predict.py", *args, hdfs=hdfs)
 
 
 def test_job_help():

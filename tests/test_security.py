@@ -30,14 +30,9 @@ from tensorflowonspark import reservation as tfos_reservation
 from sparktf.datasets.synthetic import write_mnist
 from sparktf.train import reservation
 from sparktf.train.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
+from tests.conftest import free_port
 
 LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def external_address() -> str:

@@ -342,6 +342,17 @@ def parser(description: str, section: str, default_model: str | None):
     return p
 
 
+def scaling_config(args) -> ScalingConfig:
+    return ScalingConfig(
+        strategy=args.strategy,
+        num_workers=args.num_workers,
+        num_ps=args.num_ps,
+        ps_on_driver=args.ps_on_driver,
+        gpus_per_worker=args.gpus_per_worker,
+        threads_per_worker=args.threads_per_worker,
+    )
+
+
 def configs(args):
     if not args.model:
         raise cli.UsageError("--model is required")
@@ -371,14 +382,7 @@ def configs(args):
         eval_split=args.eval_split,
         **tuning["train"],
     )
-    scaling = ScalingConfig(
-        strategy=args.strategy,
-        num_workers=args.num_workers,
-        num_ps=args.num_ps,
-        ps_on_driver=args.ps_on_driver,
-        gpus_per_worker=args.gpus_per_worker,
-        threads_per_worker=args.threads_per_worker,
-    )
+    scaling = scaling_config(args)
     run = RunConfig(
         model_dir=args.model_dir,
         checkpoint_every_steps=args.checkpoint_every,
@@ -457,16 +461,9 @@ def executors_needed(section: str, argv: Sequence[str]) -> int | None:
     itself then says why). ``scripts/submit.sh`` sizes a ``local-cluster`` master with it:
     under spark-submit the master is fixed before the job starts."""
     try:
-        args = cli.parse(parser("", section, None), argv)
-        scaling = ScalingConfig(
-            strategy=args.strategy,
-            num_workers=args.num_workers,
-            num_ps=args.num_ps,
-            ps_on_driver=args.ps_on_driver,
-        )
+        return scaling_config(cli.parse(parser("", section, None), argv)).num_executors
     except (cli.UsageError, ConfigError, SystemExit):
         return None
-    return scaling.num_executors
 
 
 def run_job(**kwargs) -> None:

@@ -56,9 +56,11 @@ class DataInfo:
         return int(self.fields[0].shape[0])
 
 
-def describe_data(data: str, split: str, features: tuple[str, ...]) -> DataInfo:
+def describe_data(
+    data: str, split: str, features: tuple[str, ...], manifest: dict | None = None
+) -> DataInfo:
     """Reads the dataset's manifest: rows of ``split``, the ``features`` columns, its files."""
-    manifest = formats.load_manifest(data)
+    manifest = manifest or formats.load_manifest(data)
     if split not in manifest["splits"]:
         raise ConfigError(
             f"dataset {data} has no split {split!r} (it has {', '.join(manifest['splits'])})"
@@ -134,7 +136,8 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
             f"{train.model} trains on its built-in data, not on a converted "
             "dataset: it has no distributed training job"
         )
-    data = describe_data(train.data, train.split, task.features)
+    manifest = formats.load_manifest(train.data)  # read once: train and eval splits
+    data = describe_data(train.data, train.split, task.features, manifest)
     if task.kind == "language_model":
         vocab = (data.text or {}).get("vocab_size")
         if "vocab_size" not in overrides and vocab:
@@ -166,7 +169,7 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
         target_steps=target,
         feed_passes=math.ceil(train.epochs) if train.epochs and not train.steps else None,
         log_level=logging.getLevelName(logging.getLogger().level or logging.INFO),
-        eval_data=_eval_data(train, run, task),
+        eval_data=_eval_data(train, run, task, manifest),
     )
 
 
@@ -178,10 +181,10 @@ EVAL_METRICS = {
 }
 
 
-def _eval_data(train: TrainConfig, run: RunConfig, task) -> DataInfo | None:
+def _eval_data(train: TrainConfig, run: RunConfig, task, manifest: dict) -> DataInfo | None:
     """The evaluation split's description: ``eval_split``, or for ``auto`` the dataset's
     ``valid`` split, else its ``test`` split (never the training split)."""
-    splits = formats.load_manifest(train.data)["splits"]
+    splits = manifest["splits"]
     if train.eval_split == "none":
         split = None
     elif train.eval_split == "auto":
@@ -202,7 +205,7 @@ def _eval_data(train: TrainConfig, run: RunConfig, task) -> DataInfo | None:
                 f"--export-best {run.export_best!r}: {train.model} is evaluated on "
                 f"{', '.join(metrics)}"
             )
-    return describe_data(train.data, split, task.features) if split else None
+    return describe_data(train.data, split, task.features, manifest) if split else None
 
 
 def _check_layout(

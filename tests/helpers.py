@@ -1,0 +1,78 @@
+"""Helpers the inference and evaluation tests share: SavedModel exports made here, calling
+their signatures directly (the independent reference), running a job as a subprocess, and
+dropping the executors' cached copy of a model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def export(name: str, export_dir: Path, seed: int, train=None, **overrides) -> str:
+    """Exports a fresh ``name`` model; ``train=(images, labels)`` fits it for 3 epochs."""
+    import keras
+
+    from sparktf import models
+
+    keras.utils.set_random_seed(seed)
+    task = models.get_task(name, **overrides)
+    model = task.build_model()
+    if train is not None:
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        model.fit(*train, epochs=3, batch_size=20, verbose=0)
+    task.export(model, str(export_dir))
+    return str(export_dir)
+
+
+def call(model_dir: str, signature: str, **inputs) -> dict[str, np.ndarray]:
+    """A SavedModel signature called directly on numpy inputs."""
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(model_dir)
+    out = loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def run_job(script: str, *args: str, hdfs=None, timeout: float = 300):
+    """``jobs/SCRIPT`` as a user runs it (its own Spark application)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARKTF_LOG_LEVEL": "INFO"}
+    if hdfs is not None:
+        env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
+    return subprocess.run(
+        [sys.executable, str(REPO / "jobs" / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def remove_local_copy(fingerprint: str) -> None:
+    """Deletes the executors' local copy of an HDFS model (and its lock file)."""
+    from sparktf import inference
+
+    copy = os.path.join(inference.model_cache_dir(), fingerprint[:32])
+    shutil.rmtree(copy, ignore_errors=True)
+    if os.path.exists(copy + ".lock"):
+        os.remove(copy + ".lock")
+
+
+def light_profile(directory: Path) -> str:
+    """conf/spark/local.conf with a ``local[2]`` master: the job's own Spark starts no
+    executor JVMs (the test session's local-cluster covers those)."""
+    text = (REPO / "conf" / "spark" / "local.conf").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("spark.master")]
+    path = directory / "light.conf"
+    path.write_text("\n".join(["spark.master local[2]", *lines]) + "\n")
+    return str(path)
