@@ -1,10 +1,34 @@
-"""What the benchmarks share: a throwaway HDFS, a process-tree memory sampler, results files."""
+"""What the benchmarks share: the measuring contract, a throwaway HDFS, a process-tree
+memory sampler, results files.
+
+The contract every ``bench/*.py`` follows (issue 13, item 1):
+
+* **Same window.** The baseline and sparktf are timed over the same window: the whole job,
+  from submitting it (or starting it) to its last row. Start-up that only one side has --
+  the Spark session, the TensorFlow cluster, a model load -- is timed apart and reported
+  under ``"startup_s"``, never inside a rate.
+* **Same rounds.** Every measurement runs ``--rounds`` times (default 3), round robin so
+  that load drifts hit all alike; every round is kept in the JSON (``"rounds"``) and the
+  median counts (``"median"``). :class:`Rounds` does this.
+* **Best plain baseline.** The baseline is the way a user who knows the tools would write
+  it (see each script's docstring).
+* **Peak memory.** :class:`PeakMemory` samples the whole process tree.
+* **Goals.** The JSON has a top-level ``"goals"`` object, ``{name: {"value": x, "goal": y,
+  "op": ">=" | "<=", "met": bool}}``, with the goals issue 13 sets for that script
+  (:func:`goal`); :func:`write_results` refuses a result without one.
+
+``bench/goals.py`` collects the goals of the latest results into one table;
+``bench/all.sh`` runs every script and prints it.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,6 +44,16 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))  # sparktf from the checkout, installed or not
+
+
+def _exit_on_term(signum, frame):  # pragma: no cover - a signal
+    raise SystemExit(128 + signum)
+
+
+# SIGTERM (bench/all.sh's timeout) unwinds like Ctrl-C: every finally block runs, so the
+# Spark session and the throwaway HDFS are stopped.
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _exit_on_term)
 
 
 def free_port() -> int:
@@ -127,7 +161,86 @@ class PeakMemory:
         }
 
 
+DEFAULT_ROUNDS = 3
+CONTRACT = (
+    "baseline and sparktf timed over the same window (whole job, submit/start to last row; "
+    "start-up apart in startup_s); --rounds rounds each, round robin, median counts, all "
+    "rounds kept; peak memory of the process tree; goals from issue 13"
+)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+    return value
+
+
+def add_rounds(parser: argparse.ArgumentParser) -> None:
+    """The contract's ``--rounds`` option."""
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=DEFAULT_ROUNDS,
+        help="rounds of every measurement, round robin; the median counts "
+        f"(default {DEFAULT_ROUNDS})",
+    )
+
+
+class Rounds:
+    """Named measurements taken once per round; keeps them all and reports the medians."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+
+    def add(self, name: str, value: float) -> float:
+        self.values.setdefault(name, []).append(float(value))
+        return value
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.values[name])
+
+    def medians(self) -> dict[str, float]:
+        return {name: self.median(name) for name in self.values}
+
+    def report(self, digits: int = 1) -> dict:
+        return {
+            "median": {k: round(v, digits) for k, v in self.medians().items()},
+            "rounds": {k: [round(x, digits) for x in v] for k, v in self.values.items()},
+        }
+
+
+def goal(value: float | None, target: float, op: str = ">=") -> dict:
+    """One entry of the ``"goals"`` object; ``value`` None (not measured) is not met."""
+    if op not in (">=", "<="):
+        raise ValueError(f"op must be '>=' or '<=', got {op!r}")
+    met = value is not None and (value >= target if op == ">=" else value <= target)
+    return {
+        "value": None if value is None else round(float(value), 3),
+        "goal": target,
+        "op": op,
+        "met": bool(met),
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
 def write_results(name: str, result: dict) -> Path:
+    """Writes ``bench/results/<name>-<time>.json`` (and prints it); the result must hold the
+    contract's ``"goals"`` object."""
+    goals = result.get("goals")
+    if not isinstance(goals, dict) or not goals:
+        raise ValueError(f"{name}: the result has no 'goals' object (see bench/common.py)")
+    for key, entry in goals.items():
+        if set(entry) < {"value", "goal", "met"}:
+            raise ValueError(f"{name}: goal {key!r} needs value, goal and met, got {entry}")
+    result.setdefault("benchmark", name)
+    result.setdefault("contract", CONTRACT)
+    result.setdefault("finished_at", datetime.now().strftime("%Y-%m-%d %H:%M:%S"))
+    head = {k: result[k] for k in ("benchmark", "goals") if k in result}
+    result = {**head, **{k: v for k, v in result.items() if k not in head}}
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
     text = json.dumps(result, indent=2)

@@ -1,26 +1,31 @@
 """Rows/s that the ``spark`` input mode delivers into the TensorFlow processes, against
 Spark's own pass over the same cached rows, in the same run.
 
-    .venv/bin/python bench/feed.py [--rows 20000] [--batch-size 256] [--rounds 2]
+    .venv/bin/python bench/feed.py [--rows 20000] [--batch-size 256] [--rounds 3]
 
 CIFAR-sized rows (``image``: numpy.save bytes of a 32x32x3 uint8 array, ``label``, ``id``)
-are cached in a local-cluster[2,1,1024] session. Per round:
+are cached in a local-cluster[2,1,1024] session. Per round, every rate over the same
+window, from submitting the job that moves the rows to the last row arriving (see the
+contract in bench/common.py):
 
 * ``spark_arrow_pass``: Spark's pass over the cached rows into Python as Arrow batches
-  (``mapInArrow``, touching every batch) -- the transport the feed itself uses;
+  (``mapInArrow``, touching every batch) -- the baseline, and the transport the feed uses;
 * ``spark_rdd_pass``: Spark's classic pass, one Python row object per row
-  (``df.rdd.map(...).sum()``) -- what docs/versions.md records at 43-55k rows/s;
+  (``df.rdd.map(...).sum()``);
 * ``sparktf_feed``: :mod:`sparktf.train.feed` into the two TensorFlow processes of an
   all-reduce layout, which decode every row into exact numpy batches of ``--batch-size`` and
-  drop them (no training); rows/s from the first batch read to the last (the steady state;
-  the rate from the start of the feed job, which includes the processes' start, is listed
-  too);
+  drop them (no training); from the feed job's submit to the last row read. Starting the
+  TensorFlow cluster (before the feed job) is reported apart under ``startup_s``; the
+  older first-to-last-batch rate is kept in the detail;
+* ``petastorm_converter`` (``--petastorm``): petastorm's ``make_spark_converter`` (the
+  DataFrame written to cached Parquet, then ``make_tf_dataset`` read in one process), from
+  the converter's creation to the last row;
 * ``tfos_datafeed`` (``--tfos``): TensorFlowOnSpark's own feed (``TFCluster.train`` +
   ``DataFeed.next_batch``) for scale, once, after the last round.
 
-The fastest round of each counts (the machine is shared). Ratios are to the Arrow pass (the
-strict baseline) and to the RDD pass. Peak memory of the whole process tree is sampled.
-Prints JSON and writes it to bench/results/.
+Goals (issue 13, item 4): sparktf_feed >= 0.7x the Arrow pass, and >= 1.0x petastorm's
+converter. Peak memory of the whole process tree is sampled. Prints JSON and writes it to
+bench/results/.
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
             fields=(Field("image", "uint8", SHAPE), Field("label", "int64")),
         ),
     )
+    submitted = time.time()
     with ClusterRun(spark, plan, feed_df=df, consume_only=True) as cluster:
         cluster.start()
         done = cluster.wait(all_nodes=True)
@@ -117,18 +123,43 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
     read = sum(d["rows"] for d in done.values())
     ended = max(d["ended"] for d in done.values())
     first = min(d["first_batch"] for d in done.values())
-    seconds = ended - first
+    seconds = ended - feed_started
     return {
         "rows_per_s": read / seconds,
         "rows_read": read,
         "rows_fed": cluster.fed_rows,
-        "seconds_first_to_last_batch": round(seconds, 2),
-        "seconds_from_feed_job_start": round(ended - feed_started, 2),
-        "rows_per_s_from_feed_job_start": read / (ended - feed_started),
+        "seconds_from_feed_job_submit": round(seconds, 2),
+        "cluster_startup_s": round(feed_started - submitted, 2),
+        "seconds_first_to_last_batch": round(ended - first, 2),
+        "rows_per_s_first_to_last_batch": read / (ended - first),
         "per_process": {
             k: {"rows": d["rows"], "waited_for_rows_s": round(d["wait_s"], 2)}
             for k, d in done.items()
         },
+    }
+
+
+def petastorm_converter(spark, df, batch_size: int, cache_dir: str) -> dict:
+    """petastorm's make_spark_converter: DataFrame -> cached Parquet -> tf.data, one process."""
+    from petastorm.spark import SparkDatasetConverter, make_spark_converter
+
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, "file://" + cache_dir)
+    started = time.perf_counter()
+    converter = make_spark_converter(df)
+    written = time.perf_counter()
+    try:
+        with converter.make_tf_dataset(
+            batch_size=batch_size, num_epochs=1, workers_count=2
+        ) as dataset:
+            rows = sum(int(batch.id.shape[0]) for batch in dataset)
+    finally:
+        converter.delete()
+    seconds = time.perf_counter() - started
+    return {
+        "rows_per_s": rows / seconds,
+        "rows_read": rows,
+        "seconds": round(seconds, 2),
+        "seconds_writing_parquet": round(written - started, 2),
     }
 
 
@@ -175,12 +206,18 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=20000)
     p.add_argument("--batch-size", type=int, default=256, help="rows per batch per process")
     p.add_argument("--partitions", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=2)
+    common.add_rounds(p)
     p.add_argument(
         "--tfos",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also measure TensorFlowOnSpark's own DataFeed",
+        help="also measure TensorFlowOnSpark's own DataFeed (once)",
+    )
+    p.add_argument(
+        "--petastorm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure petastorm's make_spark_converter",
     )
     args = p.parse_args(argv)
     cli.setup_logging("WARNING")
@@ -190,7 +227,8 @@ def main(argv=None) -> int:
 
     from sparktf.spark import get_session
 
-    spark = get_session(
+    seconds, spark = common.timed(
+        get_session,
         "sparktf-bench-feed",
         profile="local",
         overrides={
@@ -205,8 +243,12 @@ def main(argv=None) -> int:
         "batch_size": args.batch_size,
         "partitions": args.partitions,
         "machine": common.machine(),
-        "rounds": {},
+        "window": "job submit to last row, every variant",
+        "startup_s": {"spark_session": round(seconds, 2)},
     }
+    rates = common.Rounds()
+    startup = common.Rounds()
+    details: list = []
     try:
         with common.PeakMemory() as memory, tempfile.TemporaryDirectory() as tmp:
             df = (
@@ -216,50 +258,57 @@ def main(argv=None) -> int:
             )
             df.count()
             for r in range(args.rounds):
-                round_ = {}
-                round_["spark_arrow_pass"], _ = arrow_pass(df)
-                round_["spark_rdd_pass"], _ = rdd_pass(df)
+                rates.add("spark_arrow_pass", arrow_pass(df)[0])
+                rates.add("spark_rdd_pass", rdd_pass(df)[0])
                 feed = sparktf_feed(
                     spark, df, args.rows, args.batch_size, os.path.join(tmp, f"model-{r}")
                 )
-                round_["sparktf_feed"] = feed["rows_per_s"]
-                round_["sparktf_feed_detail"] = feed
+                rates.add("sparktf_feed", feed["rows_per_s"])
+                startup.add("tensorflow_cluster", feed["cluster_startup_s"])
+                details.append(feed)
+                if args.petastorm:
+                    try:
+                        conv = petastorm_converter(
+                            spark, df, args.batch_size, os.path.join(tmp, f"petastorm-{r}")
+                        )
+                        rates.add("petastorm_converter", conv["rows_per_s"])
+                        details[-1]["petastorm_converter"] = conv
+                    except Exception as exc:  # report, keep measuring the rest
+                        log.warning("petastorm converter failed: %s", exc)
+                        result["petastorm_converter_error"] = f"{type(exc).__name__}: {exc}"
+                        args.petastorm = False
                 if args.tfos and r == args.rounds - 1:
                     # Last: TFCluster.shutdown leaves a PySpark worker whose TFSparkNode.mgr
                     # points at a manager it shut down, and the next TensorFlowOnSpark
                     # cluster started in that worker fails.
                     out = os.path.join(tmp, "tfos")
                     os.makedirs(out)
-                    tfos = tfos_datafeed(spark, df, args.batch_size, out)
-                    result["tfos_datafeed"] = tfos
+                    result["tfos_datafeed"] = tfos_datafeed(spark, df, args.batch_size, out)
                 log.info(
                     "round %d: %s",
                     r,
-                    {k: round(v) for k, v in round_.items() if isinstance(v, float)},
+                    {k: round(v[-1]) for k, v in rates.values.items()},
                 )
-                result["rounds"][r] = round_
-        best = {
-            k: max(rd[k] for rd in result["rounds"].values())
-            for k in ("spark_arrow_pass", "spark_rdd_pass", "sparktf_feed")
-        }
+        result["rows_per_s"] = rates.report(0)
+        result["startup_s"]["tensorflow_cluster"] = round(startup.median("tensorflow_cluster"), 2)
+        result["startup_s"]["tensorflow_cluster_rounds"] = startup.values["tensorflow_cluster"]
+        result["sparktf_feed_detail"] = details
+        best = rates.medians()
         if "tfos_datafeed" in result:
             best["tfos_datafeed"] = result["tfos_datafeed"]["rows_per_s"]
-        result["rows_per_s"] = {k: round(v) for k, v in best.items()}
         result["ratios"] = {
-            "sparktf_feed_vs_spark_arrow_pass": round(
-                best["sparktf_feed"] / best["spark_arrow_pass"], 3
+            f"sparktf_feed_vs_{k}": round(best["sparktf_feed"] / v, 3)
+            for k, v in best.items()
+            if k != "sparktf_feed"
+        }
+        result["goals"] = {
+            "sparktf / Spark Arrow pass": common.goal(
+                common.ratio(best["sparktf_feed"], best["spark_arrow_pass"]), 0.7
             ),
-            "sparktf_feed_vs_spark_rdd_pass": round(
-                best["sparktf_feed"] / best["spark_rdd_pass"], 3
+            "sparktf / petastorm converter": common.goal(
+                common.ratio(best["sparktf_feed"], best.get("petastorm_converter")), 1.0
             ),
         }
-        if "tfos_datafeed" in best:
-            result["ratios"]["tfos_datafeed_vs_spark_rdd_pass"] = round(
-                best["tfos_datafeed"] / best["spark_rdd_pass"], 3
-            )
-            result["ratios"]["sparktf_feed_vs_tfos_datafeed"] = round(
-                best["sparktf_feed"] / best["tfos_datafeed"], 2
-            )
         result.update(memory.report())
     finally:
         spark.stop()

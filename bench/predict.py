@@ -1,30 +1,35 @@
 """Benchmark of batch inference: ``sparktf.predict`` against two baselines, same run.
 
-    .venv/bin/python bench/predict.py [--resnet-rows 4096] [--mlp-rows 32768] [--batch-size 128]
+    .venv/bin/python bench/predict.py [--resnet-rows 4096] [--mlp-rows 32768] [--rounds 3]
 
-For ResNet-20 (CIFAR, 32x32x3) and the MNIST MLP, both exported with random weights:
+For ResNet-20 (CIFAR, 32x32x3) and the MNIST MLP, both exported with random weights, over
+the same rows (a Parquet table of the images as ``np.save`` bytes, as converted datasets
+store them), every pass timed over the whole job, from start (or submit) to the last
+prediction (bench/common.py):
 
-* **single process**: the SavedModel's ``predict_images`` called in this one plain
-  TensorFlow process over a numpy array already in memory, ``batch-size`` rows per call;
-* **sparktf.predict**: over a Parquet table of the same images (``np.save`` bytes, as the
-  converted datasets store them), written with Spark's ``noop`` sink;
+* **single process**: one plain TensorFlow process using all cores (TensorFlow's default
+  threads): reads the table with pyarrow, decodes the image column vectorised (one numpy
+  view over the Arrow buffer), calls the SavedModel's ``predict_images`` ``--batch-size``
+  rows at a time; loading the model is start-up;
+* **sparktf.predict**: over the table, written with Spark's ``noop`` sink;
 * **predict_batch_udf**: ``pyspark.ml.functions.predict_batch_udf`` with the same model,
-  signature, batch size and TensorFlow threads, decoding the same column with ``np.load``.
+  signature, batch size and TensorFlow threads, decoding the same column vectorised
+  (the ``np.save`` bytes joined and viewed as one array, the header sliced off).
 
 Spark runs the ``local`` profile (``local-cluster[2,1,1024]``: two executors of one core),
 one fresh session per Spark variant, the models one after the other. Each (variant, model)
-runs once to warm up (TensorFlow import, model load in every worker), then ``--repeats``
-timed passes. Peak executor memory is sampled with psutil (PSS, so pages shared between
-forked Python workers count once) over each executor JVM and its Python processes; a later
-model's peak includes what the earlier one left in the workers. Prints JSON and writes it
-to ``bench/results/predict-<time>.json``.
+runs once to warm up (TensorFlow import, model load in every worker: reported as start-up),
+then ``--rounds`` timed passes; medians count. Goals (issue 13, item 6): MNIST MLP >= 0.5x
+and ResNet-20 >= 0.9x the single process; >= 1.2x ``predict_batch_udf`` for both. Peak
+executor memory is sampled with psutil (PSS, so pages shared between forked Python workers
+count once) over each executor JVM and its Python processes; a later model's peak includes
+what the earlier one left in the workers. Prints JSON and writes it to bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import logging
 import os
 import platform
@@ -37,7 +42,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
+import common  # noqa: E402
 import numpy as np  # noqa: E402
 
 log = logging.getLogger("bench.predict")
@@ -166,21 +173,48 @@ def write_table(images: np.ndarray, directory: Path, files: int) -> str:
 # ----------------------------------------------------------------------------- variants
 
 
-def single_process(model_dir: str, images: np.ndarray, batch_size: int, repeats: int) -> float:
+def decode_npy(values, shape: tuple[int, ...]) -> np.ndarray:
+    """np.save bytes of uint8 arrays of one ``shape`` -> one array, vectorised."""
+    body = int(np.prod(shape))
+    joined = np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1)
+    return joined[:, -body:].reshape(-1, *shape)
+
+
+def decode_arrow(column, shape: tuple[int, ...]) -> np.ndarray:
+    """An Arrow binary column of np.save bytes (one ``shape``) -> one array, no copy per row."""
+    body = int(np.prod(shape))
+    parts = []
+    for chunk in column.chunks:
+        _, offsets, data = chunk.buffers()
+        offsets = np.frombuffer(offsets, np.int32)[chunk.offset : chunk.offset + len(chunk) + 1]
+        values = np.frombuffer(data, np.uint8)[offsets[0] : offsets[-1]]
+        parts.append(values.reshape(len(chunk), -1)[:, -body:].reshape(-1, *shape))
+    return np.concatenate(parts)
+
+
+def single_process(model_dir: str, table: str, shape, batch_size: int):
+    """(start-up s, pass function): one plain TensorFlow process, whole job per pass."""
+    import pyarrow.parquet as pq
     import tensorflow as tf
 
-    fn = tf.saved_model.load(model_dir).signatures["predict_images"]
-    fn(images=tf.constant(images[:batch_size]))  # warm-up
-    best = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    started = time.perf_counter()
+    root = tf.saved_model.load(model_dir)
+    fn = root.signatures["predict_images"]
+    fn(images=tf.zeros((batch_size, *shape), tf.uint8))  # warm-up: the first trace
+    startup = time.perf_counter() - started
+
+    def one_pass() -> int:
+        images = decode_arrow(pq.read_table(table.removeprefix("file://"))["image"], shape)
         for i in range(0, len(images), batch_size):
-            fn(images=tf.constant(images[i : i + batch_size]))["scores"].numpy()
-        best.append(len(images) / (time.perf_counter() - start))
-    return float(np.mean(best))
+            out = fn(images=tf.constant(images[i : i + batch_size]))
+            out["classes"].numpy()
+        _ = root  # keep the variables alive with the function
+        return len(images)
+
+    return startup, one_pass
 
 
-def make_batch_udf(model_dir: str, batch_size: int):
+def make_batch_udf(model_dir: str, batch_size: int, shape: tuple[int, ...]):
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import types as T
 
@@ -199,7 +233,7 @@ def make_batch_udf(model_dir: str, batch_size: int):
         fn = root.signatures["predict_images"]
 
         def predict(images: np.ndarray) -> dict:
-            batch = np.stack([np.load(io.BytesIO(b)) for b in images.reshape(-1)])
+            batch = decode_npy(images.reshape(-1), shape)
             out = fn(images=tf.constant(batch))
             _ = root  # keep the variables alive with the function
             return {"prediction": out["classes"].numpy(), "probabilities": out["scores"].numpy()}
@@ -215,21 +249,27 @@ def make_batch_udf(model_dir: str, batch_size: int):
     return predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size)
 
 
-def timed_spark(build, rows: int, repeats: int) -> tuple[float, float, dict]:
-    """(warm-up seconds, mean rows/s of the timed passes, memory report)."""
+def timed_spark(build, rows: int, rounds: int) -> tuple[float, list[float], dict]:
+    """(warm-up seconds, rows/s of each timed pass, memory report)."""
     with ExecutorMemory() as memory:
         start = time.perf_counter()
         build().write.format("noop").mode("overwrite").save()
         warmup = time.perf_counter() - start
         rates = []
-        for _ in range(repeats):
+        for _ in range(rounds):
             start = time.perf_counter()
             build().write.format("noop").mode("overwrite").save()
             rates.append(rows / (time.perf_counter() - start))
-    return warmup, float(np.mean(rates)), memory.report()
+    return warmup, rates, memory.report()
 
 
 # ----------------------------------------------------------------------------- main
+
+
+GOALS = {  # model -> (vs single process, vs predict_batch_udf)
+    "resnet20": (0.9, 1.2),
+    "mnist_mlp": (0.5, 1.2),
+}
 
 
 def main(argv=None) -> int:
@@ -237,7 +277,7 @@ def main(argv=None) -> int:
     p.add_argument("--resnet-rows", type=int, default=4096)
     p.add_argument("--mlp-rows", type=int, default=32768)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2)
+    common.add_rounds(p)
     p.add_argument(
         "--partitions",
         type=int,
@@ -245,7 +285,6 @@ def main(argv=None) -> int:
         help="Parquet files, hence Spark partitions (2 per executor by default)",
     )
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--results", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("py4j", "tensorflow", "absl"):
@@ -259,19 +298,22 @@ def main(argv=None) -> int:
         "benchmark": "predict",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": {
-            "cpus": os.cpu_count(),
+            **common.machine(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
         "config": {
             "batch_size": args.batch_size,
-            "repeats": args.repeats,
+            "rounds": args.rounds,
             "partitions": args.partitions,
             "spark_profile": "local",
             "tf_threads_per_worker": "spark.task.cpus (1)",
+            "single_process_threads": "TensorFlow's default (all cores)",
         },
+        "window": "whole pass: read the table to the last prediction; warm-up is start-up",
         "models": {},
     }
+    goals: dict = {}
     with tempfile.TemporaryDirectory(prefix="sparktf-bench-") as tmp:
         prepared = {}
         for name in args.models:
@@ -281,8 +323,14 @@ def main(argv=None) -> int:
             model_dir = export_model(name, Path(tmp) / name / "export" / "1")
             table = write_table(images, Path(tmp) / name / "table", args.partitions)
             log.info("%s: %d rows; single-process baseline", name, rows)
-            baseline = single_process(model_dir, images, args.batch_size, args.repeats)
-            prepared[name] = (rows, model_dir, table, baseline)
+            startup, one_pass = single_process(model_dir, table, shape, args.batch_size)
+            rates = []
+            with common.PeakMemory() as memory:
+                for _ in range(args.rounds):
+                    seconds, done = common.timed(one_pass)
+                    assert done == rows, (name, done, rows)
+                    rates.append(rows / seconds)
+            prepared[name] = (rows, model_dir, table, (startup, rates, memory.report()))
 
         measured: dict = {name: {} for name in prepared}
         for variant in ("sparktf_predict", "predict_batch_udf"):
@@ -298,38 +346,36 @@ def main(argv=None) -> int:
                         def build(df=df, model_dir=model_dir):
                             return sparktf.predict(df, model_dir, batch_size=args.batch_size)
                     else:  # one UDF for all passes: its model cache is keyed by the UDF
-                        udf = make_batch_udf(model_dir, args.batch_size)
+                        udf = make_batch_udf(model_dir, args.batch_size, MODELS[name][2])
 
                         def build(df=df, udf=udf):
                             return df.withColumn("preds", udf("image"))
 
-                    measured[name][variant] = timed_spark(build, rows, args.repeats)
+                    measured[name][variant] = timed_spark(build, rows, args.rounds)
             finally:
                 spark.stop()
-        for name, (rows, _, _, baseline) in prepared.items():
-            warmups = {k: v[0] for k, v in measured[name].items()}
-            rates = {k: v[1] for k, v in measured[name].items()}
+        for name, (rows, _, _, single) in prepared.items():
+            measured[name] = {"single_process_tf": single, **measured[name]}
+            passes = common.Rounds()
+            for variant, (_, rates, _) in measured[name].items():
+                for rate in rates:
+                    passes.add(variant, rate)
+            med = passes.medians()
+            vs_single = med["sparktf_predict"] / med["single_process_tf"]
+            vs_udf = med["sparktf_predict"] / med["predict_batch_udf"]
             results["models"][name] = {
                 "rows": rows,
-                "rows_per_s": {
-                    "single_process_tf": round(baseline),
-                    **{k: round(v) for k, v in rates.items()},
-                },
-                "ratio_sparktf_vs_single_process": round(rates["sparktf_predict"] / baseline, 3),
-                "ratio_sparktf_vs_predict_batch_udf": round(
-                    rates["sparktf_predict"] / rates["predict_batch_udf"], 3
-                ),
-                "warmup_pass_s": {k: round(v, 1) for k, v in warmups.items()},
-                "executor_memory": {k: v[2] for k, v in measured[name].items()},
+                "rows_per_s": passes.report(0),
+                "ratio_sparktf_vs_single_process": round(vs_single, 3),
+                "ratio_sparktf_vs_predict_batch_udf": round(vs_udf, 3),
+                "startup_s": {k: round(v[0], 2) for k, v in measured[name].items()},
+                "peak_memory": {k: v[2] for k, v in measured[name].items()},
             }
-
-    text = json.dumps(results, indent=2)
-    print(text)
-    out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"predict-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(text + "\n")
-    log.info("wrote %s", path)
+            goal_single, goal_udf = GOALS[name]
+            goals[f"{name} / one TF process"] = common.goal(vs_single, goal_single)
+            goals[f"{name} / predict_batch_udf"] = common.goal(vs_udf, goal_udf)
+    results["goals"] = goals
+    common.write_results("predict", results)
     return 0
 
 

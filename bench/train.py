@@ -1,14 +1,16 @@
 """ResNet-20 CIFAR training examples/s through sparktf, against one plain TensorFlow process,
 measured in the same run.
 
-    .venv/bin/python bench/train.py [--steps 40] [--batch-size 64] [--configs all]
+    .venv/bin/python bench/train.py [--steps 40] [--batch-size 64] [--configs all] [--rounds 3]
 
 Data: the synthetic CIFAR-format demo dataset (``sparktf.train.demo``, 2045 training rows,
 both formats, local disk; converted once and cached under .local/demo).
 
-Baseline: one TensorFlow process (a subprocess, all cores, TensorFlow's default threads)
-training the same model with the same global batch: the registry's ``train_step`` in a
-``tf.function``, batches from ``readers.tfrecord_dataset``; examples/s after the first step.
+Baseline: the best plain TensorFlow a user would write -- one process (a subprocess) running
+Keras ``model.fit`` on a ``tf.data`` pipeline (``TFRecordDataset`` with parallel reads,
+shuffle, batch, batched ``parse_example`` + ``decode_raw`` in a parallel ``map``,
+``prefetch``) with the same model, optimizer and global batch, and as many TensorFlow
+threads as sparktf's processes have together (``--threads``, default: the CPU count).
 
 sparktf: ``fit`` on a local-cluster[2,1,1024] session (one core per executor, one
 intra-op thread per TensorFlow process) for each strategy x input mode:
@@ -17,10 +19,13 @@ intra-op thread per TensorFlow process) for each strategy x input mode:
 * ``ps``: chief (coordinator, reads the input) + one worker on the executors, the parameter
   server on the driver: one process computes.
 
-Reported per configuration: examples/s after the first step (as the chief measures it), the
-ratio to the baseline, the time from ``fit`` being called to the end of the first training
-step, the elapsed time, and the peak memory of the whole process tree. Prints JSON and writes
-it to bench/results/.
+Same window for both (bench/common.py): examples/s from the end of the first step to the
+end of the last; what comes before the first step (process or cluster start, model build,
+first trace) is start-up, reported apart as ``time_to_first_step_s``. ``--rounds`` rounds,
+round robin (baseline, then each configuration), medians count. Goals (issue 13, item 5):
+allreduce/files >= 0.9x, allreduce/spark >= 0.8x, ps/files >= 0.8x, ps/spark >= 0.7x the
+baseline; first step <= 15 s after the driver starts the cluster. Peak memory of the whole
+process tree is sampled. Prints JSON and writes it to bench/results/.
 """
 
 from __future__ import annotations
@@ -43,39 +48,60 @@ from sparktf import cli
 log = logging.getLogger("bench.train")
 CONFIGS = [("allreduce", "files"), ("allreduce", "spark"), ("ps", "files"), ("ps", "spark")]
 
+GOALS = {"allreduce/files": 0.9, "allreduce/spark": 0.8, "ps/files": 0.8, "ps/spark": 0.7}
+FIRST_STEP_GOAL_S = 15.0
+
 BASELINE = textwrap.dedent("""
     import json, os, sys, time
+    started = time.perf_counter()
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import keras
     import tensorflow as tf
-    from sparktf import models
-    from sparktf.datasets import readers
-    data, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    from sparktf import models, storage
+    from sparktf.datasets import formats
+    data, batch, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    manifest = formats.load_manifest(data)
+    files = [storage.parse(f).path
+             for f in formats.split_files(manifest, data, "train", "tfrecord")]
+    spec = {k: v for k, v in formats.feature_spec("image").items() if k in ("image", "label")}
+
+    def parse(serialized):
+        f = tf.io.parse_example(serialized, spec)
+        image = tf.reshape(tf.io.decode_raw(f["image"], tf.uint8), [-1, 32, 32, 3])
+        return image, f["label"]
+
+    ds = (tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
+          .shuffle(2048, seed=0).repeat().batch(batch, drop_remainder=True)
+          .map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
     task = models.get_task("resnet20", batch_size=batch)
     model = task.build_model()
-    optimizer = task.make_optimizer(max(1, 2045 // batch), model)
-    step = tf.function(lambda b: task.train_step(model, optimizer, b, batch))
-    ds = readers.tfrecord_dataset(data, split="train", batch_size=batch, shuffle=True, seed=0,
-                                  repeat=True, drop_remainder=True)
-    it = iter(ds)
-    b = next(it); step({"image": b["image"], "label": b["label"]})["loss"].numpy()
-    started = time.perf_counter()
-    for _ in range(steps - 1):
-        b = next(it)
-        m = step({"image": b["image"], "label": b["label"]})
-    float(m["loss"])
-    seconds = time.perf_counter() - started
-    print(json.dumps({"examples_per_sec": (steps - 1) * batch / seconds, "seconds": seconds}))
+    model.compile(optimizer=task.make_optimizer(max(1, 2045 // batch), model),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ends = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            ends.append(time.perf_counter())
+
+    model.fit(ds, epochs=1, steps_per_epoch=steps, callbacks=[Clock()], verbose=0)
+    seconds = ends[-1] - ends[0]
+    print(json.dumps({"examples_per_sec": (len(ends) - 1) * batch / seconds,
+                      "seconds_after_first_step": seconds,
+                      "time_to_first_step_s": ends[0] - started, "steps": len(ends),
+                      "threads": threads}))
 """)
 
 
-def baseline(data: str, batch: int, steps: int) -> dict:
+def baseline(data: str, batch: int, steps: int, threads: int) -> dict:
     with common.PeakMemory() as memory:
         out = subprocess.run(
-            [sys.executable, "-c", BASELINE, data, str(batch), str(steps)],
+            [sys.executable, "-c", BASELINE, data, str(batch), str(steps), str(threads)],
             capture_output=True,
             text=True,
             timeout=1800,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(common.ROOT)},
         )
     if out.returncode != 0:
         raise RuntimeError(f"baseline failed:\n{out.stderr[-3000:]}")
@@ -124,23 +150,34 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=64, help="global batch")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="TensorFlow threads of the baseline process (default: the CPU count, what "
+        "sparktf's processes have together)",
+    )
+    p.add_argument(
         "--configs",
         default="all",
         help="comma list of strategy/input_mode, e.g. allreduce/files,ps/spark",
     )
+    common.add_rounds(p)
     args = p.parse_args(argv)
     cli.setup_logging("WARNING")
     logging.getLogger("bench").setLevel(logging.INFO)
-    logging.getLogger("sparktf.train").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     configs = (
         CONFIGS if args.configs == "all" else [tuple(c.split("/")) for c in args.configs.split(",")]
     )
+    for config in configs:
+        if config not in CONFIGS:
+            p.error(f"--configs: expected some of {', '.join('/'.join(c) for c in CONFIGS)}")
 
     from sparktf.spark import get_session
     from sparktf.train import demo
 
-    spark = get_session(
+    seconds, spark = common.timed(
+        get_session,
         "sparktf-bench-train",
         profile="local",
         overrides={
@@ -153,39 +190,61 @@ def main(argv=None) -> int:
         "model": "resnet20",
         "steps": args.steps,
         "global_batch": args.batch_size,
+        "baseline_threads": args.threads,
         "machine": common.machine(),
-        "runs": {},
+        "window": "end of the first step to end of the last step, both sides",
+        "startup_s": {"spark_session": round(seconds, 2)},
     }
+    rates, first_step = common.Rounds(), common.Rounds()
+    runs: dict = {}
     try:
         data = demo.ensure_dataset("resnet20", spark)
         result["data"] = data
-        log.info("baseline: one TensorFlow process")
-        result["baseline_one_process"] = base = baseline(data, args.batch_size, args.steps)
-        log.info("baseline: %.1f examples/s", base["examples_per_sec"])
         with tempfile.TemporaryDirectory(prefix="sparktf-bench-train-") as tmp:
-            for strategy, input_mode in configs:
-                name = f"{strategy}/{input_mode}"
-                log.info("sparktf %s", name)
-                run = sparktf_run(
-                    spark,
-                    data,
-                    strategy,
-                    input_mode,
-                    args.batch_size,
-                    args.steps,
-                    os.path.join(tmp, name.replace("/", "-")),
-                )
-                run["ratio_to_baseline"] = round(
-                    run["examples_per_sec"] / base["examples_per_sec"], 3
-                )
-                result["runs"][name] = run
-                log.info(
-                    "%s: %.1f examples/s (%.2f of baseline), first step after %.1f s",
-                    name,
-                    run["examples_per_sec"],
-                    run["ratio_to_baseline"],
-                    run["time_to_first_step_s"] or -1,
-                )
+            for r in range(args.rounds):
+                base = baseline(data, args.batch_size, args.steps, args.threads)
+                rates.add("baseline_keras_fit", base["examples_per_sec"])
+                first_step.add("baseline_keras_fit", base["time_to_first_step_s"])
+                runs.setdefault("baseline_keras_fit", []).append(base)
+                log.info("round %d baseline: %.1f examples/s", r, base["examples_per_sec"])
+                for strategy, input_mode in configs:
+                    name = f"{strategy}/{input_mode}"
+                    run = sparktf_run(
+                        spark,
+                        data,
+                        strategy,
+                        input_mode,
+                        args.batch_size,
+                        args.steps,
+                        os.path.join(tmp, f"{r}-{name.replace('/', '-')}"),
+                    )
+                    rates.add(name, run["examples_per_sec"])
+                    first_step.add(name, run["time_to_first_step_s"] or float("nan"))
+                    runs.setdefault(name, []).append(run)
+                    log.info(
+                        "round %d %s: %.1f examples/s, first step after %.1f s",
+                        r,
+                        name,
+                        run["examples_per_sec"],
+                        run["time_to_first_step_s"] or -1,
+                    )
+        result["examples_per_sec"] = rates.report(1)
+        result["time_to_first_step_s"] = first_step.report(1)
+        result["runs"] = runs
+        med = rates.medians()
+        base_rate = med["baseline_keras_fit"]
+        result["ratio_to_baseline"] = {
+            k: round(v / base_rate, 3) for k, v in med.items() if k != "baseline_keras_fit"
+        }
+        goals = {
+            f"{name} / Keras fit": common.goal(common.ratio(med.get(name), base_rate), target)
+            for name, target in GOALS.items()
+        }
+        sparktf_first = [v for k, v in first_step.medians().items() if k in GOALS]
+        goals["time to first step (s, worst config)"] = common.goal(
+            max(sparktf_first) if sparktf_first else None, FIRST_STEP_GOAL_S, "<="
+        )
+        result["goals"] = goals
         result["machine_after"] = common.machine()
     finally:
         spark.stop()

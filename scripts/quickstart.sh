@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # From a fresh clone to a trained model: set-up, then jobs/train_resnet.py with its embedded
-# default (local Spark executors, a small CIFAR-format dataset it makes itself, local disk).
-#   scripts/quickstart.sh [TRAIN-ARGS]      (e.g. --steps 50)
+# default (local Spark executors, a small synthetic CIFAR-format dataset it makes itself, local
+# disk), then a short summary: the model, its steps and metrics, where the export is, and the
+# commands to run next.
+#   scripts/quickstart.sh [TRAIN-ARGS]      (e.g. --steps 50; --help lists them)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh"
-exec "$ROOT/scripts/submit.sh" "$ROOT/jobs/train_resnet.py" "$@"
+case " $* " in *" -h "*|*" --help "*) exec "$ROOT/scripts/submit.sh" "$ROOT/jobs/train_resnet.py" --help ;; esac
+RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/sparktf-quickstart.XXXXXX")"
+trap 'rm -rf "$RUN_DIR"' EXIT
+# The result goes to a file for the summary (the job prints it otherwise).
+"$ROOT/scripts/submit.sh" "$ROOT/jobs/train_resnet.py" "$@" --result-json "$RUN_DIR/result.json"
+cd "$ROOT"
+"$ROOT/.venv/bin/python" -m sparktf.jobs.quickstart "$RUN_DIR/result.json" "$@"

@@ -67,11 +67,12 @@ def parser(description: str, *, config_section: str | None = None) -> argparse.A
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.set_defaults(_config_section=config_section)
+    default_file = f"conf/jobs/{config_section}.json" if config_section else "none"
     p.add_argument(
         "--config",
         default=None,
         help=f"JSON file with defaults for this job's flags; flags given on the "
-        f"command line override it. Default: conf/jobs/{config_section}.json",
+        f"command line override it. Default: {default_file}",
     )
     p.add_argument(
         "--profile",
@@ -91,12 +92,13 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argp
     """Parses flags with config-file defaults underneath them; sets up logging."""
     pre, _ = p.parse_known_args(argv)
     section = p.get_default("_config_section")
-    if section:
-        defaults = load_config(section, pre.config)
+    if section or pre.config:  # a job's defaults file, or one named on the command line
+        defaults = load_config(section or "", pre.config)
         known = {a.dest for a in p._actions}
         unknown = sorted(set(defaults) - known)
         if unknown:
-            raise UsageError(f"unknown keys in the {section} config: {', '.join(unknown)}")
+            name = section or pre.config
+            raise UsageError(f"unknown keys in the {name} config: {', '.join(unknown)}")
         p.set_defaults(**defaults)
     args = p.parse_args(argv)
     setup_logging(args.log_level)

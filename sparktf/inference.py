@@ -238,7 +238,7 @@ def inspect_model(model: str | os.PathLike) -> ModelInfo:
 class _Plan:
     """Everything an executor needs, decided on the driver (pickled into the task)."""
 
-    kind: str  # "images", "examples", "tokens" or "generator"
+    kind: str  # "images", "features", "examples", "tokens" or "generator"
     model_uri: str
     fingerprint: str
     signature: str
@@ -262,6 +262,13 @@ class _Plan:
                 f"petastorm's NdarrayCodec writes), {h * w * c} raw bytes, or an array of "
                 f"{h * w * c} integers in [0, 255]"
             )
+        if self.kind == "features":
+            size = math.prod(self.shape)
+            return (
+                f"a float vector of shape {self.shape} per row: an array of {size} numbers "
+                f"(array<float|double|int>, flat or nested), a Spark ML Vector of size {size} "
+                "(dense or sparse), or np.save bytes of that shape"
+            )
         if self.kind == "examples":
             return "a serialized tf.train.Example per row (binary)"
         if self.kind == "tokens":
@@ -284,11 +291,11 @@ def _choose_signature(info: ModelInfo, signature: str | None) -> Signature:
                 f"model {info.uri} has no signature {signature!r}; it has {sorted(info.signatures)}"
             )
         return info.signatures[signature]
-    for name in ("predict_images", "serving_default"):
+    for name in ("predict_images", "predict_features", "serving_default"):
         if name in info.signatures:
             return info.signatures[name]
     raise ValueError(
-        f"model {info.uri} has neither a predict_images nor a serving_default "
+        f"model {info.uri} has neither a predict_images, a predict_features nor a serving_default "
         f"signature (it has {sorted(info.signatures)}); pass signature="
     )
 
@@ -304,6 +311,13 @@ def _kind(sig: Signature) -> str:
             and all(d is not None for d in one.shape[1:])
         ):
             return "images"
+        if (
+            one.dtype in ("float32", "float64")
+            and one.shape is not None
+            and len(one.shape) >= 2
+            and all(d is not None for d in one.shape[1:])
+        ):
+            return "features"
         if one.dtype == "string" and one.shape is not None and len(one.shape) == 1:
             return "examples"
     if (
@@ -326,7 +340,8 @@ def _kind(sig: Signature) -> str:
         return "generator"
     raise ValueError(
         f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
-        "image classifiers (uint8 images or serialized Examples -> classes, scores), language "
+        "classifiers (uint8 images, float features or serialized Examples -> classes, "
+        "scores), language "
         "models (int64 tokens -> log_probs) and generators (float32 z [+ int64 label] -> "
         "images)"
     )
@@ -341,6 +356,19 @@ def _spark_types():
 def _is_integral(dtype: DataType) -> bool:
     T = _spark_types()
     return isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType))
+
+
+def _numeric_array(dtype: DataType) -> bool:
+    T = _spark_types()
+    numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType)
+    return isinstance(dtype, T.ArrayType) and isinstance(_leaf_type(dtype), numeric)
+
+
+def _is_vector(dtype: DataType) -> bool:
+    """A Spark ML Vector column (``VectorAssembler``'s output)."""
+    return getattr(dtype, "typeName", lambda: "")() == "vector" or (
+        type(dtype).__name__ == "VectorUDT"
+    )
 
 
 def _leaf_type(dtype: DataType) -> DataType:
@@ -387,13 +415,16 @@ def _make_plan(
     fields: list[StructField]
     vocab = None
     extra: dict[str, Any] = {}
-    if kind in ("images", "examples"):
+    if kind in ("images", "features", "examples"):
         num_classes = sig.outputs["scores"].shape[-1] if sig.outputs["scores"].shape else None
         if top_k is not None and (top_k < 1 or (num_classes is not None and top_k > num_classes)):
             raise ValueError(f"top_k must be in [1, {num_classes}], got {top_k}")
-        shape = tuple(spec.shape[1:]) if kind == "images" else ()
-        default_col = "image" if kind == "images" else "example"
-        accepts = (lambda t: binary(t) or int_array(t)) if kind == "images" else binary
+        shape = tuple(spec.shape[1:]) if kind in ("images", "features") else ()
+        default_col = {"images": "image", "features": "features"}.get(kind, "example")
+        accepts = {
+            "images": lambda t: binary(t) or int_array(t),
+            "features": lambda t: binary(t) or _numeric_array(t),
+        }.get(kind, binary)
         fields = [
             T.StructField(output_col, T.LongType(), False),
             T.StructField(probabilities_col, T.ArrayType(T.FloatType(), False), False),
@@ -437,7 +468,7 @@ def _make_plan(
         fields = [T.StructField(output_col, T.BinaryType(), False)]
         if "label" in sig.inputs:
             extra["label_col"] = label_col
-    if top_k is not None and kind not in ("images", "examples"):
+    if top_k is not None and kind not in ("images", "features", "examples"):
         raise ValueError(f"top_k applies to classifiers; {sig.describe()} is not one")
     col = input_col or default_col
     plan = _Plan(
@@ -502,8 +533,9 @@ def predict(
     be visible to every executor (same machine or a shared file system); on a cluster use
     ``hdfs://``, which each machine copies once into :func:`model_cache_dir`.
 
-    The signature used is ``signature``, else ``predict_images`` when the model has it, else
-    ``serving_default``. What the signature looks like decides the data contract:
+    The signature used is ``signature``, else ``predict_images`` or ``predict_features`` when
+    the model has it, else ``serving_default``. What the signature looks like decides the data
+    contract:
 
     * **Image classifier**, uint8 images ``[B, H, W, C]`` -> ``classes``, ``scores``
       (``predict_images``). ``input_col`` (default ``"image"``) holds one image per row as
@@ -519,6 +551,12 @@ def predict(
       Adds ``output_col`` (``long``, the class), ``probabilities_col`` (``array<float>``,
       one probability per class) and, with ``top_k=k``, ``top_classes`` (``array<long>``)
       and ``top_probabilities`` (``array<float>``), the k best, best first.
+    * **Classifier on float features**, float32 ``[B, *shape]`` -> ``classes``, ``scores``
+      (``predict_features``, a user's model: :mod:`sparktf.models.custom`). ``input_col``
+      (default ``"features"``) holds per row an ``array<float|double|int>`` (flat or nested
+      to ``shape``), a Spark ML ``Vector`` (dense or sparse, e.g. ``VectorAssembler``'s
+      output; it is read through ``vector_to_array`` and kept in the result) or ``np.save``
+      bytes. Same added columns as the image classifier.
     * **Classifier on serialized examples**, ``string [B]`` (``serving_default`` of a
       classifier, chosen with ``signature="serving_default"``): ``input_col`` (default
       ``"example"``) is ``binary`` holding a serialized ``tf.train.Example`` per row, passed
@@ -557,6 +595,18 @@ def predict(
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     info = inspect_model(model)
     sig = _choose_signature(info, signature)
+    vector_col, original = None, df
+    col = input_col or ("features" if _kind(sig) == "features" else None)
+    if col is not None and col in df.schema.names and _is_vector(df.schema[col].dataType):
+        # A Spark ML Vector (VectorAssembler): fed as array<float> under the column's own
+        # name (so errors name it); the Vector itself comes back in the result.
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F
+
+        vector_col = f"__sparktf_vector_{col}"
+        df = df.withColumnRenamed(col, vector_col).withColumn(
+            col, vector_to_array(F.col(vector_col), "float32")
+        )
     plan, fields = _make_plan(
         df.schema,
         info,
@@ -580,7 +630,11 @@ def predict(
         batch_size,
     )
     schema = T.StructType(list(df.schema.fields) + fields)
-    return df.mapInArrow(functools.partial(_predict_partition, plan), schema)
+    out = df.mapInArrow(functools.partial(_predict_partition, plan), schema)
+    if vector_col is not None:
+        out = out.drop(plan.input_col).withColumnRenamed(vector_col, plan.input_col)
+        out = out.select(*original.columns, *(f.name for f in fields))
+    return out
 
 
 # ----------------------------------------------------------------------------- executors
@@ -1029,6 +1083,19 @@ def _decode(plan: _Plan, chunk: pa.RecordBatch) -> dict[str, Any]:
         if images.dtype != np.uint8:
             images = _integers(images, 0, 256, np.uint8, col, contract, row)
         return {plan.input_key: images}
+    if plan.kind == "features":
+        rows = _column_rows(chunk, col, contract, row)
+        if isinstance(rows, list):
+            bad = next((i for i, r in enumerate(rows) if r.dtype.kind not in "fiub"), None)
+        else:
+            bad = 0 if rows.dtype.kind not in "fiub" else None
+        if bad is not None:
+            dtype = rows[bad].dtype if isinstance(rows, list) else rows.dtype
+            raise PredictInputError(
+                f"column {col!r}: {row(bad)} has dtype {dtype}; expected {contract}"
+            )
+        values = _stack(rows, plan.shape, col, contract, row)
+        return {plan.input_key: values.astype(np.float32, copy=False)}
     if plan.kind == "examples":
         arr = chunk.column(chunk.schema.get_field_index(col))
         _check_nulls(arr, col, contract, row)
@@ -1099,7 +1166,7 @@ def _list_array(matrix: np.ndarray) -> pa.Array:
 def _run(plan: _Plan, model: _LoadedSignature, inputs: dict[str, Any], n: int) -> list[pa.Array]:
     import pyarrow as pa
 
-    if plan.kind in ("images", "examples"):
+    if plan.kind in ("images", "features", "examples"):
         out = model(**inputs)
         scores = out["scores"].astype(np.float32, copy=False)
         columns = [pa.array(out["classes"].astype(np.int64, copy=False)), _list_array(scores)]

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf" / "spark"
+LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
 PROFILES = ("local", "standalone", "yarn", "k8s")
 # Environment variables that executors need to reach HDFS the way the driver does.
 PROPAGATED_ENV = (
@@ -70,11 +71,36 @@ def profile_conf(profile: str) -> dict[str, str]:
     return read_conf_file(path)
 
 
+def cluster_master(profile: str) -> str | None:
+    """The master ``scripts/submit.sh`` would use besides the profile's: ``$SPARKTF_SPARK_MASTER``,
+    else for the standalone profile the cluster ``scripts/spark-cluster.sh start`` runs
+    (``SPARK_MASTER_URL`` in its ``master.env``)."""
+    if os.environ.get("SPARKTF_SPARK_MASTER"):
+        return os.environ["SPARKTF_SPARK_MASTER"]
+    if profile != "standalone":
+        return None
+    cluster = os.environ.get(
+        "SPARKTF_SPARK_CLUSTER_DIR", str(REPO_ROOT / ".local" / "spark-cluster")
+    )
+    env_file = Path(cluster) / "master.env"
+    if env_file.is_file():
+        for line in env_file.read_text().splitlines():
+            if line.startswith("SPARK_MASTER_URL="):
+                return line.split("=", 1)[1].strip()
+    return None
+
+
 def session_conf(
     profile: str = "local", overrides: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The full configuration ``get_session`` would apply outside spark-submit."""
     conf = profile_conf(profile)
+    master = cluster_master(profile)
+    if master:
+        conf["spark.master"] = master
+    if conf.get("spark.master", "").startswith("spark://127.0.0.1:"):
+        conf.setdefault("spark.driver.host", "127.0.0.1")  # a loopback cluster: stay on it
+        conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
     conf.setdefault("spark.python.worker.reuse", "true")
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
     conf.setdefault("spark.pyspark.python", python)
@@ -82,8 +108,18 @@ def session_conf(
     for name in PROPAGATED_ENV:
         if os.environ.get(name):
             conf.setdefault(f"spark.executorEnv.{name}", os.environ[name])
+    if not _debug_logging():  # the driver JVM's console: warnings only (conf/log4j2.properties)
+        quiet = f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}"
+        java = conf.get("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = f"{java} {quiet}".strip()
     conf.update(overrides or {})
     return conf
+
+
+def _debug_logging() -> bool:
+    """True when sparktf logs at DEBUG: Spark's own INFO lines are then wanted too."""
+    level = os.environ.get("SPARKTF_LOG_LEVEL", "").upper()
+    return level == "DEBUG" or logging.getLogger().getEffectiveLevel() <= logging.DEBUG
 
 
 def get_session(
@@ -120,7 +156,8 @@ def get_session(
         for key, value in conf.items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", "WARN"))
+    default = "INFO" if _debug_logging() else "WARN"
+    spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", default))
     return spark
 
 

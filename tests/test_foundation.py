@@ -121,37 +121,3 @@ def test_tensorflowonspark_allreduce_smoke_through_submit(spark, tmp_path):
     for port in json.loads((out / "ports.json").read_text()):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
-
-
-@pytest.mark.slow
-def test_readme_ps_example_gets_one_executor_per_tensorflow_process(tmp_path):
-    """The README's ps example through scripts/submit.sh on the local profile: chief + 2
-    workers need 3 executors (its config keeps the ps on the driver), not the profile's 2."""
-    import json
-
-    command = (
-        "./scripts/submit.sh jobs/train_mnist.py --strategy ps --num-workers 2 --num-ps 1 "
-        "--input-mode spark"
-    )
-    assert command in (ROOT / "README.md").read_text()  # the README and this test agree
-    result_file = tmp_path / "result.json"
-    run = subprocess.run(
-        [
-            *command.split(),
-            "--steps",
-            "4",
-            "--model-dir",
-            str(tmp_path / "model"),
-            "--result-json",
-            str(result_file),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(result_file.read_text())
-    # (with two executors the job fails: "the run needs 3 Spark executors; only 2 registered")
-    assert (result["final_step"], result["strategy"], result["input_mode"]) == (4, "ps", "spark")

@@ -9,6 +9,11 @@ A dataset directory ``OUT`` holds::
 
 Splits are ``train`` and ``test`` for images, ``train``, ``valid`` and ``test`` for PTB.
 
+A third kind, ``table`` (written by :class:`sparktf.ml.TFEstimator` from a DataFrame, see
+:func:`table_manifest`), holds Parquet only: its columns are listed, in order, in the
+manifest's ``schema`` (``{name: {"dtype": ..., "shape": [...] | null}}``), e.g. a float32
+``features`` vector, an int64 ``label`` (with ``num_classes``) and an int64 ``id``.
+
 TFRecord features (``feature_spec``):
 
 - images: ``image`` bytes (raw uint8, height x width x channels order), ``label`` int64,
@@ -42,6 +47,7 @@ VOCAB_FILE = "vocab.txt"
 TFRECORD = "tfrecord"
 PARQUET = "parquet"
 FORMATS = (TFRECORD, PARQUET)
+TABLE = "table"  # the dataset kind of a DataFrame's columns (sparktf.ml)
 TFRECORD_PART = "part-{:05d}.tfrecord"
 IMAGE_SPLITS = ("train", "test")
 TEXT_SPLITS = ("train", "valid", "test")
@@ -152,7 +158,59 @@ def manifest_fields(manifest: dict) -> list[Field]:
     """The Parquet columns described by a manifest's ``schema``."""
     if manifest["kind"] == "image":
         return parquet_fields("image", image_shape=manifest["schema"]["image"]["shape"])
+    if manifest["kind"] == TABLE:
+        return [
+            Field(
+                name,
+                str(spec["dtype"]),
+                None if spec.get("shape") is None else tuple(int(d) for d in spec["shape"]),
+            )
+            for name, spec in manifest["schema"].items()
+        ]
     return parquet_fields("text", seq_len=manifest["schema"]["tokens"]["shape"][0])
+
+
+def table_manifest(
+    dataset: str,
+    fields: list[Field],
+    splits: dict[str, dict],
+    *,
+    num_classes: int | None = None,
+    label: str = "label",
+) -> dict:
+    """The manifest of a ``table`` dataset (Parquet only).
+
+    ``fields``: its columns in order (an ndarray column has a dtype and a shape and holds
+    ``numpy.save`` bytes; an int64 scalar has no shape); ``splits``: per split ``{"records":
+    N, "files": [paths relative to the dataset directory], "file_records": [N per file]}``;
+    ``num_classes`` is recorded on the ``label`` column.
+    """
+    schema: dict[str, dict] = {}
+    for f in fields:
+        spec: dict = {"dtype": f.dtype, "shape": None if f.shape is None else list(f.shape)}
+        if f.name == label and num_classes is not None:
+            spec["num_classes"] = int(num_classes)
+        schema[f.name] = spec
+    return {
+        "format_version": FORMAT_VERSION,
+        "dataset": dataset,
+        "kind": TABLE,
+        "formats": [PARQUET],
+        "sources": [],
+        "containers": [],
+        "schema": schema,
+        "splits": {
+            name: {
+                "records": int(split["records"]),
+                "shards": len(split["files"]),
+                PARQUET: {
+                    "files": list(split["files"]),
+                    "records": [int(n) for n in split["file_records"]],
+                },
+            }
+            for name, split in splits.items()
+        },
+    }
 
 
 # ----------------------------------------------------------------------------- npy codec

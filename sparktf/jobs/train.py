@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from sparktf import cli
-from sparktf.spark import get_session, profile_conf
+from sparktf.spark import get_session, session_conf
 from sparktf.train import (
     ConfigError,
     RunConfig,
@@ -29,6 +29,7 @@ from sparktf.train import (
     demo,
     fit,
     gpu_spark_conf,
+    tracking,
 )
 
 log = logging.getLogger("sparktf.jobs.train")
@@ -40,7 +41,9 @@ def parser(description: str, section: str, default_model: str | None):
     g.add_argument(
         "--model",
         default=default_model,
-        help="model name from the registry (sparktf.models.list_models())",
+        help="model name from the registry (sparktf.models.list_models()), or a user's Keras "
+        "build function as package.module:build (importable on the executors; see "
+        "sparktf.models.custom)",
     )
     g.add_argument(
         "--model-config",
@@ -337,7 +340,29 @@ def parser(description: str, section: str, default_model: str | None):
     r.add_argument(
         "--result-json",
         default=None,
-        help="also write the result (final step, metrics, paths) to this local file",
+        help="write the result (final step, metrics, paths) as JSON to this local file "
+        "instead of printing it",
+    )
+    t = p.add_argument_group(
+        "experiment tracking",
+        f"optional; needs the mlflow extra ({tracking.INSTALL_HINT}). The driver logs the "
+        "run's parameters, its training metrics and evaluations with their steps, and the "
+        "export as an artifact to MLflow",
+    )
+    t.add_argument(
+        "--mlflow-tracking-uri",
+        default=None,
+        metavar="URI",
+        help="MLflow tracking URI: a tracking server (http(s)://...; credentials through "
+        "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD, not in the URI) or a "
+        "local file store (a path or file:// URI; MLflow 3 wants MLFLOW_ALLOW_FILE_STORE=true "
+        "for it); unset: no tracking",
+    )
+    t.add_argument(
+        "--mlflow-experiment",
+        default="sparktf",
+        metavar="NAME",
+        help="MLflow experiment of the run (created when missing)",
     )
     return p
 
@@ -360,6 +385,11 @@ def configs(args):
         raise cli.UsageError("--data is required (a converted dataset, or 'demo')")
     if not args.model_dir:
         raise cli.UsageError("--model-dir is required")
+    if args.mlflow_tracking_uri:
+        try:
+            tracking.require_mlflow()  # the extra is missing: say so before anything else
+        except ConfigError as exc:
+            raise cli.UsageError(str(exc)) from None
     tuning = finetune_and_augment_options(args)
     # --model-config first; the specific flags (optimizer, schedule, augmentation) win.
     model_config = {
@@ -397,19 +427,26 @@ def configs(args):
         eval_every_steps=args.eval_every,
         export_best=args.export_best,
         export=args.export,
+        mlflow_tracking_uri=args.mlflow_tracking_uri,
+        mlflow_experiment=args.mlflow_experiment,
     )
     return train, scaling, run
 
 
 def session_overrides(conf: dict[str, str], scaling) -> dict[str, str]:
-    """Spark settings the run needs: GPUs, and a local-cluster master sized to the run."""
+    """Spark settings the run needs: GPUs, and executors sized to the run (one per TensorFlow
+    process): a local-cluster master's count, a standalone master's ``spark.cores.max``, YARN's
+    and Kubernetes' ``spark.executor.instances`` (what ``scripts/submit.sh`` does too)."""
     overrides = dict(gpu_spark_conf(scaling))
     master = conf.get("spark.master", "")
+    n = scaling.num_executors
     match = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*(\d+)\]", master)
-    if match and int(match.group(1)) != scaling.num_executors:
-        overrides["spark.master"] = (
-            f"local-cluster[{scaling.num_executors},{match.group(2)},{match.group(3)}]"
-        )
+    if match and int(match.group(1)) != n:
+        overrides["spark.master"] = f"local-cluster[{n},{match.group(2)},{match.group(3)}]"
+    elif master.startswith("spark://"):
+        overrides["spark.cores.max"] = str(n * int(conf.get("spark.executor.cores", "1")))
+    elif master == "yarn" or master.startswith("k8s://"):
+        overrides["spark.executor.instances"] = str(n)
     return overrides
 
 
@@ -425,6 +462,7 @@ def main(
     )
     try:
         train, scaling, run = configs(args)
+        tracking.check(run)  # MLflow's store answers: before Spark starts
     except ConfigError as exc:
         raise cli.UsageError(str(exc)) from None
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit: its own configuration counts
@@ -432,7 +470,7 @@ def main(
 
         conf = dict(SparkConf().getAll())
     else:
-        conf = profile_conf(args.profile)
+        conf = session_conf(args.profile)
     spark = get_session(
         f"sparktf-train-{train.model}",
         profile=args.profile,
@@ -448,10 +486,12 @@ def main(
     finally:
         spark.stop()
     text = json.dumps(result.to_dict(), indent=2, default=str)
-    print(text)
     if args.result_json:
         with open(args.result_json, "w") as f:
             f.write(text + "\n")
+        log.info("result written to %s", args.result_json)
+    else:
+        print(text)
     return 0
 
 

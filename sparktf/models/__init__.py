@@ -12,6 +12,9 @@ preset of one (``resnet20`` ... ``resnet164``, ``ptb_small`` / ``ptb_medium`` /
 ``ptb_large``, ``dcgan_64``).  Keyword overrides replace config entries; unknown keys
 are an error.
 
+A user's own Keras model: ``models.register("my_mlp", build_fn, input_shape=(4,),
+num_classes=3)`` or the name ``"my_pkg.module:build"`` (see :mod:`~sparktf.models.custom`).
+
 Modules: :mod:`~sparktf.models.registry` (the names above),
 :mod:`~sparktf.models.task` (the :class:`ModelTask` contract, step and metric conventions),
 :mod:`~sparktf.models.classifier` (the image-classifier task), :mod:`~sparktf.models.layers`,
@@ -25,6 +28,7 @@ from __future__ import annotations
 from sparktf.models.alexnet import AlexNetV2Task
 from sparktf.models.augment import AugmentMixin, augment_images, augment_seed
 from sparktf.models.classifier import ClassifierTask
+from sparktf.models.custom import CustomClassifierTask, CustomModel, custom_model, register
 from sparktf.models.dcgan import DCGAN, DCGANTask
 from sparktf.models.layers import ScaleImage, count_params
 from sparktf.models.linear import (
@@ -57,6 +61,8 @@ __all__ = [
     "AlexNetV2Task",
     "AugmentMixin",
     "ClassifierTask",
+    "CustomClassifierTask",
+    "CustomModel",
     "DCGANTask",
     "LinearRegressionTask",
     "MnistMLPTask",
@@ -70,6 +76,7 @@ __all__ = [
     "augment_seed",
     "book_dataset",
     "count_params",
+    "custom_model",
     "describe",
     "get_model",
     "get_task",
@@ -77,5 +84,6 @@ __all__ = [
     "list_models",
     "precision_policy",
     "reduce_metrics",
+    "register",
     "weights_for_export",
 ]

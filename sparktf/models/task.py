@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import keras
@@ -70,6 +70,17 @@ def to_jsonable(value: Any) -> Any:
 _TASK_CLASSES: dict[str, type[ModelTask]] = {}
 
 
+# Resolvers of names that are not in the table: each returns a task class or None
+# (sparktf.models.custom adds the one for "package.module:attr").
+_RESOLVERS: list[Callable[[str], type[ModelTask] | None]] = []
+
+
+def add_resolver(resolve: Callable[[str], type[ModelTask] | None]) -> None:
+    """Makes :func:`task_class` ask ``resolve(name)`` about names not in the table."""
+    if resolve not in _RESOLVERS:
+        _RESOLVERS.append(resolve)
+
+
 def _register(cls: type[ModelTask]) -> None:
     """Enters ``cls`` under its family name and its presets; a clash is an error."""
     for preset, overrides in cls.presets.items():
@@ -96,11 +107,22 @@ def task_names() -> list[str]:
 
 
 def task_class(name: str) -> type[ModelTask]:
-    """The :class:`ModelTask` subclass registered under ``name`` (a family or a preset)."""
+    """The :class:`ModelTask` subclass registered under ``name`` (a family or a preset).
+
+    A ``"package.module:attr"`` name (a user's build function, see
+    :mod:`sparktf.models.custom`) is imported and entered on first use.
+    """
     try:
         return _TASK_CLASSES[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {task_names()}") from None
+        for resolve in _RESOLVERS:
+            found = resolve(name)
+            if found is not None:
+                return found
+        raise ValueError(
+            f"unknown model {name!r}; known models: {task_names()} (or a user's build "
+            "function: sparktf.models.register(name, build_fn) or 'package.module:build')"
+        ) from None
 
 
 # --------------------------------------------------------------------------- tasks

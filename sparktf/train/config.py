@@ -117,6 +117,11 @@ class RunConfig:
     fails, the driver takes the TensorFlow cluster down and starts it again from the latest
     checkpoint, up to this many times (0: the first failure ends the run). At most one
     checkpoint interval of work is lost per restart.
+
+    Experiment tracking (optional, the ``mlflow`` extra): with ``mlflow_tracking_uri`` the
+    driver records the run in the MLflow experiment ``mlflow_experiment`` -- parameters,
+    training metrics and evaluations with their steps, the export as an artifact (see
+    :mod:`sparktf.train.tracking`).
     """
 
     model_dir: str
@@ -134,10 +139,23 @@ class RunConfig:
     eval_every_steps: int = 0  # 0: once per epoch (and always at the end)
     export_best: str | None = None  # a metric: also keep the export of its best evaluation
     export: bool = True
+    mlflow_tracking_uri: str | None = None  # None: no tracking
+    mlflow_experiment: str = "sparktf"
 
     def __post_init__(self) -> None:
         if not self.model_dir:
             raise ConfigError("model_dir is required (a local path or hdfs:// URI)")
+        if self.mlflow_tracking_uri is not None and (
+            not isinstance(self.mlflow_tracking_uri, str) or not self.mlflow_tracking_uri.strip()
+        ):
+            raise ConfigError(
+                "mlflow_tracking_uri must be an MLflow tracking URI (http(s)://, file://, a "
+                f"local path), got {self.mlflow_tracking_uri!r}"
+            )
+        if not isinstance(self.mlflow_experiment, str) or not self.mlflow_experiment.strip():
+            raise ConfigError(
+                f"mlflow_experiment must be an experiment name, got {self.mlflow_experiment!r}"
+            )
         _positive("checkpoint_every_steps", self.checkpoint_every_steps)
         _positive("keep_checkpoints", self.keep_checkpoints)
         _positive("summary_every_steps", self.summary_every_steps)
@@ -253,6 +271,7 @@ class TrainResult:
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # spark input mode: rows fed to each training process (by node key), one number per process
     fed_rows: dict[str, int] | None = None
+    mlflow_run_id: str | None = None  # RunConfig.mlflow_tracking_uri: the MLflow run
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

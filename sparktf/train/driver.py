@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from sparktf import storage
-from sparktf.train import artifacts
+from sparktf.train import artifacts, tracking
 from sparktf.train.cluster import ClusterRun
 from sparktf.train.config import (
     ConfigError,
@@ -21,7 +21,7 @@ from sparktf.train.config import (
     TrainingError,
     TrainResult,
 )
-from sparktf.train.plan import plan_run
+from sparktf.train.plan import RunPlan, plan_run
 
 log = logging.getLogger("sparktf.train")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,14 +65,28 @@ def fit(
     :class:`~sparktf.train.config.TrainingError` when a TensorFlow process or a Spark job of
     the run fails (after ``run.max_restarts`` restarts from the latest checkpoint); in both
     cases nothing of the run is left running.
+
+    With ``run.mlflow_tracking_uri`` the run is recorded in MLflow from the driver
+    (:mod:`sparktf.train.tracking`; ``TrainResult.mlflow_run_id``); MLflow missing or a
+    tracking store that refuses is a :class:`ConfigError` before Spark starts.
     """
     scaling = scaling or ScalingConfig()
     if run is None:
         raise ConfigError("a RunConfig with model_dir is required")
+    if run.mlflow_tracking_uri:
+        tracking.require_mlflow()  # before anything is read or started
     # Local paths are resolved here, on the driver: executors run in their own work dirs.
     run = dataclasses.replace(run, model_dir=storage.parse(run.model_dir).uri)
     train = dataclasses.replace(train, data=storage.parse(train.data).uri)
     plan = plan_run(train, scaling, run)
+    with tracking.track(plan) as tracker:
+        out = _run(plan, spark, tracker)
+        tracker.finish(out)
+    return out
+
+
+def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker) -> TrainResult:
+    train, scaling, run = plan.train, plan.scaling, plan.run
     if spark is None:
         from sparktf.spark import get_session
 
@@ -108,13 +122,15 @@ def fit(
         try:
             with ClusterRun(spark, plan) as cluster:
                 cluster.start()
-                result = cluster.wait()
+                with tracker.follow(cluster):
+                    result = cluster.wait()
             break
         except TrainingError as exc:
             if len(restarts) >= run.max_restarts:
                 raise
             step = artifacts.latest_checkpoint_step(run.model_dir)
             restarts.append({"cause": str(exc), "resumed_from_step": step})
+            tracker.restarted(step, str(exc))
             log.warning(
                 "restart %d of %d: the TensorFlow cluster is started again from the checkpoint "
                 "of step %d after: %s",
@@ -143,6 +159,7 @@ def fit(
         eval_history=list(result.get("eval_history") or []),
         best_export_path=result.get("best_export"),
         fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
+        mlflow_run_id=tracker.run_id,
     )
     if out.eval_metrics:
         log.info(
@@ -150,11 +167,12 @@ def fit(
             plan.eval_data.split,
             ", ".join(f"{k} {v:.4g}" for k, v in out.eval_metrics.items()),
         )
+    trained = out.final_step > out.start_step
     log.info(
-        "done: step %d, %s, %.0f examples/s, %.1f s%s",
+        "done: step %d%s, %.1f s%s",
         out.final_step,
-        ", ".join(f"{k} {v:.4g}" for k, v in out.metrics.items()),
-        out.examples_per_sec,
+        "".join(f", {k} {v:.4g}" for k, v in out.metrics.items())
+        + (f", {out.examples_per_sec:.0f} examples/s" if trained else " (nothing left to train)"),
         out.elapsed_s,
         f", exported {out.export_path}" if out.export_path else "",
     )

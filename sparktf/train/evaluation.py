@@ -88,7 +88,7 @@ class Evaluator:
     def _batch_sums(self, batch: dict[str, Any], n: int) -> dict[str, float]:
         """Metric sums over one batch (means times rows where the task returns means)."""
         if self._classify is not None:
-            out = self._classify(batch["image"], batch["label"])
+            out = self._classify(batch[self.task.features[0]], batch["label"])
             return {k: float(v) for k, v in out.items()}
         out = self.task.eval_step(self.model, batch, n)
         return {k: float(np.asarray(v)) * n for k, v in out.items()}

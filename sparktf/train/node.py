@@ -264,6 +264,13 @@ def main(argv: list[str]) -> None:
         else:
             from sparktf.train.trainer import Trainer
 
+            if spec.plan.custom_model is not None:  # a model registered in the driver
+                from sparktf.models import custom
+
+                log.info(
+                    "installed the driver's model %s",
+                    custom.install_payload(spec.plan.custom_model),
+                )
             control.send("done", Trainer(spec, role, control).run())
             if not role.is_chief:
                 # Stay until the chief has finished too: a multi-worker process that leaves

@@ -107,6 +107,9 @@ class RunPlan:
     feed_passes: int | None  # spark input mode: passes over the split (None: endless)
     log_level: str = "INFO"
     eval_data: DataInfo | None = None  # the evaluation split (None: no evaluation)
+    # a model entered by sparktf.models.register in the driver: its registration, pickled
+    # by value (sparktf.models.custom.plan_payload); each TensorFlow process installs it
+    custom_model: bytes | None = None
 
     @property
     def eval_every_steps(self) -> int:
@@ -137,6 +140,15 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
             "dataset: it has no distributed training job"
         )
     manifest = formats.load_manifest(train.data)  # read once: train and eval splits
+    from_data = getattr(task, "data_overrides", None)  # a user's model: shapes from the data
+    if from_data is not None:
+        try:
+            filled = from_data(formats.manifest_fields(manifest), manifest)
+            if filled:
+                overrides.update(filled)
+                task = models.get_task(train.model, **overrides)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     data = describe_data(train.data, train.split, task.features, manifest)
     if task.kind == "language_model":
         vocab = (data.text or {}).get("vocab_size")
@@ -170,6 +182,7 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
         feed_passes=math.ceil(train.epochs) if train.epochs and not train.steps else None,
         log_level=logging.getLevelName(logging.getLogger().level or logging.INFO),
         eval_data=_eval_data(train, run, task, manifest),
+        custom_model=models.custom.plan_payload(train.model),
     )
 
 

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Runs every benchmark (convert, read, feed, train, predict) under one measuring contract
+# (bench/common.py), at sizes that fit in about 15 minutes on a 2-core machine, then prints
+# one goals table (benchmark, goal, value, target, met) and writes it to
+# bench/results/goals.md (a markdown table with the date and the machine).
+#
+# Usage: bench/all.sh [--only "NAME ..."] [--rounds N] [--timeout SECONDS] [-h|--help]
+#
+#   --only "NAME ..."   run only these benchmarks (default: convert read feed train predict)
+#   --rounds N          rounds of every measurement; the median counts (default 3)
+#   --timeout SECONDS   per-benchmark limit; a benchmark past it is stopped (default 600)
+#
+# Every benchmark writes bench/results/<name>-<time>.json; its output goes to
+# bench/results/<name>.log. Each one starts what it needs (a Spark local-cluster session;
+# read: a throwaway HDFS through bench/common.hdfs) and stops it when it ends, fails or is
+# stopped. Exits 1 if a benchmark failed or left no result (the table still shows the rest).
+# PYTHON (default .venv/bin/python) is the interpreter.
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+ONLY="convert read feed train predict"
+ROUNDS=3
+TIMEOUT=600
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --only) ONLY="${2:?--only needs a list of benchmarks}"; shift 2 ;;
+    --rounds) ROUNDS="${2:?--rounds needs a number}"; shift 2 ;;
+    --timeout) TIMEOUT="${2:?--timeout needs seconds}"; shift 2 ;;
+    *) echo "all.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "all.sh: --rounds expects a whole number >= 1, got $ROUNDS" >&2; exit 2; }
+[[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || { echo "all.sh: --timeout expects seconds, got $TIMEOUT" >&2; exit 2; }
+
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-.venv/bin/python}"
+RESULTS=bench/results
+mkdir -p "$RESULTS"
+
+# Sizes for about 15 minutes on 2 cores (the defaults of each script are larger).
+declare -A ARGS=(
+  [convert]="--sizes 2500 10000 --shards 4"
+  [read]="--records 5000 --shards 4 --rowwise-limit 500"
+  [feed]="--rows 5000 --no-tfos"
+  [train]="--steps 12 --batch-size 64"
+  [predict]="--resnet-rows 1024 --mlp-rows 8192"
+)
+for name in $ONLY; do
+  [[ -n "${ARGS[$name]+x}" ]] || { echo "all.sh: unknown benchmark $name (expected: ${!ARGS[*]})" >&2; exit 2; }
+done
+
+child=""
+stop_child() {
+  if [[ -n "$child" ]] && kill -0 "$child" 2>/dev/null; then
+    kill -TERM "$child" 2>/dev/null || true  # the benchmark's finally blocks stop Spark/HDFS
+    wait "$child" 2>/dev/null || true
+  fi
+}
+trap 'stop_child; exit 130' INT TERM
+
+since=$(date +%s)
+started=$SECONDS
+failed=()
+for name in $ONLY; do
+  log="$RESULTS/$name.log"
+  echo "== $name: $PYTHON bench/$name.py ${ARGS[$name]} --rounds $ROUNDS (log: $log)"
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # ARGS values are word lists
+  timeout --signal=TERM --kill-after=90 "$TIMEOUT" \
+    "$PYTHON" "bench/$name.py" ${ARGS[$name]} --rounds "$ROUNDS" >"$log" 2>&1 &
+  child=$!
+  rc=0
+  wait "$child" || rc=$?
+  child=""
+  if [[ $rc -ne 0 ]]; then
+    failed+=("$name")
+    echo "   FAILED (exit $rc) after $((SECONDS - t0)) s; last lines of $log:"
+    tail -n 15 "$log" | sed 's/^/   | /'
+  else
+    echo "   done in $((SECONDS - t0)) s"
+  fi
+done
+wall=$((SECONDS - started))
+
+sizes=""
+for name in $ONLY; do sizes+="${sizes:+; }$name: ${ARGS[$name]} --rounds $ROUNDS"; done
+echo
+# shellcheck disable=SC2086
+"$PYTHON" bench/goals.py --since "$since" --markdown "$RESULTS/goals.md" --expect $ONLY \
+  --note "Wall time of bench/all.sh: ${wall} s. Sizes: ${sizes}." || failed+=("goals")
+echo "bench/all.sh: ${wall} s; table in $RESULTS/goals.md"
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "bench/all.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi

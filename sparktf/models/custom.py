@@ -1,0 +1,660 @@
+"""Bring your own model: a user's Keras builder trained, exported and served like the book's.
+
+A *build function* makes the network::
+
+    def build(input_shape, num_classes, hidden_units=32):      # keyword defaults: config keys
+        inputs = keras.Input(input_shape)
+        x = keras.layers.Dense(hidden_units, activation="relu")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))   # logits
+
+It takes the per-row input shape (a tuple), the number of classes and its own keyword
+arguments, and returns a :class:`keras.Model` from float32 inputs ``[B, *input_shape]`` to
+logits ``[B, num_classes]``. Every keyword parameter with a default becomes a config key of
+the model (``--model-config`` / ``TrainConfig.model_config`` / ``TFEstimator.modelConfig``
+override it). sparktf wraps it in a classifier task (:class:`CustomClassifierTask`): the
+same training loop, checkpoints, moving averages, precision policies, evaluation and
+SavedModel export as the registry's classifiers, and ``sparktf.predict`` serves the export.
+
+Two ways to name it, anywhere a registry name goes (``TrainConfig.model``, the jobs'
+``--model``, ``TFEstimator(model=...)``):
+
+* ``sparktf.models.register("my_mlp", build, input_shape=(4,), num_classes=3, ...)`` in the
+  driver program, then ``model="my_mlp"``. The registration travels with the run's plan to
+  every TensorFlow process: the build function (and a ``loss`` function) is pickled *by
+  value* with cloudpickle, together with what it uses from its own module; the modules it
+  imports (keras, numpy, ...) must be importable on the executors.
+* ``"my_pkg.module:build"``: each process imports ``my_pkg.module`` and takes ``build``, a
+  build function or a :class:`CustomModel` made by :func:`custom_model` (which also sets
+  the options below). The module must be importable in the driver and on every executor
+  (an installed package, ``PYTHONPATH``, or Spark's ``--py-files``).
+
+Options (:func:`register` / :func:`custom_model` keyword arguments; all but ``build_fn``,
+``loss`` and ``config`` are also config keys):
+
+* ``kind``: ``"classifier"`` (the only kind so far);
+* ``input_shape``, ``input_dtype``, ``num_classes``, ``feature``: the input column
+  (default: ``image`` for ``uint8``, else ``features``), its per-row shape, ``"float32"``
+  (a feature vector or tensor, fed as it is) or ``"uint8"`` (images, scaled by
+  :class:`~sparktf.models.layers.ScaleImage` with ``scaling`` first). ``None`` (the
+  default): taken from the dataset when a run is planned (the dataset's only ndarray
+  column, its dtype and shape, and its label's ``num_classes``);
+* ``loss``: ``"sparse_categorical_crossentropy"`` (on logits; the default) or a function
+  ``loss(labels [B] int64, logits [B, K] float32) -> per-example losses [B]`` (register
+  only: it travels with the plan); ``label_smoothing`` and ``weight_decay`` as the
+  registry's classifiers;
+* ``metrics``: reported per training step besides ``loss``: ``"accuracy"``,
+  ``"top5_accuracy"`` (evaluation always reports loss, accuracy and top-5 accuracy);
+* ``optimizer`` (a name of :data:`sparktf.models.optim.OPTIMIZERS` or ``{"name": ...,
+  **keras_kwargs}``), ``learning_rate``, ``batch_size``, ``epochs``, ``max_steps`` and the
+  schedule keys every task has;
+* ``config``: more defaults for the build function's keyword arguments (needed for those
+  without a default, or with ``**kwargs``).
+
+Exports: a ``uint8`` input of rank 3 gets exactly the image classifier's signatures
+(``serving_default`` on serialized ``tf.train.Example`` with raw ``image`` bytes,
+``predict_images``); any other input gets ``serving_default`` (a ``tf.train.Example`` with
+a float list under the feature's name) and ``predict_features`` (``float32[B, *shape]``),
+both giving ``classes`` and ``scores``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import logging
+import math
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from sparktf.models.classifier import ClassifierTask
+from sparktf.models.export import Endpoint
+from sparktf.models.layers import ScaleImage, count_params
+from sparktf.models.optim import apply_gradients, current_learning_rate, regularization_loss
+from sparktf.models.task import (
+    Batch,
+    Metrics,
+    RegistryModel,
+    add_resolver,
+    task_class,
+    task_names,
+)
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("classifier",)
+INPUT_DTYPES = ("float32", "uint8")
+LOSSES = ("sparse_categorical_crossentropy",)
+CALLABLE_LOSS = "callable"  # the config's ``loss`` when a loss function was registered
+TRAIN_METRICS = ("accuracy", "top5_accuracy")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomModel:
+    """A build function and its options (see the module docstring); made by
+    :func:`custom_model`, entered by :func:`register`."""
+
+    build_fn: Callable[..., keras.Model]
+    kind: str = "classifier"
+    loss: str | Callable[..., Any] = "sparse_categorical_crossentropy"
+    metrics: tuple[str, ...] = ("accuracy",)
+    optimizer: str | Mapping[str, Any] = "adam"
+    learning_rate: float = 1e-3
+    input_shape: tuple[int, ...] | None = None
+    input_dtype: str | None = None
+    num_classes: int | None = None
+    feature: str | None = None
+    scaling: str = "unit"
+    batch_size: int = 32
+    epochs: int | None = 1
+    max_steps: int | None = None
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not callable(self.build_fn):
+            raise TypeError(f"build_fn must be callable, got {self.build_fn!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind {self.kind!r} is not supported; custom models are {KINDS}")
+        if not callable(self.loss) and self.loss not in LOSSES:
+            raise ValueError(
+                f"loss must be one of {LOSSES} or a function (labels, logits) -> per-example "
+                f"losses, got {self.loss!r}"
+            )
+
+    def defaults(self) -> dict[str, Any]:
+        """The task config this model starts from."""
+        optimizer = (
+            {"name": self.optimizer} if isinstance(self.optimizer, str) else dict(self.optimizer)
+        )
+        out = {
+            **_build_defaults(self.build_fn),
+            **dict(self.config),
+        }
+        clash = sorted(set(out) & set(_TASK_KEYS))
+        if clash:
+            raise ValueError(
+                f"build function {_describe(self.build_fn)}: keyword argument(s) {clash} clash "
+                "with the task's own config keys; rename them"
+            )
+        out.update(
+            {
+                "input_shape": None if self.input_shape is None else list(self.input_shape),
+                "input_dtype": self.input_dtype,
+                "num_classes": self.num_classes,
+                "feature": self.feature,
+                "scaling": self.scaling,
+                "loss": CALLABLE_LOSS if callable(self.loss) else self.loss,
+                "metrics": list(self.metrics),
+                "optimizer": optimizer,
+                "learning_rate": self.learning_rate,
+                "batch_size": self.batch_size,
+                "epochs": self.epochs,
+                "max_steps": self.max_steps,
+                "clip_norm": None,
+            }
+        )
+        return out
+
+
+def custom_model(build_fn: Callable[..., keras.Model], **options: Any) -> CustomModel:
+    """A :class:`CustomModel` (the options of :func:`register`), for a module's
+    ``"my_pkg.module:NAME"`` entry."""
+    if "metrics" in options:
+        options["metrics"] = tuple(options["metrics"])
+    if options.get("input_shape") is not None:
+        options["input_shape"] = tuple(int(d) for d in options["input_shape"])
+    return CustomModel(build_fn, **options)
+
+
+# The config keys of the task (a build function's own keyword arguments must not reuse one).
+_TASK_KEYS = (
+    "input_shape",
+    "input_dtype",
+    "num_classes",
+    "feature",
+    "scaling",
+    "loss",
+    "metrics",
+    "optimizer",
+    "learning_rate",
+    "batch_size",
+    "epochs",
+    "max_steps",
+    "clip_norm",
+    "weight_decay",
+    "label_smoothing",
+    "lr_schedule",
+    "lr_boundaries_epochs",
+    "lr_decay_factor",
+    "lr_decay_epochs",
+    "end_learning_rate",
+    "lr_decay_total_epochs",
+    "moving_average_decay",
+    "precision",
+)
+
+
+def _describe(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _build_parameters(fn: Callable) -> tuple[list[inspect.Parameter], bool]:
+    """The build function's parameters after (input_shape, num_classes); whether it takes
+    ``**kwargs``."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return [], True
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(positional) < 2:
+        raise TypeError(
+            f"build function {_describe(fn)} must take (input_shape, num_classes, **config)"
+        )
+    rest = [p for p in params if p not in positional[:2]]
+    var_kw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in rest)
+    return [p for p in rest if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)], var_kw
+
+
+def _build_defaults(fn: Callable) -> dict[str, Any]:
+    params, _ = _build_parameters(fn)
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+class CustomClassifierTask(ClassifierTask):
+    """A classifier whose network comes from a user's build function (one subclass per
+    registered name; see the module docstring)."""
+
+    description: ClassVar[str] = "a user's Keras model (sparktf.models.register)"
+    spec: ClassVar[CustomModel | None] = None
+    defaults: ClassVar[Mapping[str, Any]] = {}
+
+    # -- config ---------------------------------------------------------------------------
+
+    @property
+    def input_dtype(self) -> str:
+        return self.config["input_dtype"] or "float32"
+
+    @property
+    def feature(self) -> str:
+        return self.config["feature"] or ("image" if self.input_dtype == "uint8" else "features")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return (self.feature, "label")
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        shape = self.config["input_shape"]
+        if shape is None:
+            raise ValueError(
+                f"model {self.name!r}: input_shape is not known: set it (register, "
+                "--model-config, modelConfig) or train on a dataset (it is read from there)"
+            )
+        return tuple(int(d) for d in shape)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        shape = self.input_shape
+        if len(shape) != 3:
+            raise ValueError(f"model {self.name!r} takes inputs of shape {shape}, not images")
+        return shape  # type: ignore[return-value]
+
+    @property
+    def num_classes(self) -> int:
+        if self.config["num_classes"] is None:
+            raise ValueError(
+                f"model {self.name!r}: num_classes is not known: set it or train on a dataset "
+                "whose label records num_classes"
+            )
+        return int(self.config["num_classes"])
+
+    @property
+    def serves_images(self) -> bool:
+        """A uint8 image input: the registry classifiers' signatures."""
+        return self.input_dtype == "uint8" and len(self.input_shape) == 3
+
+    @property
+    def build_config(self) -> dict[str, Any]:
+        params, var_kw = _build_parameters(type(self).spec.build_fn)
+        names = {p.name for p in params}
+        return {
+            k: v
+            for k, v in self.config.items()
+            if k in names or (var_kw and k not in self.shared_defaults and k not in _TASK_KEYS)
+        }
+
+    def validate(self) -> None:
+        c = self.config
+        shape = c["input_shape"]
+        if shape is not None and (
+            not isinstance(shape, list)
+            or not shape
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+        ):
+            raise ValueError(f"input_shape must be a list of positive integers, got {shape!r}")
+        if c["input_dtype"] not in (None, *INPUT_DTYPES):
+            raise ValueError(f"input_dtype must be one of {INPUT_DTYPES}, got {c['input_dtype']!r}")
+        if c["num_classes"] is not None and (
+            not isinstance(c["num_classes"], int) or c["num_classes"] < 2
+        ):
+            raise ValueError(f"num_classes must be an integer >= 2, got {c['num_classes']!r}")
+        if c["scaling"] not in ScaleImage.MODES:
+            raise ValueError(f"scaling must be one of {ScaleImage.MODES}, got {c['scaling']!r}")
+        if c["loss"] not in (*LOSSES, CALLABLE_LOSS) or (
+            c["loss"] == CALLABLE_LOSS and not callable(type(self).spec.loss)
+        ):
+            raise ValueError(f"loss must be one of {LOSSES}, got {c['loss']!r}")
+        unknown = sorted(set(c["metrics"]) - set(TRAIN_METRICS))
+        if unknown:
+            raise ValueError(f"metrics {unknown} are not known; choose from {TRAIN_METRICS}")
+        for key, upper in (("weight_decay", None), ("label_smoothing", 1.0)):
+            value = c[key]
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or value < 0
+                or (upper is not None and value >= upper)
+            ):
+                bound = f"in [0, {upper})" if upper else ">= 0"
+                raise ValueError(f"{key} must be a number {bound}, got {value!r}")
+        params, _ = _build_parameters(type(self).spec.build_fn)
+        missing = [p.name for p in params if p.name not in c]
+        if missing:
+            raise ValueError(
+                f"build function {_describe(type(self).spec.build_fn)} needs {missing}: give "
+                "them defaults, or set them with config= / --model-config"
+            )
+
+    def data_overrides(self, fields: Sequence[Any], manifest: Mapping[str, Any]) -> dict:
+        """Config entries left ``None`` (input column, shape, dtype, classes), read from a
+        dataset's columns (``formats.Field``) and manifest; a ValueError when the dataset
+        cannot feed this model."""
+        c = self.config
+        where = f"dataset {manifest.get('dataset', '?')}"
+        arrays = [f for f in fields if f.shape is not None and f.name != "label"]
+        if c["feature"] is not None:
+            column = next((f for f in fields if f.name == c["feature"]), None)
+        elif c["input_dtype"] is not None and any(f.name == self.feature for f in arrays):
+            column = next(f for f in arrays if f.name == self.feature)
+        elif len(arrays) == 1:
+            column = arrays[0]
+        else:
+            raise ValueError(
+                f"model {self.name!r}: {where} has ndarray columns "
+                f"{[f.name for f in arrays]}: set feature= to the one it reads"
+            )
+        if column is None or column.shape is None:
+            return {}  # describe_data names the missing column
+        out: dict[str, Any] = {}
+        if c["feature"] is None:
+            out["feature"] = column.name
+        dtype = str(np.dtype(column.dtype))
+        if c["input_dtype"] is None:
+            if dtype not in INPUT_DTYPES:
+                raise ValueError(
+                    f"model {self.name!r}: column {column.name!r} of {where} holds {dtype}; "
+                    f"custom models read {INPUT_DTYPES}"
+                )
+            out["input_dtype"] = dtype
+        elif c["input_dtype"] != dtype:
+            raise ValueError(
+                f"model {self.name!r} reads {c['input_dtype']} but column {column.name!r} of "
+                f"{where} holds {dtype}"
+            )
+        shape = list(column.shape)
+        if c["input_shape"] is None:
+            out["input_shape"] = shape
+        elif list(c["input_shape"]) != shape and math.prod(c["input_shape"]) != math.prod(shape):
+            raise ValueError(
+                f"model {self.name!r} expects input_shape {tuple(c['input_shape'])} but column "
+                f"{column.name!r} of {where} holds {dtype} of shape {tuple(shape)}"
+            )
+        if c["num_classes"] is None:
+            label = (manifest.get("schema") or {}).get("label") or {}
+            if label.get("num_classes"):
+                out["num_classes"] = int(label["num_classes"])
+        return out
+
+    # -- model ------------------------------------------------------------------------------
+
+    def build_model(self) -> keras.Model:
+        shape, num_classes = self.input_shape, self.num_classes
+        inputs = keras.Input(shape, dtype=self.input_dtype, name=self.feature)
+        x = inputs
+        if self.input_dtype == "uint8":
+            x = ScaleImage(self.config["scaling"], dtype="float32", name="scale_image")(inputs)
+        fn = type(self).spec.build_fn
+        network = fn(tuple(shape), num_classes, **self.build_config)
+        if not isinstance(network, keras.Model):
+            raise TypeError(
+                f"build function {_describe(fn)} returned {type(network).__name__}, "
+                "not a keras.Model"
+            )
+        logits = network(x)
+        if tuple(logits.shape[1:]) != (num_classes,):
+            raise ValueError(
+                f"build function {_describe(fn)} returns outputs of shape "
+                f"{tuple(logits.shape)}; expected logits [B, {num_classes}]"
+            )
+        safe = re.sub(r"[^A-Za-z0-9_]", "_", self.name)
+        model = RegistryModel(inputs, logits, self.name, self.config, name=safe)
+        logger.info(
+            "built %s: %d trainable parameters", self.name, count_params(model.trainable_weights)
+        )
+        return model
+
+    def _forward(
+        self, model: keras.Model, batch: Batch, training: bool, label_smoothing: float = 0.0
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
+        logits = tf.cast(model(batch[self.feature], training=training), tf.float32)
+        loss_fn = type(self).spec.loss
+        if callable(loss_fn):
+            per_example = tf.reshape(tf.cast(loss_fn(labels, logits), tf.float32), [-1])
+        elif label_smoothing:
+            targets = tf.one_hot(labels, self.num_classes, dtype=tf.float32)
+            targets = targets * (1.0 - label_smoothing) + label_smoothing / self.num_classes
+            per_example = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        else:
+            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=logits
+            )
+        correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
+        return logits, per_example, correct
+
+    def train_step(
+        self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
+    ) -> Metrics:
+        with tf.GradientTape() as tape:
+            logits, per_example, correct = self._forward(
+                model, batch, training=True, label_smoothing=float(self.config["label_smoothing"])
+            )
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+            reg = regularization_loss(model)
+            total = loss + reg
+        apply_gradients(
+            optimizer, total, tape, model.trainable_variables, self.config.get("clip_norm")
+        )
+        num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        out = {
+            "loss": tf.reduce_mean(per_example),
+            "regularization_loss": reg * num_replicas,
+            "learning_rate": current_learning_rate(optimizer),
+        }
+        if "accuracy" in self.config["metrics"]:
+            out["accuracy"] = tf.reduce_mean(correct)
+        if "top5_accuracy" in self.config["metrics"]:
+            labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
+            k = min(5, self.num_classes)
+            out["top5_accuracy"] = tf.reduce_mean(
+                tf.cast(tf.math.in_top_k(labels, logits, k), tf.float32)
+            )
+        return out
+
+    # -- export -----------------------------------------------------------------------------
+
+    def serving_endpoints(self, model: keras.Model) -> dict[str, Endpoint]:
+        if self.serves_images:
+            return super().serving_endpoints(model)
+        shape, feature = list(self.input_shape), self.feature
+
+        def outputs(values: tf.Tensor) -> dict[str, tf.Tensor]:
+            logits = tf.cast(model(values, training=False), tf.float32)
+            scores = tf.nn.softmax(logits, axis=-1)
+            return {"classes": tf.argmax(scores, axis=-1), "scores": scores}
+
+        def classify(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+            parsed = tf.io.parse_example(
+                inputs, {feature: tf.io.FixedLenFeature(shape, tf.float32)}
+            )
+            return outputs(parsed[feature])
+
+        def predict_features(features: tf.Tensor) -> dict[str, tf.Tensor]:
+            return outputs(features)
+
+        return {
+            "serving_default": (classify, [tf.TensorSpec([None], tf.string, name="inputs")]),
+            "predict_features": (
+                predict_features,
+                [tf.TensorSpec([None, *shape], tf.float32, name="features")],
+            ),
+        }
+
+    def signature_info(self) -> dict[str, dict[str, dict[str, str]]]:
+        if self.serves_images:
+            return super().signature_info()
+        dims = ",".join(str(d) for d in self.input_shape)
+        k = self.num_classes
+        outputs = {"classes": "int64[B]", "scores": f"float32[B,{k}]"}
+        return {
+            "serving_default": {
+                "inputs": {
+                    "inputs": f"string[B] (tf.train.Example, {self.feature!r}: "
+                    f"{math.prod(self.input_shape)} floats)"
+                },
+                "outputs": outputs,
+            },
+            "predict_features": {"inputs": {"features": f"float32[B,{dims}]"}, "outputs": outputs},
+        }
+
+    def example_batch(self, batch_size: int, seed: int = 0) -> dict[str, tf.Tensor]:
+        rng = np.random.default_rng(seed)
+        if self.input_dtype == "uint8":
+            values = rng.integers(0, 256, size=(batch_size, *self.input_shape), dtype=np.uint8)
+        else:
+            values = rng.standard_normal((batch_size, *self.input_shape)).astype(np.float32)
+        labels = rng.integers(0, self.num_classes, size=(batch_size,), dtype=np.int64)
+        ids = np.arange(batch_size, dtype=np.int64)
+        return {
+            self.feature: tf.constant(values),
+            "label": tf.constant(labels),
+            "id": tf.constant(ids),
+        }
+
+
+# ----------------------------------------------------------------------------- the names
+
+# Names entered by register() in this process -> their CustomModel (what a plan carries).
+_REGISTERED: dict[str, CustomModel] = {}
+
+
+def _task_class_for(name: str, spec: CustomModel) -> type[CustomClassifierTask]:
+    """A CustomClassifierTask subclass for ``name`` (entered into the name table)."""
+    attrs = {
+        "family": name,
+        "spec": spec,
+        "defaults": spec.defaults(),
+        "description": spec.description or f"custom model {_describe(spec.build_fn)}",
+        "__module__": __name__,
+        "__qualname__": f"CustomClassifierTask[{name}]",
+    }
+    return type(f"CustomClassifierTask[{name}]", (CustomClassifierTask,), attrs)
+
+
+def _is_custom(name: str) -> bool:
+    try:
+        return issubclass(task_class(name), CustomClassifierTask)
+    except ValueError:
+        return False
+
+
+def register(name: str, build_fn: Callable[..., keras.Model], **options: Any) -> str:
+    """Makes ``build_fn`` trainable under ``name`` (see the module docstring for the build
+    function and ``options``: kind, loss, metrics, optimizer, learning_rate, input_shape,
+    input_dtype, num_classes, feature, scaling, batch_size, epochs, max_steps, config,
+    description). Registering a name again replaces it; the registry's own names cannot be
+    taken. Returns ``name``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"model name {name!r}: use letters, digits, '_', '.', '-' (a 'module:attr' name "
+            "needs no registration)"
+        )
+    if name in task_names() and not _is_custom(name):
+        raise ValueError(f"model name {name!r} is one of the registry's own models")
+    spec = custom_model(build_fn, **options)
+    _task_class_for(name, spec).make(name, {})  # a config that cannot work fails here
+    _REGISTERED[name] = spec
+    return name
+
+
+def module_task_class(name: str) -> type[CustomClassifierTask]:
+    """The task class of a ``"package.module:attr"`` name (imported, then entered into the
+    name table); a ValueError naming what is missing."""
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"model {name!r}: expected 'package.module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"model {name!r}: cannot import module {module_name!r} ({exc}); it must be "
+            "importable in the driver and on every executor (an installed package, "
+            "PYTHONPATH or --py-files)"
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"model {name!r}: module {module_name!r} has no {attr!r}")
+        target = getattr(target, part)
+    if isinstance(target, CustomModel):
+        spec = target
+    elif callable(target):
+        spec = CustomModel(target)
+    else:
+        raise ValueError(
+            f"model {name!r}: {attr!r} is {type(target).__name__}; expected a build function "
+            "(input_shape, num_classes, **config) -> keras.Model or a "
+            "sparktf.models.custom_model(...)"
+        )
+    return _task_class_for(name, spec)
+
+
+def _resolve(name: str) -> type[CustomClassifierTask] | None:
+    return module_task_class(name) if isinstance(name, str) and ":" in name else None
+
+
+add_resolver(_resolve)
+
+
+def plan_payload(name: str) -> bytes | None:
+    """The registration of ``name`` as bytes for a run's plan (None unless ``name`` was
+    entered by :func:`register` in this process): the build and loss functions pickled by
+    value (cloudpickle), so a TensorFlow process need not import their module."""
+    spec = _REGISTERED.get(name)
+    if spec is None:
+        return None
+    import cloudpickle
+
+    modules = set()
+    for fn in (spec.build_fn, spec.loss):
+        module = getattr(fn, "__module__", None)
+        if (
+            callable(fn)
+            and module
+            and module != "__main__"
+            and module in sys.modules
+            and not module.startswith(("sparktf.", "keras", "tensorflow"))
+        ):
+            modules.add(module)
+    added = []
+    try:
+        for module in modules:
+            try:
+                cloudpickle.register_pickle_by_value(sys.modules[module])
+                added.append(module)
+            except ValueError:  # already by value
+                pass
+        return cloudpickle.dumps((name, spec))
+    finally:
+        for module in added:
+            cloudpickle.unregister_pickle_by_value(sys.modules[module])
+
+
+def install_payload(payload: bytes) -> str:
+    """Enters the registration a plan carries (:func:`plan_payload`); returns its name."""
+    import cloudpickle
+
+    name, spec = cloudpickle.loads(payload)
+    _task_class_for(name, spec)
+    _REGISTERED[name] = spec
+    return name
+
+
+def registered() -> list[str]:
+    """The names entered by :func:`register` in this process."""
+    return sorted(_REGISTERED)

@@ -1,0 +1,357 @@
+"""Spark ML stages (sparktf.ml.TFEstimator / TFModel), the tabular Pipeline example, and a
+user's model named 'package.module:build' trained by jobs/train.py.
+
+Runs on the session's local-cluster (two executors): all-reduce with two workers. Two
+trainings in all (the example's Pipeline, and the job, which starts its own Spark
+application); the error cases fail before any training starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import helpers
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "tabular_pipeline.py"
+
+BUILD_MODULE = """
+import keras
+
+def build(input_shape, num_classes, hidden_units=16):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Flatten()(inputs)
+    x = keras.layers.Dense(hidden_units, activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+"""
+
+
+def node_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "sparktf.train.node"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def assert_nothing_left(timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while node_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert node_processes() == []
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("tabular_pipeline_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def small_export(tmp_path_factory):
+    """An untrained export of a registered 3-feature model (no Spark needed to make it)."""
+    from sparktf import models
+
+    def build(input_shape, num_classes):
+        import keras
+
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))
+
+    models.register("ml_three_features", build, input_shape=(3,), num_classes=2)
+    task = models.get_task("ml_three_features")
+    path = tmp_path_factory.mktemp("export") / "1"
+    return task.export(task.build_model(), str(path))
+
+
+def test_example_has_help():
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for flag in ("--csv", "--model-dir", "--output", "--pipeline-dir", "--demo-rows"):
+        assert flag in done.stdout
+
+
+def test_stages_have_pyspark_params():
+    from sparktf.ml import TFEstimator, TFModel
+
+    est = TFEstimator(
+        model="m:build", modelConfig={"hidden_units": 4}, numWorkers=2, steps=3, modelDir="/x"
+    )
+    for name in (
+        "model",
+        "modelConfig",
+        "strategy",
+        "numWorkers",
+        "numPs",
+        "epochs",
+        "steps",
+        "batchSize",
+        "modelDir",
+        "inputCol",
+        "labelCol",
+        "predictionCol",
+    ):
+        assert est.hasParam(name), name
+    assert est.getOrDefault("strategy") == "allreduce" and est.getInputCol() == "features"
+    assert TFModel(exportDir="/e").getPredictionCol() == "prediction"
+
+
+@pytest.mark.spark
+def test_estimator_persists_in_a_pipeline(spark, tmp_path):
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import VectorAssembler
+
+    from sparktf.ml import TFEstimator
+
+    est = TFEstimator(model="m:build", modelConfig={"hidden_units": 4}, steps=3, modelDir="/x")
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a"], outputCol="features"), est])
+    pipeline.save(str(tmp_path / "p"))
+    again = Pipeline.load(str(tmp_path / "p")).getStages()[1]
+    assert isinstance(again, TFEstimator)
+    assert again.getOrDefault("modelConfig") == {"hidden_units": 4}
+    assert again.getOrDefault("steps") == 3 and again.uid == est.uid
+
+
+@pytest.mark.spark
+def test_transform_reads_vectors_and_arrays_and_names_a_bad_row(spark, small_export):
+    from pyspark.ml.linalg import Vectors
+    from pyspark.sql import functions as F
+
+    from sparktf.ml import TFModel
+
+    rows = [
+        (10, Vectors.dense([0.5, -1.0, 2.0]), [0.5, -1.0, 2.0]),
+        (11, Vectors.sparse(3, {1: 3.0}), [0.0, 3.0, 0.0]),
+    ]
+    df = spark.createDataFrame(rows, ["id", "features", "values"])
+    model = TFModel(exportDir=small_export)
+    by_vector = model.transform(df).orderBy("id").collect()
+    assert [r["id"] for r in by_vector] == [10, 11]
+    assert by_vector[0]["features"] == Vectors.dense([0.5, -1.0, 2.0])  # kept as it was
+    by_array = model.setInputCol("values").transform(df).orderBy("id").collect()
+    direct = helpers.call(
+        small_export, "predict_features", features=np.array([r[2] for r in rows], np.float32)
+    )
+    for got in (by_vector, by_array):
+        np.testing.assert_allclose(
+            [r["probability"] for r in got], direct["scores"], rtol=1e-5, atol=1e-6
+        )
+        assert [r["prediction"] for r in got] == list(direct["classes"])
+
+    bad = spark.createDataFrame(
+        [(1, [1.0, 2.0, 3.0]), (7, [1.0, 2.0, 3.0, 4.0])], ["id", "values"]
+    ).coalesce(1)
+    with pytest.raises(Exception) as info:
+        model.transform(bad).collect()
+    text = str(info.value)
+    assert "column 'values'" in text and "id=7" in text and "shape (4,)" in text, text[-2000:]
+    assert "shape (3,)" in text
+    wide = bad.select("id", F.col("values").alias("v"))
+    with pytest.raises(Exception, match="input column 'features' is missing"):
+        model.setInputCol("features").transform(wide)
+
+
+@pytest.mark.spark
+def test_fit_refuses_rows_that_do_not_fit_the_model_before_training(spark, small_export, tmp_path):
+    from pyspark.ml.linalg import Vectors
+
+    from sparktf.ml import TFEstimator
+
+    est = TFEstimator(
+        model="ml_three_features", steps=2, batchSize=2, modelDir=str(tmp_path / "model")
+    )
+    ragged = spark.createDataFrame(
+        [(1, Vectors.dense([1.0, 2.0, 3.0]), 0), (7, Vectors.dense([1.0, 2.0]), 1)],
+        ["id", "features", "label"],
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"column 'features': the row with id=7 has 2 values; "
+        r"expected shape \(3,\)",
+    ):
+        est.fit(ragged)
+    labels = spark.createDataFrame(
+        [(1, [1.0, 2.0, 3.0], 0), (4, [1.0, 2.0, 3.0], 5)], ["id", "features", "label"]
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"the row with id=4 has label 5; expected a class in "
+        r"\[0, 2\)",
+    ):
+        est.fit(labels)
+    assert not list((tmp_path / "model").glob("_fit_data-*"))  # the temporary data is gone
+
+
+@pytest.mark.spark
+def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, tmp_path):
+    """The dataset format's ndarray column (np.save bytes) passes through unchanged; numbers
+    for a uint8 model must be integers in [0, 255]."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from sparktf.datasets import formats
+    from sparktf.ml import write_table
+
+    images = np.arange(4 * 2 * 2, dtype=np.uint8).reshape(4, 2, 2, 1) * 7
+
+    def npy(a) -> bytearray:
+        buf = io.BytesIO()
+        np.save(buf, a)
+        return bytearray(buf.getvalue())
+
+    df = spark.createDataFrame(
+        [(10 + i, npy(images[i]), i % 3) for i in range(4)], ["id", "image", "label"]
+    )
+    target = tmp_path / "images"
+    out = write_table(
+        df,
+        str(target),
+        input_col="image",
+        label_col="label",
+        id_col="id",
+        feature="image",
+        shape=(2, 2, 1),
+        num_classes=3,
+    )
+    assert out == {"rows": 4, "shape": (2, 2, 1), "dtype": "uint8", "num_classes": 3}
+    manifest = formats.load_manifest(str(target))
+    assert formats.manifest_fields(manifest) == [
+        formats.Field("image", "uint8", (2, 2, 1)),
+        formats.Field("label", "int64"),
+        formats.Field("id", "int64"),
+    ]
+    assert manifest["schema"]["label"]["num_classes"] == 3
+    table = pq.read_table(target / "train" / "parquet")
+    order = np.argsort(table["id"].to_numpy())
+    decoded = formats.decode_ndarray_column(table["image"], "uint8", (2, 2, 1))
+    np.testing.assert_array_equal(decoded[order], images)
+    np.testing.assert_array_equal(table["label"].to_numpy()[order], [0, 1, 2, 0])
+
+    numbers = spark.createDataFrame(
+        [(1, [0.0, 1.0, 2.0, 3.0], 0), (2, [0.0, 1.0, 2.5, 300.0], 1)],
+        ["id", "pixels", "label"],
+    ).coalesce(1)
+    with pytest.raises(Exception) as info:
+        write_table(
+            numbers,
+            str(tmp_path / "numbers"),
+            input_col="pixels",
+            label_col="label",
+            id_col="id",
+            feature="image",
+            shape=(2, 2, 1),
+            dtype="uint8",
+        )
+    assert "column 'pixels': the row with id=2 has values that are not integers" in str(info.value)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_tabular_pipeline_example_trains_saves_loads_and_predicts(
+    spark, small_export, example, tmp_path
+):
+    from pyspark.ml import PipelineModel
+
+    from sparktf import cli
+    from sparktf.ml import TFModel
+
+    csv = example.write_demo_csv(tmp_path / "data.csv", rows=400, seed=1)
+    args = cli.parse(
+        example.parser(),
+        [
+            "--csv",
+            csv,
+            "--model-dir",
+            str(tmp_path / "model"),
+            "--output",
+            str(tmp_path / "predictions"),
+            "--epochs",
+            "12",
+            "--batch-size",
+            "16",
+        ],
+    )
+    out = example.run(args, spark)
+    summary = out["summary"]
+    assert summary["features"] == ["x1", "x2", "x3", "x4"]
+    assert summary["test_rows"] > 60
+    assert summary["test_accuracy"] > 0.85, summary  # three classes: chance is 1/3
+    assert_nothing_left()
+
+    # The saved and loaded PipelineModel predicts what the fitted one does.
+    fitted = out["fitted"].transform(out["test"]).orderBy("id").collect()
+    loaded = out["loaded"].transform(out["test"]).orderBy("id").collect()
+    assert [r["prediction"] for r in loaded] == [r["prediction"] for r in fitted]
+    np.testing.assert_allclose(
+        [r["probability"] for r in loaded], [r["probability"] for r in fitted], rtol=1e-6
+    )
+    stage = PipelineModel.load(summary["pipeline"]).stages[-1]
+    assert isinstance(stage, TFModel)
+    assert stage.getExportDir().endswith("/savedmodel")  # its own copy of the SavedModel
+    assert out["fitted"].stages[-1].trainResult["final_step"] > 100
+    assert not list((tmp_path / "model").glob("_fit_data-*"))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_job_trains_a_module_build_function_on_a_converted_dataset(spark, tmp_path, monkeypatch):
+    from sparktf import predict
+    from sparktf.datasets.convert import convert
+    from sparktf.datasets.synthetic import write_mnist
+
+    write_mnist(tmp_path / "raw", n_train=64, n_test=16)
+    convert("mnist", str(tmp_path / "raw"), str(tmp_path / "data"), shards=2, spark=spark)
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "byo_job_models.py").write_text(BUILD_MODULE)
+    paths = [str(tmp_path / "mods"), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    result_file = tmp_path / "result.json"
+    job = helpers.run_job(
+        "train.py",
+        "--model",
+        "byo_job_models:build",
+        "--model-config",
+        '{"hidden_units": 8}',
+        "--data",
+        str(tmp_path / "data"),
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--strategy",
+        "allreduce",
+        "--num-workers",
+        "2",
+        "--threads-per-worker",
+        "1",
+        "--steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--result-json",
+        str(result_file),
+        timeout=600,
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    result = json.loads(result_file.read_text())
+    assert result["final_step"] == 4
+    assert "accuracy" in result["eval_metrics"]  # evaluated on the test split
+    train_json = json.loads((tmp_path / "model" / "sparktf_train.json").read_text())
+    config = train_json["model_config"]
+    assert config["input_shape"] == [28, 28, 1] and config["num_classes"] == 10
+    assert config["input_dtype"] == "uint8" and config["hidden_units"] == 8
+    images = spark.read.parquet(f"file://{tmp_path / 'data' / 'test' / 'parquet'}")
+    rows = predict(images, result["export_path"]).select("id", "prediction").collect()
+    assert len(rows) == 16 and all(0 <= r["prediction"] < 10 for r in rows)
+    assert_nothing_left()

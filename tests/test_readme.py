@@ -1,0 +1,245 @@
+"""Every command of the README's Running jobs, Training and Batch inference sections, run as
+written (on the test HDFS, with `--steps 2`-style limits), so the README and the code cannot
+drift apart: a command added to those sections is run here too.
+
+The commands are read from the README itself. What the test changes, and only that:
+``hdfs://127.0.0.1:8020`` and ``hdfs://nn:8020`` become a fresh directory of the test HDFS
+(one per section), ``/data/cifar-10-binary.tar.gz`` a small synthetic archive, and a training
+command gets ``--steps 2`` and a ``--result-json`` (the embedded-default one also a
+``--model-dir`` in the test's directory, so an earlier quickstart run cannot turn it into a
+resume).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparktf import storage
+from sparktf.datasets.convert import convert
+from sparktf.datasets.synthetic import write_cifar10, write_raw
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+README_HOSTS = ("hdfs://127.0.0.1:8020", "hdfs://nn:8020")
+README_ARCHIVE = "/data/cifar-10-binary.tar.gz"
+ML_SECTION = "Spark ML pipelines and your own models"
+
+
+def section_blocks(text: str, title: str) -> list[tuple[str, str]]:
+    """The fenced code blocks (language, body) of the ``## title`` section (its ###
+    subsections included, up to the next ``##``)."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    if match is None:
+        raise AssertionError(f"README has no '## {title}' section")
+    return re.findall(r"^```(\w*)\n(.*?)^```", match.group(1), re.M | re.S)
+
+
+def shell_commands(body: str) -> list[list[str]]:
+    """The commands of a bash block: continuation lines joined, comments dropped."""
+    joined = body.replace("\\\n", " ")
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if line.strip()]
+
+
+def test_section_blocks_and_commands_parse():
+    text = (
+        "## A\nx\n```bash\n./a --b c \\\n    --d e   # note\n```\n"
+        "### Sub\n```python\np()\n```\n## B\n```\nz\n```\n"
+    )
+    blocks = section_blocks(text, "A")
+    assert [lang for lang, _ in blocks] == ["bash", "python"]
+    assert shell_commands(blocks[0][1]) == [["./a", "--b", "c", "--d", "e"]]
+    with pytest.raises(AssertionError, match="no '## C' section"):
+        section_blocks(text, "C")
+
+
+def test_readme_sections_hold_only_commands_this_test_runs():
+    """Each command is a ``scripts/submit.sh`` job that exists; the one Python block is the
+    batch-inference example. (So a new kind of command makes this test say so.)"""
+    text = README.read_text()
+    for title in ("Running jobs", "Training"):
+        commands = [c for lang, b in section_blocks(text, title) for c in shell_commands(b)]
+        assert commands, title
+        for command in commands:
+            assert command[0] == "./scripts/submit.sh", command
+            assert (ROOT / command[1]).is_file(), command
+    langs = [lang for lang, _ in section_blocks(text, "Batch inference")]
+    assert langs == ["python"]
+    blocks = section_blocks(text, ML_SECTION)
+    assert [lang for lang, _ in blocks] == ["bash", "python"]
+    for command in shell_commands(blocks[0][1]):
+        assert command[:2] == [".venv/bin/python", "examples/tabular_pipeline.py"], command
+
+
+def _localise(command: list[str], prefix: str, archive: Path) -> list[str]:
+    out = []
+    for arg in command:
+        for host in README_HOSTS:
+            arg = arg.replace(host, prefix)
+        out.append(arg.replace(README_ARCHIVE, str(archive)))
+    return out
+
+
+def _run(command: list[str], tmp_path: Path, index: int) -> dict | None:
+    """Runs one README command; returns a training job's result JSON."""
+    job = Path(command[1]).stem
+    result_file = None
+    if job.startswith("train"):
+        result_file = tmp_path / f"result-{index}.json"
+        command = [*command, "--steps", "2", "--result-json", str(result_file)]
+        if not any(arg.startswith("--model-dir") for arg in command):
+            command += ["--model-dir", str(tmp_path / f"model-{index}")]
+    run = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-4000:]}"
+    # The quiet console: Spark's own INFO lines are off, sparktf's progress is there (under
+    # spark-submit the Python driver's log reaches the console through its stdout).
+    console = run.stdout + run.stderr
+    assert not re.search(r"^\d\d/\d\d/\d\d [\d:]+ INFO ", console, re.M), console[:2000]
+    assert " INFO sparktf" in console
+    return json.loads(result_file.read_text()) if result_file else None
+
+
+@pytest.mark.slow
+def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
+    text = README.read_text()
+    write_cifar10(tmp_path / "raw", n_train=160, n_test=64, archive=True)
+    archive = tmp_path / "raw" / "cifar-10-binary.tar.gz"
+
+    # Running jobs: convert -> train -> predict -> evaluate, each on the previous one's output.
+    jobs_prefix = hdfs.fresh("readme-jobs")
+    commands = [c for _, b in section_blocks(text, "Running jobs") for c in shell_commands(b)]
+    for index, command in enumerate(commands):
+        result = _run(_localise(command, jobs_prefix, archive), tmp_path, index)
+        if result is not None:
+            assert result["final_step"] == 2
+    assert storage.exists(f"{jobs_prefix}/models/resnet20/export")
+    predictions = spark.read.parquet(f"{jobs_prefix}/predictions/resnet20")
+    assert predictions.count() == 64
+    metrics = json.loads(storage.read_bytes(f"{jobs_prefix}/eval/resnet20.json"))
+    assert metrics["examples"] == 64 and 0.0 <= metrics["accuracy"] <= 1.0
+
+    # Batch inference: the README's Python block, on the model and data made above.
+    (block,) = [body for _, body in section_blocks(text, "Batch inference")]
+    for host in README_HOSTS:
+        block = block.replace(host, jobs_prefix)
+    exec(compile(block, "README.md (Batch inference)", "exec"), {"spark": spark})
+    written = spark.read.parquet(f"{jobs_prefix}/predictions")
+    assert written.count() == 64
+    assert {"id", "label", "prediction", "probabilities"} <= set(written.columns)
+
+    # Training: the datasets it names (CIFAR-format and PTB), then each command.
+    train_prefix = hdfs.fresh("readme-train")
+    convert("cifar10", str(tmp_path / "raw"), f"{train_prefix}/datasets/cifar10", spark=spark)
+    write_raw("ptb", tmp_path / "raw-ptb", n_train=6000, n_test=600)
+    convert("ptb", str(tmp_path / "raw-ptb"), f"{train_prefix}/datasets/ptb", spark=spark)
+    commands = [c for _, b in section_blocks(text, "Training") for c in shell_commands(b)]
+    seen = set()
+    for index, command in enumerate(commands, start=100):
+        result = _run(_localise(command, train_prefix, archive), tmp_path, index)
+        assert result["final_step"] == 2, command
+        seen.add((result["strategy"], result["input_mode"]))
+    assert {("allreduce", "files"), ("ps", "spark")} <= seen
+
+    # Spark ML: the example command (its scratch directory moved into the test's), then the
+    # Python block on a small 3-class table with the columns it names.
+    ml_prefix = hdfs.fresh("readme-ml")
+    (bash, python) = [body for _, body in section_blocks(text, ML_SECTION)]
+    for command in shell_commands(bash):
+        command = [arg.replace(".local/tabular", str(tmp_path / "tabular")) for arg in command]
+        run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-4000:]}"
+    assert spark.read.parquet(str(tmp_path / "tabular" / "predictions")).count() > 0
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 240)
+    points = rng.normal(size=(240, 4)) + 4.0 * np.eye(3, 4)[labels]
+    rows = [(i, int(y), *map(float, x)) for i, (y, x) in enumerate(zip(labels, points))]
+    table = spark.createDataFrame(rows, ["id", "label", "x1", "x2", "x3", "x4"])
+    for host in README_HOSTS:
+        python = python.replace(host, ml_prefix)
+    scope = {"train_df": table.filter("id < 180"), "test_df": table.filter("id >= 180")}
+    exec(compile(python, f"README.md ({ML_SECTION})", "exec"), scope)
+    scored = scope["scored"].toPandas()
+    assert len(scored) == 60
+    assert (scored["prediction"] == scored["label"]).mean() > 0.8  # chance: 1/3
+
+    # The quickstart's closing summary: its "predict with this export" command runs as printed.
+    from sparktf.jobs.quickstart import summary
+
+    dataset = f"{jobs_prefix}/datasets/cifar10"
+    export = storage.join(jobs_prefix, "models", "resnet20", "export", "2")
+    text = summary(_train_result(export), "resnet20", dataset)
+    (line,) = [line for line in text.splitlines() if "jobs/predict.py" in line]
+    _run(shlex.split(line), tmp_path, 200)
+    assert spark.read.parquet(str(ROOT / ".local/predictions/quickstart")).count() == 64
+
+
+def _train_result(export: str) -> dict:
+    return {
+        "strategy": "allreduce",
+        "input_mode": "files",
+        "start_step": 0,
+        "final_step": 64,
+        "elapsed_s": 51.2,
+        "metrics": {"loss": 1.3, "accuracy": 0.59},
+        "eval_history": [{"step": 64, "loss": 3.3, "accuracy": 0.16, "top5_accuracy": 0.75}],
+        "export_path": export,
+    }
+
+
+def test_quickstart_summary_says_what_ran_and_what_to_run_next():
+    from sparktf.jobs.quickstart import summary
+
+    text = summary(_train_result(str(ROOT / ".local/runs/resnet20/export/64")), "resnet20", "demo")
+    assert "resnet20 (allreduce, input mode files)" in text
+    assert "0 -> 64" in text and "accuracy 0.16, top5_accuracy 0.75 (step 64)" in text
+    assert "export      .local/runs/resnet20/export/64" in text
+    assert "SYNTHETIC" in text and ".local/demo/cifar10" in text
+    predict = [line.strip() for line in text.splitlines() if "jobs/predict.py" in line]
+    assert predict == [
+        "./scripts/submit.sh jobs/predict.py --model .local/runs/resnet20/export --input "
+        ".local/demo/cifar10/test/parquet --output .local/predictions/quickstart --overwrite"
+    ]
+    assert "jobs/convert_cifar10.py" in text
+    real = summary(_train_result("hdfs://nn:8020/m/export/3"), "resnet20", "hdfs://nn:8020/c10")
+    assert "SYNTHETIC" not in real and "data        hdfs://nn:8020/c10" in real
+    assert "--input hdfs://nn:8020/c10/test/parquet" in real
+
+
+def test_plain_python_sessions_follow_the_cluster_and_size_the_run(tmp_path, monkeypatch):
+    """``python jobs/X.py`` builds what ``submit.sh`` would: the master spark-cluster.sh
+    started, executors sized to the run's TensorFlow processes, the quiet console."""
+    from sparktf.jobs.train import session_overrides
+    from sparktf.spark import session_conf
+    from sparktf.train.config import ScalingConfig
+
+    monkeypatch.delenv("SPARKTF_SPARK_MASTER", raising=False)
+    monkeypatch.delenv("SPARKTF_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("SPARKTF_SPARK_CLUSTER_DIR", str(tmp_path))
+    (tmp_path / "master.env").write_text("SPARK_MASTER_URL=spark://127.0.0.1:7171\n")
+    conf = session_conf("standalone")
+    assert conf["spark.master"] == "spark://127.0.0.1:7171"
+    assert conf["spark.driver.host"] == "127.0.0.1"
+    assert "log4j2.properties" in conf["spark.driver.extraJavaOptions"]
+    ps = ScalingConfig(strategy="ps", num_workers=2, num_ps=1)
+    assert session_overrides(conf, ps)["spark.cores.max"] == str(4 * 4)  # 4 processes x 4 cores
+    monkeypatch.setenv("SPARKTF_SPARK_MASTER", "yarn")
+    assert session_overrides(session_conf("standalone"), ps)["spark.executor.instances"] == "4"
+    monkeypatch.delenv("SPARKTF_SPARK_MASTER")
+    local = session_overrides(session_conf("local"), ScalingConfig(num_workers=3))
+    assert local["spark.master"] == "local-cluster[3,1,1024]"
+    monkeypatch.setenv("SPARKTF_LOG_LEVEL", "DEBUG")
+    assert "spark.driver.extraJavaOptions" not in session_conf("local")

@@ -1,0 +1,286 @@
+"""A real Spark standalone cluster (scripts/spark-cluster.sh) and the jobs on it through
+``scripts/submit.sh --profile standalone``, as a user runs them.
+
+One cluster for the module: Spark's own Master and three Workers (1 core, 1 GiB each) on
+127.0.0.1, in a private directory under the test's tmp dir; stopped at the end, also when a test
+fails, and no JVM of it may remain. On it: convert a tiny synthetic MNIST to the session HDFS,
+train with ps (chief + worker + ps on executors, fed by Spark) and with all-reduce (two workers
+reading their files), then batch prediction with the all-reduce export. Each job must exit 0 and
+show up at the master as a finished application with exactly the cores it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sparktf import storage
+from sparktf.datasets.synthetic import write_mnist
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_SH = ROOT / "scripts" / "spark-cluster.sh"
+SUBMIT_SH = ROOT / "scripts" / "submit.sh"
+N_TRAIN, N_TEST = 64, 16
+
+pytestmark = [pytest.mark.hdfs, pytest.mark.slow]
+
+
+def cluster_jvms(directory: Path) -> list[int]:
+    """Pids of live JVMs of the cluster in ``directory`` (its daemons carry the tag)."""
+    import psutil
+
+    tag = f"-Dsparktf.spark.cluster={directory}"
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and tag in (proc.info["cmdline"] or []):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def master_state(webui: str) -> dict:
+    with urllib.request.urlopen(webui + "/json/", timeout=10) as reply:
+        return json.load(reply)
+
+
+def parse_env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("spark-cluster") / "cluster"
+    args = ["--workers", "3", "--cores", "1", "--memory", "1g", "--dir", str(directory)]
+    try:
+        started = cluster_sh("start", *args)
+        assert started.returncode == 0, started.stderr[-3000:]
+        values = parse_env(started.stdout)
+        yield {"dir": directory, "args": args, **values}
+    finally:
+        stopped = cluster_sh("stop", "--dir", str(directory), timeout=120)
+        leftovers = cluster_jvms(directory)
+        assert stopped.returncode == 0, stopped.stderr
+        assert leftovers == []
+        status = cluster_sh("status", "--dir", str(directory))
+        assert status.returncode == 3 and "not running" in status.stdout
+
+
+def submit(*args: str, env: dict | None = None, timeout: float = 600):
+    """scripts/submit.sh --profile standalone ARGS with small executors, as a user would."""
+    run = subprocess.run(
+        [
+            str(SUBMIT_SH),
+            "--profile",
+            "standalone",
+            "--executor-cores",
+            "1",
+            "--executor-memory",
+            "1g",
+            "--conf",
+            "spark.ui.enabled=false",
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+def finished_apps(cluster) -> list[dict]:
+    deadline = time.monotonic() + 30
+    while True:  # the master moves an application to completedapps shortly after it ends
+        state = master_state(cluster["SPARK_MASTER_WEBUI_URL"])
+        if not state["activeapps"] or time.monotonic() > deadline:
+            return state["completedapps"]
+        time.sleep(1)
+
+
+def assert_ran_on_cluster(cluster, name: str, cores: int) -> None:
+    apps = [a for a in finished_apps(cluster) if a["name"] == name]
+    assert apps, f"{name} is not among the master's finished applications"
+    assert apps[-1]["state"] == "FINISHED" and apps[-1]["cores"] == cores
+
+
+@pytest.fixture(scope="module")
+def mnist(cluster, hdfs, tmp_path_factory):
+    """A tiny synthetic MNIST, raw files uploaded to HDFS and converted there on the cluster
+    (the master's URL taken from the master.env that spark-cluster.sh wrote)."""
+    base = hdfs.fresh("standalone")
+    raw = tmp_path_factory.mktemp("standalone-raw")
+    write_mnist(raw, n_train=N_TRAIN, n_test=N_TEST, gzip=True)
+    storage.copy_tree(str(raw), storage.join(base, "raw"))
+    data = storage.join(base, "mnist")
+    run = submit(
+        "jobs/convert_mnist.py",
+        "--input",
+        storage.join(base, "raw"),
+        "--output",
+        data,
+        "--shards",
+        "2",
+        env={"SPARKTF_SPARK_CLUSTER_DIR": str(cluster["dir"])},
+    )
+    assert f"master {cluster['SPARK_MASTER_URL']}" in run.stderr
+    assert_ran_on_cluster(cluster, "sparktf-convert-mnist", cores=3)
+    try:
+        yield {"base": base, "data": data}
+    finally:
+        storage.delete(base)
+
+
+def test_cluster_is_private_on_loopback_and_starts_once(cluster):
+    import psutil
+
+    directory = cluster["dir"]
+    assert cluster["SPARK_MASTER_URL"].startswith("spark://127.0.0.1:")
+    assert (directory.stat().st_mode & 0o777) == 0o700
+    for name in ("master.log", "worker-1.log", "worker-3.log"):
+        assert (directory / "logs" / name).is_file()
+    state = master_state(cluster["SPARK_MASTER_WEBUI_URL"])
+    assert state["status"] == "ALIVE" and state["url"] == cluster["SPARK_MASTER_URL"]
+    assert [w["state"] for w in state["workers"]] == ["ALIVE"] * 3
+    assert state["cores"] == 3 and state["memory"] == 3 * 1024
+    jvms = cluster_jvms(directory)
+    assert len(jvms) == 4  # master + 3 workers
+    for pid in jvms:  # every port the daemons listen on is on loopback
+        for conn in psutil.Process(pid).net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), conn
+
+    status = cluster_sh("status", "--dir", str(directory))
+    assert status.returncode == 0 and "3 of 3 workers ALIVE" in status.stdout
+    again = cluster_sh("start", *cluster["args"])  # harmless: the same cluster, no new JVM
+    assert again.returncode == 0 and "already running" in again.stderr
+    assert parse_env(again.stdout)["SPARK_MASTER_URL"] == cluster["SPARK_MASTER_URL"]
+    assert sorted(cluster_jvms(directory)) == sorted(jvms)
+
+
+def test_cluster_script_rejects_bad_input_and_stops_idempotently(tmp_path):
+    bad = cluster_sh("start", "--workers", "0", "--dir", str(tmp_path / "c"))
+    assert bad.returncode == 2 and "--workers must be a positive integer" in bad.stderr
+    bad = cluster_sh("start", "--memory", "lots", "--dir", str(tmp_path / "c"))
+    assert bad.returncode == 2 and "--memory must look like" in bad.stderr
+    unknown = cluster_sh("start", "--nodes", "2")
+    assert unknown.returncode == 2 and "unknown option --nodes" in unknown.stderr
+    stopped = cluster_sh("stop", "--dir", str(tmp_path / "c"))
+    assert stopped.returncode == 0 and "not running" in stopped.stdout
+    status = cluster_sh("status", "--dir", str(tmp_path / "c"))
+    assert status.returncode == 3 and "not running" in status.stdout
+    help_ = cluster_sh("--help")
+    assert help_.returncode == 0 and "SPARK_MASTER_URL" in help_.stdout
+
+
+def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist, tmp_path):
+    """chief + worker + ps, each on its own executor: submit.sh sizes spark.cores.max to 3."""
+    config = json.loads((ROOT / "conf" / "jobs" / "train_mnist.json").read_text())
+    config["ps_on_driver"] = False  # the ps runs on an executor, as on a real cluster
+    (tmp_path / "ps.json").write_text(json.dumps(config))
+    model_dir = storage.join(mnist["base"], "model-ps")
+    result = tmp_path / "result.json"
+    run = submit(
+        "jobs/train_mnist.py",
+        "--config",
+        str(tmp_path / "ps.json"),
+        "--data",
+        mnist["data"],
+        "--strategy",
+        "ps",
+        "--num-workers",
+        "1",
+        "--num-ps",
+        "1",
+        "--input-mode",
+        "spark",
+        "--steps",
+        "4",
+        "--batch-size",
+        "16",
+        "--eval-split",
+        "none",
+        "--model-dir",
+        model_dir,
+        "--result-json",
+        str(result),
+        env={"SPARKTF_SPARK_MASTER": cluster["SPARK_MASTER_URL"]},
+    )
+    assert "spark.cores.max=3" in run.stderr
+    summary = json.loads(result.read_text())
+    assert (summary["final_step"], summary["strategy"], summary["input_mode"]) == (4, "ps", "spark")
+    assert storage.exists(storage.join(model_dir, "export", "4", "saved_model.pb"))
+    assert_ran_on_cluster(cluster, "sparktf-train-mnist_mlp", cores=3)
+
+
+def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnist, tmp_path):
+    model_dir = storage.join(mnist["base"], "model-allreduce")
+    result = tmp_path / "result.json"
+    run = submit(
+        "--master",
+        cluster["SPARK_MASTER_URL"],
+        "jobs/train_mnist.py",
+        "--data",
+        mnist["data"],
+        "--strategy",
+        "allreduce",
+        "--num-workers",
+        "2",
+        "--input-mode",
+        "files",
+        "--steps",
+        "4",
+        "--batch-size",
+        "16",
+        "--eval-split",
+        "none",
+        "--model-dir",
+        model_dir,
+        "--result-json",
+        str(result),
+    )
+    assert "spark.cores.max=2" in run.stderr
+    summary = json.loads(result.read_text())
+    assert (summary["final_step"], summary["strategy"], summary["input_mode"]) == (
+        4,
+        "allreduce",
+        "files",
+    )
+    export = storage.join(model_dir, "export", "4")
+    assert summary["export_path"] == export
+    assert storage.exists(storage.join(export, "saved_model.pb"))
+    assert_ran_on_cluster(cluster, "sparktf-train-mnist_mlp", cores=2)
+
+    output = storage.join(mnist["base"], "predictions")
+    submit(
+        "--master",
+        cluster["SPARK_MASTER_URL"],
+        "jobs/predict.py",
+        "--model",
+        export,
+        "--input",
+        storage.join(mnist["data"], "test"),
+        "--output",
+        output,
+    )
+    assert_ran_on_cluster(cluster, "sparktf-predict", cores=3)
+    import pyarrow.parquet as pq
+
+    with storage.local_copy(output) as local:
+        table = pq.read_table(local)
+    assert table.num_rows == N_TEST
+    assert sorted(table.column("id").to_pylist()) == list(range(N_TEST))
+    assert set(table.column("prediction").to_pylist()) <= set(range(10))

@@ -1,0 +1,234 @@
+"""A real YARN next to the real HDFS: scripts/yarn.sh (Hadoop's MiniYARNCluster, a
+ResourceManager and one NodeManager), and jobs submitted to it with
+``scripts/submit.sh --profile yarn`` as a user submits them: client mode, the executors in YARN
+containers running the venv's python.
+
+What a user checks: the job's exit code, the export and the predictions on HDFS, the
+application's final status in the ResourceManager's REST API, one YARN container per executor
+(plus the application master), and that ``yarn.sh stop`` leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparktf import storage
+from sparktf.datasets.synthetic import write_mnist
+from tests.conftest import ROOT
+
+YARN_SH = ROOT / "scripts" / "yarn.sh"
+N_TRAIN, N_TEST = 100, 10
+
+
+def _spark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+# What this 2-core machine adds to conf/spark/yarn.conf (sized for a real cluster): small
+# executors, Spark's jars from the local disk instead of a 440 MB upload per run, and a
+# driver on loopback like the cluster.
+MACHINE = [
+    "--conf",
+    f"spark.yarn.jars=local:{_spark_jars()}/*",
+    "--conf",
+    "spark.executor.cores=1",
+    "--conf",
+    "spark.executor.memory=1g",
+    "--conf",
+    "spark.executor.memoryOverhead=512m",
+    "--conf",
+    "spark.yarn.am.memory=512m",
+    "--conf",
+    "spark.driver.host=127.0.0.1",
+    "--conf",
+    "spark.driver.bindAddress=127.0.0.1",
+]
+
+
+@dataclass
+class Yarn:
+    rm: str
+    webapp: str
+    pid: int
+    base: Path
+    conf_dir: Path
+    args: list[str]
+
+    def apps(self) -> dict[str, dict]:
+        """The ResourceManager's applications (REST API), by id."""
+        with urllib.request.urlopen(f"{self.webapp}/ws/v1/cluster/apps", timeout=30) as r:
+            listed = json.load(r).get("apps") or {}
+        return {app["id"]: app for app in listed.get("app", [])}
+
+    def containers(self, app_id: str) -> list[str]:
+        """Container log directories the NodeManager kept for an application."""
+        found = sorted((self.base / "yarn" / "cluster").glob(f"*/*/*logDir*/{app_id}/container_*"))
+        return [p.name for p in found]
+
+    def submit(
+        self, job: str, *args: str, spark_options=()
+    ) -> tuple[subprocess.CompletedProcess, dict]:
+        """``scripts/submit.sh --profile yarn JOB ARGS``; returns the run and the one
+        application it submitted."""
+        before = set(self.apps())
+        env = dict(os.environ, HADOOP_CONF_DIR=str(self.conf_dir), TF_CPP_MIN_LOG_LEVEL="2")
+        run = subprocess.run(
+            ["./scripts/submit.sh", "--profile", "yarn", *MACHINE, *spark_options, job, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+        new = [app for app_id, app in self.apps().items() if app_id not in before]
+        assert len(new) == 1, f"expected one new YARN application, got {new}\n{run.stderr[-3000:]}"
+        return run, new[0]
+
+
+def _start(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(YARN_SH), "start", *args], capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.fixture(scope="module")
+def yarn(hdfs, tmp_path_factory):
+    """A YARN of its own, its yarn-site.xml in a copy of the session's Hadoop conf dir (the
+    other tests' conf dir stays as it is); stopped at the end, also when tests fail."""
+    base = tmp_path_factory.mktemp("yarn")
+    conf_dir = base / "hadoop-conf"
+    shutil.copytree(os.environ["HADOOP_CONF_DIR"], conf_dir)
+    args = ["--dir", str(base / "yarn"), "--conf-dir", str(conf_dir)]
+    try:
+        out = _start(args)
+        assert out.returncode == 0, f"yarn.sh start failed:\n{out.stdout}\n{out.stderr}"
+        values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+        pid = int((base / "yarn" / "yarn.pid").read_text())
+        yield Yarn(values["YARN_RM"], values["YARN_WEBAPP"], pid, base, conf_dir, args)
+    finally:
+        subprocess.run([str(YARN_SH), "stop", *args], capture_output=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def mnist_hdfs(spark, hdfs, tmp_path_factory):
+    """A tiny MNIST-format dataset on HDFS (TFRecord and Parquet, 2 shards)."""
+    from sparktf.datasets.convert import convert
+
+    raw = tmp_path_factory.mktemp("mnist-raw")
+    write_mnist(raw, n_train=N_TRAIN, n_test=N_TEST)
+    uri = hdfs.fresh("mnist-yarn")
+    convert("mnist", str(raw), uri, shards=2, spark=spark)
+    return uri
+
+
+def test_start_writes_yarn_site_and_a_second_start_is_harmless(yarn):
+    site = (yarn.conf_dir / "yarn-site.xml").read_text()
+    assert f"<name>yarn.resourcemanager.address</name><value>{yarn.rm}</value>" in site
+    assert yarn.rm.startswith("127.0.0.1:") and yarn.webapp.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(f"{yarn.webapp}/ws/v1/cluster/metrics", timeout=30) as r:
+        metrics = json.load(r)["clusterMetrics"]
+    assert metrics["activeNodes"] == 1 and metrics["totalMB"] >= 8192
+    # Every port of the cluster listens on loopback only.
+    ports = [c.laddr for c in psutil.Process(yarn.pid).net_connections() if c.status == "LISTEN"]
+    assert ports and all(addr.ip == "127.0.0.1" for addr in ports), ports
+
+    again = _start(yarn.args)
+    assert again.returncode == 0 and "already running" in again.stderr
+    assert f"YARN_RM={yarn.rm}" in again.stdout
+    status = subprocess.run([str(YARN_SH), "status", *yarn.args], capture_output=True, text=True)
+    assert status.returncode == 0 and f"running (pid {yarn.pid})" in status.stdout
+
+
+def test_start_refuses_bad_options_and_a_yarn_site_it_did_not_write(tmp_path):
+    bad = subprocess.run([str(YARN_SH), "start", "--rm-port", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected a number, got 'x'" in bad.stderr
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "yarn-site.xml").write_text("<configuration/>\n")  # a real cluster's, say
+    args = ["--dir", str(tmp_path / "yarn"), "--conf-dir", str(conf)]
+    refused = subprocess.run([str(YARN_SH), "start", *args], capture_output=True, text=True)
+    assert refused.returncode == 1 and "was not written by yarn.sh" in refused.stderr
+    assert (conf / "yarn-site.xml").read_text() == "<configuration/>\n"
+    assert not (tmp_path / "yarn" / "yarn.pid").exists()
+
+
+@pytest.mark.slow
+def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark, tmp_path):
+    model_dir = hdfs.fresh("yarn-allreduce")
+    result_file = tmp_path / "result.json"
+    run, app = yarn.submit(
+        "jobs/train_mnist.py",
+        *("--strategy", "allreduce", "--num-workers", "2", "--input-mode", "spark"),
+        *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "4"),
+        *("--batch-size", "20", "--result-json", str(result_file)),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(result_file.read_text())
+    trained = (result["final_step"], result["strategy"], result["input_mode"])
+    assert trained == (4, "allreduce", "spark")
+    assert result["export_path"] == storage.join(model_dir, "export", "4")
+    assert storage.exists(storage.join(result["export_path"], "saved_model.pb"))
+    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
+    assert len(yarn.containers(app["id"])) == 1 + 2  # the application master + 2 executors
+
+    output = hdfs.fresh("yarn-predictions")
+    run, app = yarn.submit(
+        "jobs/predict.py",
+        *("--model", model_dir, "--input", storage.join(mnist_hdfs, "test", "parquet")),
+        *("--output", output),
+        spark_options=("--num-executors", "1"),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
+    predictions = spark.read.parquet(output)
+    assert predictions.count() == N_TEST
+    assert {"prediction", "probabilities"} <= set(predictions.columns)
+
+
+@pytest.mark.slow
+def test_ps_files_feed_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):
+    model_dir = hdfs.fresh("yarn-ps")
+    result_file = tmp_path / "result.json"
+    run, app = yarn.submit(
+        "jobs/train_mnist.py",
+        *("--strategy", "ps", "--num-workers", "2", "--num-ps", "1", "--input-mode", "files"),
+        *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "4"),
+        *("--batch-size", "20", "--result-json", str(result_file)),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(result_file.read_text())
+    assert (result["final_step"], result["strategy"], result["input_mode"]) == (4, "ps", "files")
+    assert storage.exists(storage.join(result["export_path"], "saved_model.pb"))
+    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
+    # chief + 2 workers in executors (conf/jobs/train_mnist.json keeps the ps on the driver)
+    assert len(yarn.containers(app["id"])) == 1 + 3
+
+
+def test_stop_leaves_no_jvm_and_no_container(yarn):
+    stop = subprocess.run(
+        [str(YARN_SH), "stop", *yarn.args], capture_output=True, text=True, timeout=180
+    )
+    assert stop.returncode == 0 and f"stopped (pid {yarn.pid})" in stop.stdout
+    assert "leftover" not in stop.stderr  # the NodeManager's own shutdown stopped everything
+    assert not psutil.pid_exists(yarn.pid)
+    cluster = str(yarn.base / "yarn" / "cluster")
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        in_cluster = (proc.info["cwd"] or "").startswith(cluster + "/") or cluster + "/" in cmdline
+        if in_cluster or ("MiniYarn" in cmdline and str(yarn.base) in cmdline):
+            left.append((proc.info["pid"], cmdline[:200]))
+    assert not left
+    status = subprocess.run([str(YARN_SH), "status", *yarn.args], capture_output=True, text=True)
+    assert status.returncode == 3 and "not running" in status.stdout
