@@ -137,7 +137,7 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     for host in README_HOSTS:
         block = block.replace(host, jobs_prefix)
     exec(compile(block, "README.md (Batch inference)", "exec"), {"spark": spark})
-    written = spark.read.parquet(f"{jobs_prefix}/predictions")
+    written = spark.read.parquet(f"{jobs_prefix}/predictions/resnet20-top3")
     assert written.count() == 64
     assert {"id", "label", "prediction", "probabilities"} <= set(written.columns)
 
@@ -162,7 +162,9 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
         command = [arg.replace(".local/tabular", str(tmp_path / "tabular")) for arg in command]
         run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-4000:]}"
-    assert spark.read.parquet(str(tmp_path / "tabular" / "predictions")).count() > 0
+    assert (
+        spark.read.parquet(storage.spark_uri(str(tmp_path / "tabular" / "predictions"))).count() > 0
+    )
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 240)
     points = rng.normal(size=(240, 4)) + 4.0 * np.eye(3, 4)[labels]
@@ -184,7 +186,10 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     text = summary(_train_result(export), "resnet20", dataset)
     (line,) = [line for line in text.splitlines() if "jobs/predict.py" in line]
     _run(shlex.split(line), tmp_path, 200)
-    assert spark.read.parquet(str(ROOT / ".local/predictions/quickstart")).count() == 64
+    assert (
+        spark.read.parquet(storage.spark_uri(str(ROOT / ".local/predictions/quickstart"))).count()
+        == 64
+    )
 
 
 def _train_result(export: str) -> dict:
