@@ -42,9 +42,9 @@ mkdir -p "$RESULTS"
 # Sizes for about 15 minutes on 2 cores (the defaults of each script are larger).
 declare -A ARGS=(
   [convert]="--sizes 2500 10000 --shards 4"
-  [read]="--records 5000 --shards 4 --rowwise-limit 500"
+  [read]="--records 4000 --shards 4 --rowwise-limit 500"
   [feed]="--rows 5000 --no-tfos"
-  [train]="--steps 12 --batch-size 64"
+  [train]="--steps 16 --batch-size 64"
   [predict]="--resnet-rows 1024 --mlp-rows 8192"
 )
 for name in $ONLY; do

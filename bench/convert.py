@@ -253,14 +253,18 @@ def main(argv=None) -> int:
         growth = mem[f"spark_both_{large_n}"] / mem[f"spark_both_{small_n}"]
         result["peak_memory_growth_large_vs_small"] = round(growth, 3)
         result["goals"] = {
-            "Parquet time / TFRecord time": common.goal(
+            f"Parquet time / TFRecord time, {records[large_n]} records": common.goal(
                 med["spark_parquet"] / med["spark_tfrecord"], 1.3, "<="
             ),
-            "both formats / book's way (speed)": common.goal(
+            f"both formats / book's way (speed), {records[large_n]} records": common.goal(
                 med["book_both"] / med[f"spark_both_{large_n}"], 1.0
             ),
-            "2k records, TFRecord (s)": common.goal(med["spark_tfrecord_small_dataset"], 3.0, "<="),
-            "2k records, Parquet (s)": common.goal(med["spark_parquet_small_dataset"], 3.0, "<="),
+            f"{records['tiny']} records, TFRecord (s)": common.goal(
+                med["spark_tfrecord_small_dataset"], 3.0, "<="
+            ),
+            f"{records['tiny']} records, Parquet (s)": common.goal(
+                med["spark_parquet_small_dataset"], 3.0, "<="
+            ),
             f"peak memory {records[large_n]} / {records[small_n]} records": common.goal(
                 growth, 1.2, "<="
             ),
