@@ -5,6 +5,7 @@
 # with --gpus-per-worker N (sparktf.train.gpu_spark_conf). CUDA_VISIBLE_DEVICES, when set,
 # limits the list. No GPU (or no nvidia-smi): an empty address list.
 set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 addresses=""
 if command -v nvidia-smi >/dev/null 2>&1; then
   addresses="$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ')"

@@ -8,7 +8,12 @@ cd "$ROOT"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 EXTRAS="test"
-[ "${1:-}" = "--gpu" ] && EXTRAS="test,gpu"
+case "${1:-}" in
+  -h|--help) sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --gpu) EXTRAS="test,gpu" ;;
+  "") ;;
+  *) echo "setup.sh: unknown option $1 (--gpu, --help)" >&2; exit 2 ;;
+esac
 
 fail() { echo "setup.sh: $*" >&2; exit 1; }
 "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \

@@ -3,6 +3,7 @@
 # on free ports, pytest, HDFS stopped whatever happens.
 #   scripts/test.sh [PYTEST-ARGS]     (e.g. scripts/test.sh -k storage -x)
 set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 scripts/setup.sh || exit 1

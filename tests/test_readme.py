@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,28 @@ def test_plain_python_sessions_follow_the_cluster_and_size_the_run(tmp_path, mon
     assert local["spark.master"] == "local-cluster[3,1,1024]"
     monkeypatch.setenv("SPARKTF_LOG_LEVEL", "DEBUG")
     assert "spark.driver.extraJavaOptions" not in session_conf("local")
+
+
+HELP_COMMANDS = [
+    *[[str(path)] for path in sorted((ROOT / "scripts").glob("*.sh"))],
+    ["bash", str(ROOT / "bench" / "all.sh")],
+    *[
+        [sys.executable, str(p)]
+        for p in sorted((ROOT / "bench").glob("*.py"))
+        if p.stem not in ("common", "goals")
+    ],
+]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: Path(c[-1]).name)
+def test_every_script_answers_help_without_doing_anything(command):
+    """``--help`` of each script and benchmark prints its usage and exits 0 (set-up, tests
+    and clusters are not started by asking for help)."""
+    run = subprocess.run(
+        [*command, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    text = run.stdout + run.stderr
+    assert len(text.strip().splitlines()) >= 2, text  # a usage text, not a one-line error
+    # Nothing started: no set-up run, no HDFS, no Spark application.
+    assert not re.search(r"^(setup\.sh: |HDFS_URI=|\d\d/\d\d/\d\d )", text, re.M), text[:1000]
