@@ -87,27 +87,34 @@ class ClassifierTask(ModelTask):
         )
         return model
 
+    def per_example_loss(
+        self, labels: tf.Tensor, logits: tf.Tensor, label_smoothing: float = 0.0
+    ) -> tf.Tensor:
+        """Softmax cross-entropy of ``logits [B, K]`` against ``labels [B]``, per example."""
+        if label_smoothing:
+            targets = tf.one_hot(labels, self.num_classes, dtype=tf.float32)
+            targets = targets * (1.0 - label_smoothing) + label_smoothing / self.num_classes
+            return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
     def _forward(
         self, model: keras.Model, batch: Batch, training: bool, label_smoothing: float = 0.0
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
-        logits = tf.cast(model(batch["image"], training=training), tf.float32)
-        if label_smoothing:
-            targets = tf.one_hot(labels, self.num_classes, dtype=tf.float32)
-            targets = targets * (1.0 - label_smoothing) + label_smoothing / self.num_classes
-            per_example = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
-        else:
-            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=labels, logits=logits
-            )
+        logits = tf.cast(model(batch[self.features[0]], training=training), tf.float32)
+        per_example = self.per_example_loss(labels, logits, label_smoothing)
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
         return logits, per_example, correct
+
+    def step_metrics(self, batch: Batch, logits: tf.Tensor, correct: tf.Tensor) -> Metrics:
+        """What a training step reports besides loss, regularization and learning rate."""
+        return {"accuracy": tf.reduce_mean(correct)}
 
     def train_step(
         self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
     ) -> Metrics:
         with tf.GradientTape() as tape:
-            _, per_example, correct = self._forward(
+            logits, per_example, correct = self._forward(
                 model, batch, training=True, label_smoothing=float(self.config["label_smoothing"])
             )
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
@@ -119,7 +126,7 @@ class ClassifierTask(ModelTask):
         num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
         return {
             "loss": tf.reduce_mean(per_example),
-            "accuracy": tf.reduce_mean(correct),
+            **self.step_metrics(batch, logits, correct),
             "regularization_loss": reg * num_replicas,
             "learning_rate": current_learning_rate(optimizer),
         }

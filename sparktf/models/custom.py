@@ -76,7 +76,6 @@ import tensorflow as tf
 from sparktf.models.classifier import ClassifierTask
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import ScaleImage, count_params
-from sparktf.models.optim import apply_gradients, current_learning_rate, regularization_loss
 from sparktf.models.task import (
     Batch,
     Metrics,
@@ -418,44 +417,16 @@ class CustomClassifierTask(ClassifierTask):
         )
         return model
 
-    def _forward(
-        self, model: keras.Model, batch: Batch, training: bool, label_smoothing: float = 0.0
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
-        logits = tf.cast(model(batch[self.feature], training=training), tf.float32)
+    def per_example_loss(
+        self, labels: tf.Tensor, logits: tf.Tensor, label_smoothing: float = 0.0
+    ) -> tf.Tensor:
         loss_fn = type(self).spec.loss
-        if callable(loss_fn):
-            per_example = tf.reshape(tf.cast(loss_fn(labels, logits), tf.float32), [-1])
-        elif label_smoothing:
-            targets = tf.one_hot(labels, self.num_classes, dtype=tf.float32)
-            targets = targets * (1.0 - label_smoothing) + label_smoothing / self.num_classes
-            per_example = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
-        else:
-            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=labels, logits=logits
-            )
-        correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
-        return logits, per_example, correct
+        if callable(loss_fn):  # the user's loss(labels, logits) -> per-example losses
+            return tf.reshape(tf.cast(loss_fn(labels, logits), tf.float32), [-1])
+        return super().per_example_loss(labels, logits, label_smoothing)
 
-    def train_step(
-        self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
-    ) -> Metrics:
-        with tf.GradientTape() as tape:
-            logits, per_example, correct = self._forward(
-                model, batch, training=True, label_smoothing=float(self.config["label_smoothing"])
-            )
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-            reg = regularization_loss(model)
-            total = loss + reg
-        apply_gradients(
-            optimizer, total, tape, model.trainable_variables, self.config.get("clip_norm")
-        )
-        num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        out = {
-            "loss": tf.reduce_mean(per_example),
-            "regularization_loss": reg * num_replicas,
-            "learning_rate": current_learning_rate(optimizer),
-        }
+    def step_metrics(self, batch: Batch, logits: tf.Tensor, correct: tf.Tensor) -> Metrics:
+        out = {}
         if "accuracy" in self.config["metrics"]:
             out["accuracy"] = tf.reduce_mean(correct)
         if "top5_accuracy" in self.config["metrics"]:
