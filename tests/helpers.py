@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +77,18 @@ def light_profile(directory: Path) -> str:
     path = directory / "light.conf"
     path.write_text("\n".join(["spark.master local[2]", *lines]) + "\n")
     return str(path)
+
+
+def node_processes() -> list[str]:
+    """TensorFlow processes of sparktf still running (there must be none after a run)."""
+    out = subprocess.run(["pgrep", "-af", "sparktf.train.node"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def assert_nothing_left(timeout_s: float = 20.0) -> None:
+    """No TensorFlow process and no spark-feed chunk file of a run is left."""
+    deadline = time.monotonic() + timeout_s
+    while node_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert node_processes() == []
+    assert [p for p in os.listdir("/dev/shm") if p.startswith("sparktf-feed-")] == []

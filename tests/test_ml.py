@@ -13,13 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests import helpers
+from tests.helpers import assert_nothing_left
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tabular_pipeline.py"
@@ -33,18 +33,6 @@ def build(input_shape, num_classes, hidden_units=16):
     x = keras.layers.Dense(hidden_units, activation="relu")(x)
     return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 """
-
-
-def node_processes() -> list[str]:
-    out = subprocess.run(["pgrep", "-af", "sparktf.train.node"], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
-
-
-def assert_nothing_left(timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while node_processes() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert node_processes() == []
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 
 from sparktf import storage
 from sparktf.datasets.synthetic import write_mnist
-from tests.test_train import assert_nothing_left
+from tests.helpers import assert_nothing_left
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = "pip install 'sparktf[mlflow]'"

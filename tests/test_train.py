@@ -23,23 +23,11 @@ import pytest
 from sparktf import storage
 from sparktf.datasets.synthetic import write_cifar10, write_mnist
 from tests import helpers
+from tests.conftest import descendants
+from tests.helpers import assert_nothing_left
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MLP = {"hidden_units": 8}
-
-
-def node_processes() -> list[str]:
-    """TensorFlow processes of sparktf still running (there must be none after a run)."""
-    out = subprocess.run(["pgrep", "-af", "sparktf.train.node"], capture_output=True, text=True)
-    return [l for l in out.stdout.splitlines() if "pgrep" not in l]
-
-
-def assert_nothing_left(timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while node_processes() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert node_processes() == []
-    assert [p for p in os.listdir("/dev/shm") if p.startswith("sparktf-feed-")] == []
 
 
 # ----------------------------------------------------------------------------- fast tests
@@ -492,7 +480,8 @@ def _wait_for(predicate, timeout_s: float, what: str):
 
 
 def _node_pids() -> list[int]:
-    return [int(line.split()[0]) for line in node_processes()]
+    """This test session's TensorFlow processes (another run on the machine has its own)."""
+    return sorted(descendants("sparktf.train.node"))
 
 
 def _signal_a_worker_mid_run(spark, mnist, model_dir, sig, **fit_options):
