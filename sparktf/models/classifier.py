@@ -25,6 +25,20 @@ from sparktf.models.task import Batch, Metrics, ModelTask, RegistryModel
 logger = logging.getLogger(__name__)
 
 
+def check_regularisation(config: dict) -> None:
+    """``weight_decay`` >= 0 and ``label_smoothing`` in [0, 1): numbers, not booleans."""
+    for key, upper in (("weight_decay", None), ("label_smoothing", 1.0)):
+        value = config[key]
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or value < 0
+            or (upper is not None and value >= upper)
+        ):
+            bound = f"in [0, {upper})" if upper else ">= 0"
+            raise ValueError(f"{key} must be a number {bound}, got {value!r}")
+
+
 class ClassifierTask(ModelTask):
     """Image classifiers: uint8 ``image`` [B,H,W,C] and int64 ``label`` [B].
 
@@ -60,16 +74,7 @@ class ClassifierTask(ModelTask):
             raise ValueError(f"image_shape must be [H, W, C], got {self.config['image_shape']}")
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
-        for key, upper in (("weight_decay", None), ("label_smoothing", 1.0)):
-            value = self.config[key]
-            if (
-                not isinstance(value, (int, float))
-                or isinstance(value, bool)
-                or value < 0
-                or (upper is not None and value >= upper)
-            ):
-                bound = f"in [0, {upper})" if upper else ">= 0"
-                raise ValueError(f"{key} must be a number {bound}, got {value!r}")
+        check_regularisation(self.config)
 
     def build_logits(self, images: keras.KerasTensor) -> keras.KerasTensor:
         """Logits [B, num_classes] from scaled float images (functional API)."""

@@ -73,7 +73,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf.models.classifier import ClassifierTask
+from sparktf.models.classifier import ClassifierTask, check_regularisation
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import ScaleImage, count_params
 from sparktf.models.task import (
@@ -321,16 +321,7 @@ class CustomClassifierTask(ClassifierTask):
         unknown = sorted(set(c["metrics"]) - set(TRAIN_METRICS))
         if unknown:
             raise ValueError(f"metrics {unknown} are not known; choose from {TRAIN_METRICS}")
-        for key, upper in (("weight_decay", None), ("label_smoothing", 1.0)):
-            value = c[key]
-            if (
-                not isinstance(value, (int, float))
-                or isinstance(value, bool)
-                or value < 0
-                or (upper is not None and value >= upper)
-            ):
-                bound = f"in [0, {upper})" if upper else ">= 0"
-                raise ValueError(f"{key} must be a number {bound}, got {value!r}")
+        check_regularisation(c)
         params, _ = _build_parameters(type(self).spec.build_fn)
         missing = [p.name for p in params if p.name not in c]
         if missing:
