@@ -5,7 +5,7 @@ A dataset directory ``OUT`` holds::
     OUT/manifest.json                         what is in it (see ``load_manifest``)
     OUT/vocab.txt                             PTB only: one word per line, id = line number
     OUT/<split>/tfrecord/part-00000.tfrecord  one tf.train.Example per record
-    OUT/<split>/parquet/part-*.parquet        a petastorm dataset (Unischema in _common_metadata)
+    OUT/<split>/parquet/part-00000.parquet    a petastorm dataset (Unischema in _common_metadata)
 
 Splits are ``train`` and ``test`` for images, ``train``, ``valid`` and ``test`` for PTB.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,7 @@ PARQUET = "parquet"
 FORMATS = (TFRECORD, PARQUET)
 TABLE = "table"  # the dataset kind of a DataFrame's columns (sparktf.ml)
 TFRECORD_PART = "part-{:05d}.tfrecord"
+PARQUET_PART = "part-{:05d}.parquet"
 IMAGE_SPLITS = ("train", "test")
 TEXT_SPLITS = ("train", "valid", "test")
 EOS = "<eos>"
@@ -123,6 +125,20 @@ def feature_spec(kind: str = "image", *, seq_len: int | None = None) -> dict:
             "id": tf.io.FixedLenFeature([], tf.int64),
         }
     raise ValueError(f"unknown dataset kind {kind!r}: expected 'image' or 'text'")
+
+
+def arrow_schema(fields: Sequence[Field]):
+    """The Arrow schema of the Parquet files of ``fields``: ndarray fields ``binary`` (the
+    ``numpy.save`` bytes), scalars ``int64``, none nullable (as Spark writes a petastorm
+    Unischema's columns)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(f.name, pa.int64() if f.shape is None else pa.binary(), nullable=False)
+            for f in fields
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- Parquet

@@ -13,15 +13,16 @@ Data contract of the Parquet files: an ndarray column (NdarrayCodec) holds the b
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import io
+import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from sparktf import storage
-from sparktf.datasets.formats import Field, manifest_fields
+from sparktf.datasets.formats import Field, arrow_schema, manifest_fields
 
 
 @functools.cache
@@ -89,22 +90,27 @@ def spark_schema(schema):
     return schema.as_spark_schema()
 
 
-@contextlib.contextmanager
-def materialize(spark, path: str, schema, *, row_group_mb: int = 256) -> Iterator[str]:
-    """Wraps a Spark Parquet write of a petastorm dataset; yields the URL to write to.
+def write_metadata(path: str, name: str, fields: Sequence[Field], row_groups: dict) -> None:
+    """Makes the Parquet files of ``fields`` in ``path`` a petastorm dataset named ``name``:
+    writes ``_common_metadata`` as petastorm's ``materialize_dataset`` does (the files' Arrow
+    schema with the pickled Unischema and ``row_groups``, ``{file name: row groups}``), from
+    what the writers reported, without reading the files back."""
+    import pickle
 
-    On exit petastorm stores the Unischema and the row groups per file in
-    ``_common_metadata``, reading the files back through the sparktf file system.
-    """
-    from petastorm.etl.dataset_metadata import materialize_dataset
+    import pyarrow.parquet as pq
+    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
 
-    url = storage.spark_uri(path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with materialize_dataset(
-            spark, url, schema, row_group_mb, filesystem_factory=filesystem_factory(path)
-        ):
-            yield url
+    schema = arrow_schema(fields).with_metadata(
+        {
+            # Written here; only petastorm's readers unpickle it, from the dataset's owner.
+            UNISCHEMA_KEY: pickle.dumps(unischema(name, fields)),
+            ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups).encode(),
+        }
+    )
+    buffer = io.BytesIO()  # write_metadata seeks: a WebHDFS file cannot
+    pq.write_metadata(schema, buffer)
+    with storage.open_file(storage.join(path, "_common_metadata"), "wb") as f:
+        f.write(buffer.getvalue())
 
 
 def make_reader(path: str, **kwargs):
