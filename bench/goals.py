@@ -23,20 +23,20 @@ import common
 BENCHMARKS = ("convert", "read", "feed", "train", "predict")
 
 
-def latest(results: Path, since: float) -> dict[str, Path]:
+def latest(results: Path, since: float, names=BENCHMARKS) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for path in sorted(results.glob("*.json")):
         name = path.name.rsplit("-", 2)[0]
-        if name not in BENCHMARKS or path.stat().st_mtime < since:
+        if name not in names or path.stat().st_mtime < since:
             continue
         if name not in found or path.name > found[name].name:
             found[name] = path
     return found
 
 
-def rows(files: dict[str, Path]) -> list[tuple[str, str, str, str, str]]:
+def rows(files: dict[str, Path], names=BENCHMARKS) -> list[tuple[str, str, str, str, str]]:
     table = []
-    for name in BENCHMARKS:
+    for name in names:
         if name not in files:
             continue
         goals = json.loads(files[name].read_text()).get("goals") or {}
@@ -60,11 +60,18 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=str(common.RESULTS), help="results directory")
     p.add_argument("--since", type=float, default=0.0, help="only results written after this")
     p.add_argument("--markdown", default=None, help="also write the table here (markdown)")
-    p.add_argument("--expect", nargs="*", default=[], choices=BENCHMARKS, help="required")
+    p.add_argument(
+        "--names",
+        nargs="+",
+        default=list(BENCHMARKS),
+        help="result names to table, in order (default: %(default)s; bench/gpu.sh's are "
+        "train-gpu-fp32, train-gpu-bf16, predict-gpu)",
+    )
+    p.add_argument("--expect", nargs="*", default=[], help="names that must have a result")
     p.add_argument("--note", default="", help="a line under the table (e.g. sizes, wall time)")
     args = p.parse_args(argv)
-    files = latest(Path(args.results), args.since)
-    table = rows(files)
+    files = latest(Path(args.results), args.since, args.names)
+    table = rows(files, args.names)
     header = ("benchmark", "goal", "value", "target", "met")
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
     for r in [header, *table]:
@@ -81,7 +88,7 @@ def main(argv=None) -> int:
             *(f"| {' | '.join(r)} |" for r in table),
             "",
             f"{met} of {len(table)} goals met. Results: "
-            + ", ".join(f"`{files[n].name}`" for n in BENCHMARKS if n in files)
+            + ", ".join(f"`{files[n].name}`" for n in args.names if n in files)
             + ".",
         ]
         if args.note:

@@ -50,16 +50,20 @@ CONFIGS = [("allreduce", "files"), ("allreduce", "spark"), ("ps", "files"), ("ps
 
 GOALS = {"allreduce/files": 0.9, "allreduce/spark": 0.8, "ps/files": 0.8, "ps/spark": 0.7}
 FIRST_STEP_GOAL_S = 15.0
+GPU_RATIO_GOAL = 0.9
+GPU_BF16_RATE_GOAL = 30_000.0
 
 BASELINE = textwrap.dedent("""
     import json, os, sys, time
     started = time.perf_counter()
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    data, batch, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    gpus, precision = int(sys.argv[5]), sys.argv[6]
+    if not gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import keras
     import tensorflow as tf
     from sparktf import models, storage
     from sparktf.datasets import formats
-    data, batch, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     manifest = formats.load_manifest(data)
@@ -75,8 +79,9 @@ BASELINE = textwrap.dedent("""
     ds = (tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
           .shuffle(2048, seed=0).repeat().batch(batch, drop_remainder=True)
           .map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
-    task = models.get_task("resnet20", batch_size=batch)
-    model = task.build_model()
+    task = models.get_task("resnet20", batch_size=batch, precision=precision)
+    with models.precision_policy(precision):  # as sparktf's trainer builds its model
+        model = task.build_model()
     model.compile(optimizer=task.make_optimizer(max(1, 2045 // batch), model),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     ends = []
@@ -90,14 +95,18 @@ BASELINE = textwrap.dedent("""
     print(json.dumps({"examples_per_sec": (len(ends) - 1) * batch / seconds,
                       "seconds_after_first_step": seconds,
                       "time_to_first_step_s": ends[0] - started, "steps": len(ends),
-                      "threads": threads}))
+                      "threads": threads, "gpus": len(tf.config.list_physical_devices("GPU")),
+                      "precision": precision}))
 """)
 
 
-def baseline(data: str, batch: int, steps: int, threads: int) -> dict:
+def baseline(
+    data: str, batch: int, steps: int, threads: int, gpus: int = 0, precision: str = "fp32"
+) -> dict:
+    argv = [data, str(batch), str(steps), str(threads), str(gpus), precision]
     with common.PeakMemory() as memory:
         out = subprocess.run(
-            [sys.executable, "-c", BASELINE, data, str(batch), str(steps), str(threads)],
+            [sys.executable, "-c", BASELINE, *argv],
             capture_output=True,
             text=True,
             timeout=1800,
@@ -110,23 +119,46 @@ def baseline(data: str, batch: int, steps: int, threads: int) -> dict:
     return result
 
 
+def scaling(strategy: str, gpus: int = 0):
+    """The cluster of a configuration: CPU: two executors of one core (allreduce: two
+    workers; ps: coordinator + one worker, ps on the driver); GPU: one worker per GPU."""
+    from sparktf.train import ScalingConfig
+
+    workers = (gpus or 2) if strategy == "allreduce" else 1
+    return ScalingConfig(
+        strategy=strategy,
+        num_workers=workers,
+        num_ps=1,
+        ps_on_driver=True,
+        gpus_per_worker=1 if gpus else 0,
+        threads_per_worker=0 if gpus else 1,
+    )
+
+
 def sparktf_run(
-    spark, data: str, strategy: str, input_mode: str, batch: int, steps: int, model_dir: str
+    spark,
+    data: str,
+    strategy: str,
+    input_mode: str,
+    batch: int,
+    steps: int,
+    model_dir: str,
+    gpus: int = 0,
+    precision: str = "fp32",
 ) -> dict:
-    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
+    from sparktf.train import RunConfig, TrainConfig, fit
 
     with common.PeakMemory() as memory:
         result = fit(
             TrainConfig(
-                model="resnet20", data=data, input_mode=input_mode, steps=steps, batch_size=batch
+                model="resnet20",
+                data=data,
+                input_mode=input_mode,
+                steps=steps,
+                batch_size=batch,
+                model_config={"precision": precision},
             ),
-            ScalingConfig(
-                strategy=strategy,
-                num_workers=2 if strategy == "allreduce" else 1,
-                num_ps=1,
-                ps_on_driver=True,
-                threads_per_worker=1,
-            ),
+            scaling(strategy, gpus),
             RunConfig(
                 model_dir=model_dir,
                 checkpoint_every_steps=10 * steps,
@@ -145,6 +177,24 @@ def sparktf_run(
     }
 
 
+def gpu_goals(med: dict, precision: str) -> dict:
+    """GPU goals (issue 13, item 7): every configuration run >= 0.9x the single process;
+    bf16: >= 30k training images/s through sparktf (an H200-class GPU)."""
+    base_rate = med["baseline_keras_fit"]
+    goals = {
+        f"{name} / Keras fit, GPU {precision}": common.goal(
+            common.ratio(rate, base_rate), GPU_RATIO_GOAL
+        )
+        for name, rate in med.items()
+        if name != "baseline_keras_fit"
+    }
+    if precision == "bf16":
+        best = max((v for k, v in med.items() if k != "baseline_keras_fit"), default=None)
+        goals["sparktf images/s, GPU bf16"] = common.goal(best, GPU_BF16_RATE_GOAL)
+        goals["single process images/s, GPU bf16"] = common.goal(base_rate, GPU_BF16_RATE_GOAL)
+    return goals
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=40)
@@ -161,6 +211,22 @@ def main(argv=None) -> int:
         default="all",
         help="comma list of strategy/input_mode, e.g. allreduce/files,ps/spark",
     )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="GPUs: the baseline process uses them, sparktf runs one worker per GPU "
+        "(--gpus-per-worker 1); 0 (default): CPU only",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="compute precision of both sides (bf16: Keras mixed precision)",
+    )
+    p.add_argument(
+        "--tag", default="", help="suffix of the result file name (train<TAG>-<time>.json)"
+    )
     common.add_rounds(p)
     args = p.parse_args(argv)
     cli.setup_logging("WARNING")
@@ -175,14 +241,18 @@ def main(argv=None) -> int:
 
     from sparktf.spark import get_session
     from sparktf.train import demo
+    from sparktf.train.driver import gpu_spark_conf
 
     seconds, spark = common.timed(
         get_session,
         "sparktf-bench-train",
         profile="local",
         overrides={
-            "spark.master": "local-cluster[2,1,1024]",
+            "spark.master": (
+                f"local-cluster[{args.gpus},2,4096]" if args.gpus else "local-cluster[2,1,1024]"
+            ),
             "spark.executorEnv.PYTHONPATH": str(common.ROOT),
+            **gpu_spark_conf(scaling("allreduce", args.gpus)),
         },
     )
     result: dict = {
@@ -191,6 +261,8 @@ def main(argv=None) -> int:
         "steps": args.steps,
         "global_batch": args.batch_size,
         "baseline_threads": args.threads,
+        "gpus": args.gpus,
+        "precision": args.precision,
         "machine": common.machine(),
         "window": "end of the first step to end of the last step, both sides",
         "startup_s": {"spark_session": round(seconds, 2)},
@@ -202,7 +274,9 @@ def main(argv=None) -> int:
         result["data"] = data
         with tempfile.TemporaryDirectory(prefix="sparktf-bench-train-") as tmp:
             for r in range(args.rounds):
-                base = baseline(data, args.batch_size, args.steps, args.threads)
+                base = baseline(
+                    data, args.batch_size, args.steps, args.threads, args.gpus, args.precision
+                )
                 rates.add("baseline_keras_fit", base["examples_per_sec"])
                 first_step.add("baseline_keras_fit", base["time_to_first_step_s"])
                 runs.setdefault("baseline_keras_fit", []).append(base)
@@ -217,6 +291,8 @@ def main(argv=None) -> int:
                         args.batch_size,
                         args.steps,
                         os.path.join(tmp, f"{r}-{name.replace('/', '-')}"),
+                        args.gpus,
+                        args.precision,
                     )
                     rates.add(name, run["examples_per_sec"])
                     first_step.add(name, run["time_to_first_step_s"] or float("nan"))
@@ -236,19 +312,22 @@ def main(argv=None) -> int:
         result["ratio_to_baseline"] = {
             k: round(v / base_rate, 3) for k, v in med.items() if k != "baseline_keras_fit"
         }
-        goals = {
-            f"{name} / Keras fit": common.goal(common.ratio(med.get(name), base_rate), target)
-            for name, target in GOALS.items()
-        }
-        sparktf_first = [v for k, v in first_step.medians().items() if k in GOALS]
-        goals["time to first step (s, worst config)"] = common.goal(
-            max(sparktf_first) if sparktf_first else None, FIRST_STEP_GOAL_S, "<="
-        )
+        if args.gpus:
+            goals = gpu_goals(med, args.precision)
+        else:
+            goals = {
+                f"{name} / Keras fit": common.goal(common.ratio(med.get(name), base_rate), target)
+                for name, target in GOALS.items()
+            }
+            sparktf_first = [v for k, v in first_step.medians().items() if k in GOALS]
+            goals["time to first step (s, worst config)"] = common.goal(
+                max(sparktf_first) if sparktf_first else None, FIRST_STEP_GOAL_S, "<="
+            )
         result["goals"] = goals
         result["machine_after"] = common.machine()
     finally:
         spark.stop()
-    common.write_results("train", result)
+    common.write_results(f"train{args.tag}", result)
     return 0
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -253,7 +254,7 @@ def test_plain_python_sessions_follow_the_cluster_and_size_the_run(tmp_path, mon
 
 HELP_COMMANDS = [
     *[[str(path)] for path in sorted((ROOT / "scripts").glob("*.sh"))],
-    ["bash", str(ROOT / "bench" / "all.sh")],
+    *[["bash", str(p)] for p in sorted((ROOT / "bench").glob("*.sh"))],
     *[
         [sys.executable, str(p)]
         for p in sorted((ROOT / "bench").glob("*.py"))
@@ -274,3 +275,14 @@ def test_every_script_answers_help_without_doing_anything(command):
     assert len(text.strip().splitlines()) >= 2, text  # a usage text, not a one-line error
     # Nothing started: no set-up run, no HDFS, no Spark application.
     assert not re.search(r"^(setup\.sh: |HDFS_URI=|\d\d/\d\d/\d\d )", text, re.M), text[:1000]
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
+def test_gpu_benchmark_says_it_needs_a_gpu():
+    """Without a GPU, bench/gpu.sh stops at once (exit 2) and says why, before any set-up."""
+    run = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu.sh")], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "needs 1 NVIDIA GPU(s); nvidia-smi found 0" in run.stderr
+    assert "setup.sh" not in run.stdout
