@@ -91,9 +91,9 @@ run() {  # run NAME ARGS...: one benchmark, within what is left of the 5 minutes
 }
 common=(--gpus "$GPUS" --batch-size "$BATCH" --steps "$STEPS" --rounds 1
         --configs allreduce/files,allreduce/spark --threads "$(nproc)")
-run train-fp32 bench/train.py "${common[@]}" --precision fp32 --tag -gpu-fp32
-run train-bf16 bench/train.py "${common[@]}" --precision bf16 --tag -gpu-bf16
-run predict bench/predict.py --gpus "$GPUS" --rounds 1 --tag -gpu
+run train-fp32 bench/train.py "${common[@]}" --precision fp32 --tag gpu-fp32
+run train-bf16 bench/train.py "${common[@]}" --precision bf16 --tag gpu-bf16
+run predict bench/predict.py --gpus "$GPUS" --rounds 1 --tag gpu
 
 "$PYTHON" bench/goals.py --since "$since" --names train-gpu-fp32 train-gpu-bf16 predict-gpu \
   --markdown "$RESULTS/goals-gpu.md" --note "bench/gpu.sh: $GPUS GPU(s), batch $BATCH, $STEPS steps." || true

@@ -225,7 +225,7 @@ def main(argv=None) -> int:
         help="compute precision of both sides (bf16: Keras mixed precision)",
     )
     p.add_argument(
-        "--tag", default="", help="suffix of the result file name (train<TAG>-<time>.json)"
+        "--tag", default="", help="names the result file train-TAG-<time>.json (e.g. gpu-bf16)"
     )
     common.add_rounds(p)
     args = p.parse_args(argv)
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
         result["machine_after"] = common.machine()
     finally:
         spark.stop()
-    common.write_results(f"train{args.tag}", result)
+    common.write_results(f"train-{args.tag}" if args.tag else "train", result)
     return 0
 
 
