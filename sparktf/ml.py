@@ -103,6 +103,10 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol):
         super().__init__()
         self._setDefault(inputCol="features", idCol="id")
 
+    def _set_given(self):
+        """Sets the Params a ``@keyword_only`` method was given (None: left as is)."""
+        return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
     def getInputCol(self) -> str:
         return self.getOrDefault(self.inputCol)
 
@@ -210,11 +214,11 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         runConfig: dict | None = None,
     ) -> None:
         super().__init__()
-        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+        self._set_given()
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> TFEstimator:
-        return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+        return self._set_given()
 
     def _fit(self, dataset) -> TFModel:
         from sparktf import models
@@ -622,7 +626,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         super().__init__()
         self._setDefault(batchSize=128, signature="")
         self.trainResult: dict | None = None  # TFEstimator.fit: the run's TrainResult
-        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+        self._set_given()
 
     def setExportDir(self, value: str) -> TFModel:
         return self._set(exportDir=value)

@@ -173,8 +173,9 @@ STAGE_PROGRESS_EVERY_S = 15.0
 
 
 @contextmanager
-def _every(seconds: float, report: Callable[[], None], name: str) -> Iterator[None]:
-    """Calls ``report`` every ``seconds`` on a daemon thread while the block runs."""
+def every(seconds: float, report: Callable[[], None], name: str) -> Iterator[None]:
+    """Calls ``report`` every ``seconds`` on a daemon thread named ``name`` while the block
+    runs (progress logs of Spark jobs, the MLflow follower of a training run)."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -205,7 +206,7 @@ def task_progress(sc, what: str, total: int, every_s: float = PROGRESS_EVERY_S) 
             last = value
 
     started = time.monotonic()
-    with _every(every_s, report, f"progress {what}"):
+    with every(every_s, report, f"progress {what}"):
         yield done
     log.info("%s: %d/%d tasks done in %.1f s", what, done.value, total, time.monotonic() - started)
 
@@ -224,7 +225,7 @@ def stage_progress(sc, every_s: float = STAGE_PROGRESS_EVERY_S) -> Iterator[None
                     "stage %d: %d of %d tasks done", stage_id, info.numCompletedTasks, info.numTasks
                 )
 
-    with _every(every_s, report, "progress"):
+    with every(every_s, report, "progress"):
         yield
 
 

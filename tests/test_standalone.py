@@ -186,83 +186,86 @@ def test_cluster_script_rejects_bad_input_and_stops_idempotently(tmp_path):
     assert help_.returncode == 0 and "SPARK_MASTER_URL" in help_.stdout
 
 
+def train_on_cluster(cluster, mnist, tmp_path, name, *args, strategy, input_mode, cores, env=None):
+    """Trains mnist_mlp 4 steps with submit.sh (``args``: more submit/job arguments) and
+    checks what a user would: spark.cores.max sized to the run, the job's result, the export
+    on HDFS and the application FINISHED on the master with ``cores`` cores. Returns the
+    export directory."""
+    model_dir = storage.join(mnist["base"], f"model-{name}")
+    result = tmp_path / "result.json"
+    run = submit(
+        *args,
+        "--data",
+        mnist["data"],
+        "--strategy",
+        strategy,
+        "--input-mode",
+        input_mode,
+        "--steps",
+        "4",
+        "--batch-size",
+        "16",
+        "--eval-split",
+        "none",
+        "--model-dir",
+        model_dir,
+        "--result-json",
+        str(result),
+        env=env,
+    )
+    assert f"spark.cores.max={cores}" in run.stderr
+    summary = json.loads(result.read_text())
+    assert (summary["final_step"], summary["strategy"], summary["input_mode"]) == (
+        4,
+        strategy,
+        input_mode,
+    )
+    export = storage.join(model_dir, "export", "4")
+    assert summary["export_path"] == export
+    assert storage.exists(storage.join(export, "saved_model.pb"))
+    assert_ran_on_cluster(cluster, "sparktf-train-mnist_mlp", cores=cores)
+    return export
+
+
 def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist, tmp_path):
     """chief + worker + ps, each on its own executor: submit.sh sizes spark.cores.max to 3."""
     config = json.loads((ROOT / "conf" / "jobs" / "train_mnist.json").read_text())
     config["ps_on_driver"] = False  # the ps runs on an executor, as on a real cluster
     (tmp_path / "ps.json").write_text(json.dumps(config))
-    model_dir = storage.join(mnist["base"], "model-ps")
-    result = tmp_path / "result.json"
-    run = submit(
+    train_on_cluster(
+        cluster,
+        mnist,
+        tmp_path,
+        "ps",
         "jobs/train_mnist.py",
         "--config",
         str(tmp_path / "ps.json"),
-        "--data",
-        mnist["data"],
-        "--strategy",
-        "ps",
         "--num-workers",
         "1",
         "--num-ps",
         "1",
-        "--input-mode",
-        "spark",
-        "--steps",
-        "4",
-        "--batch-size",
-        "16",
-        "--eval-split",
-        "none",
-        "--model-dir",
-        model_dir,
-        "--result-json",
-        str(result),
+        strategy="ps",
+        input_mode="spark",
+        cores=3,
         env={"SPARKTF_SPARK_MASTER": cluster["SPARK_MASTER_URL"]},
     )
-    assert "spark.cores.max=3" in run.stderr
-    summary = json.loads(result.read_text())
-    assert (summary["final_step"], summary["strategy"], summary["input_mode"]) == (4, "ps", "spark")
-    assert storage.exists(storage.join(model_dir, "export", "4", "saved_model.pb"))
-    assert_ran_on_cluster(cluster, "sparktf-train-mnist_mlp", cores=3)
 
 
 def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnist, tmp_path):
-    model_dir = storage.join(mnist["base"], "model-allreduce")
-    result = tmp_path / "result.json"
-    run = submit(
+    export = train_on_cluster(
+        cluster,
+        mnist,
+        tmp_path,
+        "allreduce",
         "--master",
         cluster["SPARK_MASTER_URL"],
         "jobs/train_mnist.py",
-        "--data",
-        mnist["data"],
-        "--strategy",
-        "allreduce",
         "--num-workers",
         "2",
-        "--input-mode",
-        "files",
-        "--steps",
-        "4",
-        "--batch-size",
-        "16",
-        "--eval-split",
-        "none",
-        "--model-dir",
-        model_dir,
-        "--result-json",
-        str(result),
+        strategy="allreduce",
+        input_mode="files",
+        cores=2,
     )
-    assert "spark.cores.max=2" in run.stderr
-    summary = json.loads(result.read_text())
-    assert (summary["final_step"], summary["strategy"], summary["input_mode"]) == (
-        4,
-        "allreduce",
-        "files",
-    )
-    export = storage.join(model_dir, "export", "4")
-    assert summary["export_path"] == export
-    assert storage.exists(storage.join(export, "saved_model.pb"))
-    assert_ran_on_cluster(cluster, "sparktf-train-mnist_mlp", cores=2)
 
     output = storage.join(mnist["base"], "predictions")
     submit(

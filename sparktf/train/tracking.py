@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from sparktf import spark as sparkutil
 from sparktf import storage
 from sparktf.train.artifacts import RUN_FILE
 from sparktf.train.config import ConfigError, RunConfig, TrainResult
@@ -220,7 +221,6 @@ class Tracker:
         the driver's control channel of ``cluster``, a started
         :class:`~sparktf.train.cluster.ClusterRun`), and once more at its end."""
         chief = next(key for key, role in cluster.roles.items() if role.is_chief)
-        stop = threading.Event()
         evals_seen = [0]
 
         def poll() -> None:
@@ -232,17 +232,12 @@ class Tracker:
                 self._evaluation(evaluation)
             evals_seen[0] = len(node.evals)
 
-        def loop() -> None:
-            while not stop.wait(POLL_INTERVAL_S):
-                self._call("log progress", poll)
-
-        thread = threading.Thread(target=loop, name="sparktf-mlflow", daemon=True)
-        thread.start()
         try:
-            yield
+            with sparkutil.every(
+                POLL_INTERVAL_S, lambda: self._call("log progress", poll), "sparktf-mlflow"
+            ):
+                yield
         finally:
-            stop.set()
-            thread.join()
             self._call("log progress", poll)
 
     def _progress(self, progress: dict) -> None:
