@@ -63,8 +63,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def hdfs() -> Iterator[str]:
-    """A fresh single-node HDFS (scripts/hdfs.sh) for the block; yields its hdfs:// URI.
+def hdfs(datanodes: int = 1) -> Iterator[str]:
+    """A fresh HDFS (scripts/hdfs.sh: one NameNode, ``datanodes`` DataNodes) for the block;
+    yields its hdfs:// URI.
 
     Sets SPARKTF_WEBHDFS_URL and HADOOP_CONF_DIR for the block; always stops the NameNode.
     """
@@ -78,6 +79,8 @@ def hdfs() -> Iterator[str]:
             f"{base}/hdfs",
             "--conf-dir",
             f"{base}/conf",
+            "--datanodes",
+            str(datanodes),
         ]
         script = str(ROOT / "scripts" / "hdfs.sh")
         saved = {k: os.environ.get(k) for k in ("SPARKTF_WEBHDFS_URL", "HADOOP_CONF_DIR")}

@@ -2,20 +2,26 @@
 the same bytes from the same HDFS and plain ``tf.data.TFRecordDataset``, same run.
 
     .venv/bin/python bench/read.py [--records 20000] [--batch-size 256] [--shards 4] [--rounds 3]
+                                   [--datanodes 2]
 
 Converts a CIFAR-format dataset once (Spark, both formats, local disk), copies it to a
-throwaway HDFS (bench/common.hdfs), then per round, round robin (bench/common.py), reads one
-epoch with each reader, timed over the whole job: from creating the reader to its last row.
+throwaway HDFS with ``--datanodes`` DataNodes (bench/common.hdfs), then per round, round
+robin (bench/common.py), reads one epoch with each reader, timed over the whole job: from
+creating the reader to its last row. The HDFS readers' bulk reads go through WebHDFS, or
+hdfs-native with SPARKTF_HDFS_CLIENT=native (sparktf.storage; the result names the client
+used).
 
 * ``raw_stream_{tfrecord,parquet}_hdfs``: the baseline for the HDFS readers -- the split's
   part files of that format streamed one after the other over plain WebHDFS
   (``op=OPEN``, 4 MiB reads, bytes dropped): the transport's bandwidth for the same bytes;
+  with hdfs-native installed, ``raw_stream_{tfrecord,parquet}_native`` too (for scale);
 * ``baseline_tfrecorddataset_local``: ``tf.data.TFRecordDataset`` over the same local
   files with batched parsing (``batch`` then ``tf.io.parse_example`` and ``decode_raw``),
   how a tuned local pipeline reads;
 * ``readers.tfrecord_dataset`` and ``readers.parquet_dataset``, local and HDFS (and shuffled,
   local); petastorm's ``make_batch_reader`` from HDFS (undecoded column batches, through
-  sparktf's file system); for scale, petastorm's row-by-row ``make_reader`` on a slice, once.
+  sparktf's file system, a worker thread per part file up to 4); for scale, petastorm's
+  row-by-row ``make_reader`` on a slice, once.
 
 Goals (issue 13, item 3): each HDFS reader >= 0.8x the raw stream of its format, in MB/s of
 the same bytes. Peak memory is sampled while reading. Prints JSON and writes it to
@@ -69,10 +75,33 @@ def raw_stream(files: list[str], chunk: int = 4 << 20) -> tuple[float, int]:
     return time.perf_counter() - started, total
 
 
-def petastorm_batches(path: str):
-    """petastorm's make_batch_reader over a split's Parquet files, as {"id": ...} batches."""
+def raw_stream_native(files: list[str], chunk: int = 4 << 20) -> tuple[float, int]:
+    """(seconds, bytes) to stream ``files`` with hdfs-native (RPC + DataNode protocol)."""
+    import hdfs_native
+
+    client = hdfs_native.Client("hdfs://" + storage.parse(files[0]).netloc)
+    started = time.perf_counter()
+    total = 0
+    for uri in files:
+        with client.read(storage.parse(uri).path) as f:
+            for block in f.read_range_stream(0, f.size):
+                total += len(block)
+    return time.perf_counter() - started, total
+
+
+def native_available() -> bool:
+    try:
+        import hdfs_native  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def petastorm_batches(path: list[str]):
+    """petastorm's make_batch_reader over a split's Parquet files, as {"id": ...} batches;
+    one worker thread per part file (up to 4): the shards stream concurrently."""
     with petastorm_io.make_batch_reader(
-        path, num_epochs=1, shuffle_row_groups=False, workers_count=2
+        path, num_epochs=1, shuffle_row_groups=False, workers_count=max(1, min(4, len(path)))
     ) as reader:
         for batch in reader:
             yield {"id": batch.id}
@@ -121,6 +150,12 @@ def main(argv=None) -> int:
         default=2_000,
         help="rows read by the row-by-row petastorm reader",
     )
+    parser.add_argument(
+        "--datanodes",
+        type=common.positive_int,
+        default=2,
+        help="DataNodes of the throwaway HDFS (default 2: concurrent streams hit both)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -130,12 +165,14 @@ def main(argv=None) -> int:
         "records": args.records,
         "batch_size": args.batch_size,
         "shards": args.shards,
+        "datanodes": args.datanodes,
+        "hdfs_client": storage.hdfs_client_kind(),
         "window": "reader created to last row; raw stream: first request to last byte",
         "startup_s": {},
     }
     with (
         tempfile.TemporaryDirectory(prefix="sparktf-bench-read-") as work,
-        common.hdfs() as hdfs_uri,
+        common.hdfs(datanodes=args.datanodes) as hdfs_uri,
     ):
         from sparktf.spark import get_session
 
@@ -185,12 +222,17 @@ def main(argv=None) -> int:
             "petastorm_batch_reader_hdfs": formats.PARQUET,
         }
         rows_per_s, mb_per_s = common.Rounds(), common.Rounds()
+        native = native_available()
         with common.PeakMemory() as memory:
             for _ in range(args.rounds):  # round robin: load drifts hit all alike
                 for fmt in (formats.TFRECORD, formats.PARQUET):
                     seconds, got = raw_stream(split_files(remote, fmt))
                     assert got == nbytes[fmt], (fmt, got, nbytes[fmt])
                     mb_per_s.add(f"raw_stream_{fmt}_hdfs", got / seconds / 1e6)
+                    if native:
+                        seconds, got = raw_stream_native(split_files(remote, fmt))
+                        assert got == nbytes[fmt], (fmt, got, nbytes[fmt])
+                        mb_per_s.add(f"raw_stream_{fmt}_native", got / seconds / 1e6)
                 for name, make in cases.items():
                     seconds, rows = one_pass(make)
                     assert rows == args.records, (name, rows)

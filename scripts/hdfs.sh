@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# A real single-node HDFS on 127.0.0.1 (NameNode + DataNode in one JVM, Hadoop's MiniDFSCluster).
+# A real local HDFS on 127.0.0.1 (NameNode + DataNodes in one JVM, Hadoop's MiniDFSCluster).
 #
 #   scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR]
+#                                     [--datanodes N]
 #
 # Environment equivalents: SPARKTF_HDFS_PORT (8020), SPARKTF_WEBHDFS_PORT (9870),
-# SPARKTF_HDFS_DIR (.local/hdfs), SPARKTF_HDFS_CONF_DIR (conf/hadoop).
+# SPARKTF_HDFS_DIR (.local/hdfs), SPARKTF_HDFS_CONF_DIR (conf/hadoop), SPARKTF_HDFS_DATANODES (1).
+# --datanodes N starts N DataNodes (each on its own 127.0.0.1 ports; one replica per block, so
+# the files spread over them); keep N the same across restarts of one --dir.
 # `start` returns once HDFS accepts writes and prints HDFS_URI=... and WEBHDFS_URL=...;
 # it writes core-site.xml and hdfs-site.xml into the conf dir. Several instances can run side
 # by side with different ports and directories. `stop` leaves no JVM behind.
@@ -12,23 +15,28 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; shift || true
-case "$cmd" in -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$cmd" in -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 PORT="${SPARKTF_HDFS_PORT:-8020}"
 HTTP_PORT="${SPARKTF_WEBHDFS_PORT:-9870}"
 DIR="${SPARKTF_HDFS_DIR:-$ROOT/.local/hdfs}"
 CONF_DIR="${SPARKTF_HDFS_CONF_DIR:-$ROOT/conf/hadoop}"
 START_TIMEOUT="${SPARKTF_HDFS_START_TIMEOUT:-120}"
 JARS="${SPARKTF_HADOOP_JARS:-$ROOT/.local/hadoop/lib}"
+DATANODES="${SPARKTF_HDFS_DATANODES:-1}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) PORT="$2"; shift 2 ;;
     --http-port) HTTP_PORT="$2"; shift 2 ;;
     --dir) DIR="$2"; shift 2 ;;
     --conf-dir) CONF_DIR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --datanodes) DATANODES="$2"; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hdfs.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+case "$DATANODES" in
+  ''|*[!0-9]*|0*) echo "hdfs.sh: --datanodes needs a whole number >= 1, got '$DATANODES'" >&2; exit 2 ;;
+esac
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 PIDFILE="$DIR/hdfs.pid"
@@ -88,7 +96,7 @@ case "$cmd" in
       if port_busy "$p"; then echo "hdfs.sh: port $p on 127.0.0.1 is in use" >&2; exit 1; fi
     done
     rm -f "$READY"
-    nohup java -Xmx768m \
+    nohup java -Xmx$((768 + 128 * (DATANODES - 1)))m \
       --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.util=ALL-UNNAMED \
       --add-opens java.base/java.io=ALL-UNNAMED --add-opens java.base/java.net=ALL-UNNAMED \
       --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/sun.nio.ch=ALL-UNNAMED \
@@ -96,7 +104,7 @@ case "$cmd" in
       -Dlog4j.configuration=file:/dev/null -Djava.net.preferIPv4Stack=true \
       -cp "$JARS/*" "$ROOT/scripts/hdfs/MiniHdfs.java" \
       --nn-port "$PORT" --http-port "$HTTP_PORT" --base-dir "$DIR/cluster" --ready-file "$READY" \
-      > "$LOG" 2>&1 < /dev/null &
+      --datanodes "$DATANODES" > "$LOG" 2>&1 < /dev/null &
     echo $! > "$PIDFILE"
     deadline=$((SECONDS + START_TIMEOUT))
     until [ -f "$READY" ]; do
@@ -142,6 +150,6 @@ case "$cmd" in
     fi
     ;;
   *)
-    echo "usage: scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR]" >&2
+    echo "usage: scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR] [--datanodes N]" >&2
     exit 2 ;;
 esac

@@ -177,3 +177,68 @@ def test_hdfs_tfrecord_checksums_and_truncation(cifar, hdfs):
     storage.write_bytes(part, blob[:-7])
     with pytest.raises(tf.errors.OpError, match="truncated TFRecord file"):
         collect(readers.tfrecord_dataset(f"{remote}/test", batch_size=6))
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+@pytest.mark.parametrize(
+    "fmt,options",
+    [
+        ("tfrecord", {}),
+        ("tfrecord", {"num_shards": 3, "shard_index": 1}),  # by records
+        ("tfrecord", {"num_parallel_reads": 3}),  # 4 files through 3 concurrent streams
+        ("parquet", {}),
+        ("parquet", {"num_shards": 3, "shard_index": 2}),
+    ],
+)
+def test_hdfs_gives_the_local_order(cifar, fmt, options):
+    # Unshuffled reads are deterministic: HDFS (concurrent streams) and local disk give the
+    # same records in the same order and the same batches.
+    def batches(where):
+        ds = READERS[fmt](f"{where}/train", batch_size=7, **options)
+        return [b["id"].numpy().tolist() for b in ds]
+
+    local, remote = batches(cifar.local), batches(cifar.hdfs)
+    assert remote == local
+    if "num_shards" not in options:
+        assert sorted(sum(remote, [])) == sorted(cifar.data["train"]["ids"].tolist())
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_hdfs_shuffle_repeat_and_static_batches(cifar, fmt):
+    read = READERS[fmt]
+    first = collect(read(f"{cifar.hdfs}/train", batch_size=8, shuffle=True, seed=7))["id"]
+    again = collect(read(f"{cifar.hdfs}/train", batch_size=8, shuffle=True, seed=7))["id"]
+    assert first.tolist() == again.tolist()
+    assert sorted(first.tolist()) == sorted(cifar.data["train"]["ids"].tolist())
+    ds = read(f"{cifar.hdfs}/train", batch_size=20, repeat=True, drop_remainder=True)
+    assert ds.element_spec["image"].shape.as_list() == [20, 32, 32, 3]
+    ids = collect(ds, limit=12)["id"]  # 240 records: five epochs of 48
+    assert np.unique(ids, return_counts=True)[1].tolist() == [5] * 48
+
+
+@pytest.mark.spark
+@pytest.mark.hdfs
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_hdfs_reader_stopped_early_leaves_no_threads(cifar, fmt):
+    import gc
+    import threading
+    import time
+
+    def readers_threads():
+        return [
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith(("tfrecord hdfs://", "parquet-read"))
+        ]
+
+    it = iter(READERS[fmt](f"{cifar.hdfs}/train", batch_size=4, repeat=True))
+    assert len(next(it)["id"]) == 4
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 15
+    while readers_threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert readers_threads() == []

@@ -356,3 +356,133 @@ def test_old_leftovers_are_cleaned_but_not_a_publish_in_progress(base, monkeypat
     assert not errors, errors
     assert storage.read_text(storage.join(busy, "part-0")) == "busy"
     assert _names(base) == ["busy", "other"]
+
+
+def test_block_scans_and_range_reads_give_the_file_bytes(base):
+    data = os.urandom((5 << 20) + 12345)  # not a multiple of any block size
+    path = storage.join(base, "scan/blob.bin")
+    storage.write_bytes(path, data)
+    blocks = list(storage.iter_blocks(path, 1 << 20, first=4096))
+    assert b"".join(blocks) == data
+    assert len(blocks[0]) == 4096 and max(len(b) for b in blocks) <= 1 << 20
+    assert b"".join(storage.iter_blocks(path)) == data  # default blocks
+    assert storage.read_range(path, 3 << 20, 1000) == data[3 << 20 : (3 << 20) + 1000]
+    assert storage.read_range(path, len(data) - 10, 1000) == data[-10:]  # cut at the end
+    assert storage.read_range(path, 0, len(data)) == data
+    missing = storage.join(base, "scan/none.bin")
+    with pytest.raises(storage.PathNotFoundError, match="none.bin"):
+        list(storage.iter_blocks(missing))
+    with pytest.raises(storage.PathNotFoundError, match="none.bin"):
+        storage.read_range(missing, 0, 10)
+    with pytest.raises(IsADirectoryError):
+        list(storage.iter_blocks(storage.join(base, "scan")))
+
+
+def test_fsspec_file_system_reads_whole_files_and_ranges(base):
+    data = os.urandom((9 << 20) + 7)  # more than two of its 4 MiB read-ahead blocks
+    path = storage.join(base, "fsspec/blob.bin")
+    storage.write_bytes(path, data)
+    fs = storage.fsspec_filesystem(path)
+    with fs.open(storage.parse(path).path, "rb") as f:
+        assert f.read() == data
+        f.seek(5 << 20)
+        assert f.read(100) == data[5 << 20 : (5 << 20) + 100]
+
+
+def test_hdfs_client_selection(hdfs, monkeypatch, caplog):
+    path = hdfs.fresh("client") + "/blob.bin"
+    data = os.urandom(3 << 20)
+    storage.write_bytes(path, data)
+    monkeypatch.setenv("SPARKTF_HDFS_CLIENT", "ftp")
+    with pytest.raises(storage.StorageError, match="SPARKTF_HDFS_CLIENT"):
+        storage.read_range(path, 0, 1)
+    # native: hdfs-native when installed, else WebHDFS with a warning; the bytes are the same
+    monkeypatch.setenv("SPARKTF_HDFS_CLIENT", "native")
+    storage._native_client.cache_clear()
+    with caplog.at_level("WARNING", logger="sparktf.storage"):
+        assert b"".join(storage.iter_blocks(path, 1 << 20)) == data
+        assert storage.read_range(path, 100, 1 << 20) == data[100 : 100 + (1 << 20)]
+    try:
+        import hdfs_native  # noqa: F401
+    except ImportError:
+        assert "hdfs-native is not installed: using WebHDFS" in caplog.text
+    else:
+        assert storage._native_client(storage.parse(path).netloc, storage.hdfs_user())
+    with pytest.raises(storage.PathNotFoundError, match="nothing.bin"):
+        storage.read_range(hdfs.fresh("client") + "/nothing.bin", 0, 1)
+    storage._native_client.cache_clear()
+
+
+def test_native_client_falls_back_at_once_when_the_rpc_port_is_closed(hdfs, monkeypatch, caplog):
+    pytest.importorskip("hdfs_native")
+    path = hdfs.fresh("client") + "/blob.bin"
+    storage.write_bytes(path, b"x" * 1000)
+    with __import__("socket").socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The same file through a NameNode address whose RPC port is closed: WebHDFS serves it
+    # (SPARKTF_WEBHDFS_URL) instead of hdfs-native retrying for minutes.
+    closed = f"hdfs://127.0.0.1:{port}" + storage.parse(path).path
+    monkeypatch.setenv("SPARKTF_HDFS_CLIENT", "native")
+    storage._native_client.cache_clear()
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="sparktf.storage"):
+        assert storage.read_range(closed, 0, 1000) == b"x" * 1000
+    assert time.monotonic() - started < 10
+    assert "does not accept connections" in caplog.text
+    storage._native_client.cache_clear()
+
+
+def test_hdfs_with_two_datanodes_spreads_files_and_stops_cleanly(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    import urllib.request
+
+    import psutil
+
+    from tests.conftest import HDFS_SH, free_port
+
+    bad = subprocess.run(
+        [str(HDFS_SH), "start", "--datanodes", "0"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--datanodes" in bad.stderr
+    args = ["--port", str(free_port()), "--http-port", str(free_port())]
+    args += ["--dir", str(tmp_path / "two"), "--conf-dir", str(tmp_path / "conf")]
+    pid = None
+    try:
+        out = subprocess.run(
+            [str(HDFS_SH), "start", *args, "--datanodes", "2"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=True,
+        )
+        values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+        pid = int((tmp_path / "two" / "hdfs.pid").read_text())
+        jmx = "/jmx?qry=Hadoop:service=NameNode,name=FSNamesystemState"
+        with urllib.request.urlopen(values["WEBHDFS_URL"] + jmx, timeout=10) as response:
+            assert json.load(response)["beans"][0]["NumLiveDataNodes"] == 2
+        monkeypatch.setenv("SPARKTF_WEBHDFS_URL", values["WEBHDFS_URL"])
+        data = {f"part-{i}": os.urandom(65_536 + i) for i in range(16)}
+        for name, blob in data.items():
+            storage.write_bytes(f"{values['HDFS_URI']}/spread/{name}", blob)
+        for name, blob in data.items():
+            assert storage.read_range(f"{values['HDFS_URI']}/spread/{name}", 0, 10**6) == blob
+        # One replica per block: the NameNode spreads the files over both DataNodes.
+        info = values["WEBHDFS_URL"] + "/jmx?qry=Hadoop:service=NameNode,name=NameNodeInfo"
+        deadline = time.monotonic() + 20  # the DataNodes report new blocks within seconds
+        while True:
+            with urllib.request.urlopen(info, timeout=10) as response:
+                nodes = json.loads(json.load(response)["beans"][0]["LiveNodes"])
+            counts = sorted(n["numBlocks"] for n in nodes.values())
+            if len(counts) == 2 and min(counts) > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert len(counts) == 2 and min(counts) > 0 and sum(counts) >= len(data), counts
+        listening = {
+            c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"
+        }
+        assert listening == {"127.0.0.1"}  # NameNode and both DataNodes: loopback only
+    finally:
+        subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True, timeout=120)
+    assert pid is not None and not psutil.pid_exists(pid)

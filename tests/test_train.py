@@ -81,6 +81,31 @@ def test_feed_decodes_columns_and_rebatches_exactly():
     assert rebatcher.leftover == 2
 
 
+def test_feed_reads_number_columns_of_any_chunking_and_names_bad_ones():
+    """Scalar columns come from their Arrow buffers (sliced, several chunks, any number
+    type); nulls or text fail naming the column and what was expected."""
+    import pyarrow as pa
+
+    from sparktf.datasets.formats import Field
+    from sparktf.train.feed import FeedError, decode_table
+
+    label = Field("label", "int64")
+    chunked = pa.chunked_array(
+        [pa.array(np.arange(6), pa.int32()).slice(2), pa.array([9, 8], pa.int32())]
+    )
+    decoded = decode_table(pa.table({"label": chunked}), [label])
+    assert decoded["label"].dtype == np.int64
+    np.testing.assert_array_equal(decoded["label"], [2, 3, 4, 5, 9, 8])
+    floats = decode_table(
+        pa.table({"y": pa.array([0.5, 1.5], pa.float32())}), [Field("y", "float32")]
+    )
+    np.testing.assert_array_equal(floats["y"], np.array([0.5, 1.5], np.float32))
+    with pytest.raises(FeedError, match=r"column 'label' holds 1 nulls \(expected int64"):
+        decode_table(pa.table({"label": pa.array([1, None, 3])}), [label])
+    with pytest.raises(FeedError, match=r"column 'label' has Arrow type string, expected int64"):
+        decode_table(pa.table({"label": pa.array(["a", "b"])}), [label])
+
+
 def test_control_channel_plans_progress_and_abort():
     from sparktf.train.control import ControlClient, ControlServer
 

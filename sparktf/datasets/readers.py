@@ -20,18 +20,26 @@ Both readers take the same arguments and give the same batches (``id`` tells rec
 - Batches are parsed as batches (``tf.io.parse_example`` on a batch of records; Parquet
   columns decoded per row group), never row by row.
 
+- Without ``shuffle`` the order is fixed, and the same on HDFS as on local disk.
+
 TensorFlow cannot open ``hdfs://``: HDFS TFRecord files are streamed through sparktf.storage
-and their framing parsed here (length checksums verified, data checksums with
-``verify_checksums``; HDFS verifies its own block checksums on every read). Parquet goes
-with pyarrow, row group by row group, through sparktf.storage (the
-files are petastorm datasets: ``petastorm_io.make_reader`` reads them too; petastorm's own
-thread-pool readers are not used here: in 0.13.1 they can end an epoch early, a race between
-their ventilator and ``get_results``).
+(``storage.iter_blocks``: one streaming request per file) and their framing parsed here (length
+checksums verified, data checksums with ``verify_checksums``; HDFS verifies its own block
+checksums on every read). ``num_parallel_reads`` files stream at once, each fetched and framed
+by a thread of its own with the next files already opened, and one generator interleaves
+their records exactly as ``tf.data``'s interleave does for local files and hands over whole
+batches. Parquet goes with pyarrow, row group by row group, ``workers`` at once; on HDFS a
+row group's column chunks come with one ranged request (``storage.read_range``) and the
+footers are read once, concurrently (the files are petastorm datasets:
+``petastorm_io.make_reader`` reads them too; petastorm's own thread-pool readers are not used
+here: in 0.13.1 they can end an epoch early, a race between their ventilator and
+``get_results``). Figures: docs/hdfs-client.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import posixpath
 import queue
 import threading
@@ -92,84 +100,218 @@ def _check_batch(batch_size: int) -> None:
 
 # ----------------------------------------------------------------------------- TFRecord
 
-HDFS_READ_BLOCK = 16 << 20  # bytes per WebHDFS request: fewer, larger requests read faster
+HDFS_READ_BLOCK = 4 << 20  # bytes handed over per read of an HDFS file's one streaming request
+HDFS_FIRST_BLOCK = 256 << 10  # a small first block: records flow before a whole block is in
+HDFS_READ_AHEAD = 2  # blocks each open HDFS file holds ready ahead of use
+INTERLEAVE_BLOCK = 16  # records taken from one file before the next (tf.data interleave)
+SHUFFLE_CHUNK = 1024  # records per element handed to tf.data's record shuffle
+PARQUET_CHUNK_ROWS = 2048  # rows per element the Parquet generator hands to tf.data
 
 
-class _ReadAhead:
-    """A read-only stream over a sparktf path whose next block is fetched by a thread while
-    the current one is parsed (each block is one WebHDFS range request). Holds up to about
-    three blocks per open file."""
+class _FileRecords:
+    """One TFRecord file read by a background thread: one streaming request for the whole
+    file (``storage.iter_blocks``), framed into records as blocks arrive, up to ``depth``
+    framed blocks ahead of use. Several of these read concurrently (one per open file)."""
 
-    def __init__(self, path: str, block: int = HDFS_READ_BLOCK, depth: int = 1):
+    def __init__(self, path: str, verify: bool, block: int, depth: int):
+        self.path = path
         self._queue: queue.Queue = queue.Queue(depth)
         self._stop = threading.Event()
+        self._records: list[bytes] = []
+        self._at = 0
+        self._done = False
         self._thread = threading.Thread(
-            target=self._fetch, args=(path, block), daemon=True, name=f"read-ahead {path}"
+            target=self._fetch, args=(verify, block), daemon=True, name=f"tfrecord {path}"
         )
         self._thread.start()
 
-    def _fetch(self, path: str, block: int) -> None:
+    def _fetch(self, verify: bool, block: int) -> None:
         try:
-            with storage.open_file(path, "rb") as f:
-                while not self._stop.is_set():
-                    data = f.read(block)
-                    self._put(data)
-                    if not data:
+            blocks = storage.iter_blocks(self.path, block, first=min(block, HDFS_FIRST_BLOCK))
+            stream = _BlockStream(blocks)
+            try:
+                for batch in tfrecord.iter_record_batches(
+                    stream, name=self.path, verify_data=verify, block_bytes=block
+                ):
+                    if not self._put(batch):
                         return
+            finally:
+                blocks.close()
+            self._put(None)
         except BaseException as exc:  # handed to the reading thread
             self._put(exc)
 
-    def _put(self, item) -> None:
+    def _put(self, item) -> bool:
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
-                return
+                return True
             except queue.Full:
                 continue
+        return False
 
-    def read(self, _size: int = -1) -> bytes:
-        item = self._queue.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
+    def take(self, n: int) -> list[bytes]:
+        """Up to ``n`` next records; [] once the file is done."""
+        while self._at >= len(self._records):
+            if self._done:
+                return []
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            if item is None:
+                self._done = True
+                return []
+            self._records, self._at = item, 0
+        out = self._records[self._at : self._at + n]
+        self._at += len(out)
+        return out
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
+        self._thread.join(timeout=5)
 
 
-def _stream_batches(path: bytes, verify: bool) -> Iterator[np.ndarray]:
-    name = path.decode()
-    stream = (
-        _ReadAhead(name) if storage.parse(name).scheme != "file" else storage.open_file(name, "rb")
-    )
-    try:
-        for batch in tfrecord.iter_record_batches(stream, name=name, verify_data=bool(verify)):
-            yield np.array(batch, dtype=object)
-    finally:
-        stream.close()
+class _BlockStream:
+    """``read()`` over an iterator of blocks (what ``tfrecord.iter_record_batches`` reads)."""
+
+    def __init__(self, blocks: Iterator[bytes]):
+        self._blocks = blocks
+
+    def read(self, _size: int = -1) -> bytes:
+        return next(self._blocks, b"")
 
 
-def _records(
-    files: tf.data.Dataset, *, local: bool, parallel: int, deterministic: bool, verify: bool
+class _TFRecordStreams:
+    """The generator behind ``tfrecord_dataset`` on HDFS: concurrent shard streams.
+
+    ``cycle`` files are open at once, each streamed and framed by its own thread (and
+    ``cycle`` more opened ahead, so a finished file's successor is already flowing); their
+    records are interleaved in exactly the order of the local reader's ``tf.data``
+    interleave (``cycle_length=cycle, block_length=INTERLEAVE_BLOCK``, deterministic), then
+    sharded by records when asked. Elements: ``[batch_size]`` string tensors of serialized
+    records (``chunk`` records when a record shuffle follows).
+    """
+
+    def __init__(
+        self,
+        files,
+        *,
+        cycle,
+        chunk,
+        by_records,
+        num_shards,
+        shard_index,
+        shuffle_files,
+        seed,
+        repeat,
+        drop_remainder,
+        verify,
+    ):
+        self.files, self.cycle, self.chunk = list(files), cycle, chunk
+        self.by_records, self.num_shards, self.shard_index = by_records, num_shards, shard_index
+        self.shuffle_files, self.seed, self.repeat = shuffle_files, seed, repeat
+        self.drop_remainder, self.verify = drop_remainder, verify
+        self.calls = 0
+
+    def _epochs(self, rng) -> Iterator[list[str]]:
+        while True:
+            if self.shuffle_files:
+                yield [self.files[i] for i in rng.permutation(len(self.files))]
+            else:
+                yield self.files
+            if not self.repeat:
+                return
+
+    def _interleave(self, names: Iterator[str]) -> Iterator[list[bytes]]:
+        """Runs of records in tf.data's deterministic interleave order (see
+        InterleaveDatasetOp: a finished file hands its turn to the next slot; an empty slot
+        opens the next file when its turn comes)."""
+        ahead: list[_FileRecords] = []
+        slots: list[_FileRecords | None] = [None] * self.cycle
+        names = iter(names)
+        end_of_input = False
+
+        def top_up() -> None:
+            nonlocal end_of_input
+            while not end_of_input and len(ahead) < self.cycle:
+                name = next(names, None)
+                if name is None:
+                    end_of_input = True
+                else:
+                    ahead.append(_FileRecords(name, self.verify, HDFS_READ_BLOCK, HDFS_READ_AHEAD))
+
+        try:
+            top_up()
+            index, taken, open_ = 0, 0, 0
+            while ahead or open_:
+                current = slots[index]
+                if current is not None:
+                    run = current.take(INTERLEAVE_BLOCK - taken)
+                    if run:
+                        yield run
+                        taken += len(run)
+                        if taken == INTERLEAVE_BLOCK:
+                            index, taken = (index + 1) % self.cycle, 0
+                        continue
+                    current.close()
+                    slots[index], open_ = None, open_ - 1
+                elif ahead:
+                    slots[index], open_ = ahead.pop(0), open_ + 1
+                    top_up()
+                    continue
+                index, taken = (index + 1) % self.cycle, 0
+        finally:
+            for stream in [*ahead, *slots]:
+                if stream is not None:
+                    stream.close()
+
+    def _records(self, rng) -> Iterator[list[bytes]]:
+        """Runs of this worker's records, in order, epoch after epoch (an epoch without
+        records ends the stream, as ``tf.data``'s repeat does)."""
+        if not self.files:
+            return
+        if not self.by_records:  # tf.data: names.repeat() then interleave (epochs run on)
+            yield from self._interleave(name for epoch in self._epochs(rng) for name in epoch)
+            return
+        for epoch in self._epochs(rng):  # interleave, .shard(n, i), then .repeat()
+            position = kept = 0
+            for run in self._interleave(epoch):
+                first = (self.shard_index - position) % self.num_shards
+                position += len(run)
+                if first < len(run):
+                    kept += 1
+                    yield run[first :: self.num_shards]
+            if not kept:
+                return
+
+    def __call__(self) -> Iterator[np.ndarray]:
+        # tf.data calls this once per iteration over the dataset: vary the seed per call.
+        seed = None if self.seed is None else self.seed + self.calls
+        self.calls += 1
+        rng = np.random.default_rng(seed)
+        pending: list[bytes] = []
+        for run in self._records(rng):
+            pending += run
+            if len(pending) >= self.chunk:
+                full = len(pending) // self.chunk * self.chunk
+                for start in range(0, full, self.chunk):
+                    yield np.array(pending[start : start + self.chunk], dtype=object)
+                pending = pending[full:]
+        if pending and not self.drop_remainder:
+            yield np.array(pending, dtype=object)
+
+
+def _local_records(
+    files: tf.data.Dataset, *, parallel: int, deterministic: bool
 ) -> tf.data.Dataset:
-    if local:
-
-        def open_one(path):
-            return tf.data.TFRecordDataset(path, buffer_size=1 << 20)
-    else:
-
-        def open_one(path):
-            return tf.data.Dataset.from_generator(
-                _stream_batches,
-                args=(path, verify),
-                output_signature=tf.TensorSpec([None], tf.string),
-            ).unbatch()
-
     return files.interleave(
-        open_one,
+        lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
         cycle_length=parallel,
-        block_length=16,
+        block_length=INTERLEAVE_BLOCK,
         num_parallel_calls=parallel,
         deterministic=deterministic,
     )
@@ -223,16 +365,44 @@ def tfrecord_dataset(
     dataset_dir, split, manifest = _resolve(path, split)
     files = formats.split_files(manifest, dataset_dir, split, TFRECORD)
     mine, by_records = _plan(files, num_shards, shard_index)
-    local = storage.parse(dataset_dir).scheme == "file"
-    if local:
-        mine = [storage.parse(f).path for f in mine]
     deterministic = not shuffle or seed is not None
     parallel = max(1, min(num_parallel_reads, len(mine)))
+    parse = _parser(manifest)
+    if storage.parse(dataset_dir).scheme != "file":
+        # TensorFlow cannot open hdfs://: one Python generator streams `parallel` files at
+        # once (a thread each) and hands over whole batches (or chunks for the shuffle).
+        streams = _TFRecordStreams(
+            mine,
+            cycle=parallel,
+            chunk=SHUFFLE_CHUNK if shuffle else batch_size,
+            by_records=by_records,
+            num_shards=num_shards,
+            shard_index=shard_index,
+            shuffle_files=shuffle and not by_records,
+            seed=seed,
+            repeat=repeat,
+            drop_remainder=drop_remainder and not shuffle,
+            verify=verify_checksums,
+        )
+        fixed = batch_size if drop_remainder and not shuffle else None
+        records = tf.data.Dataset.from_generator(
+            streams, output_signature=tf.TensorSpec([fixed], tf.string)
+        )
+        if shuffle:
+            records = records.unbatch().shuffle(
+                shuffle_buffer, seed=seed, reshuffle_each_iteration=True
+            )
+            batches = records.batch(batch_size, drop_remainder=drop_remainder)
+        else:
+            batches = records
+        batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        return batches.prefetch(AUTOTUNE)
+    mine = [storage.parse(f).path for f in mine]
     names = tf.data.Dataset.from_tensor_slices(tf.constant(mine, dtype=tf.string))
     if by_records:
-        records = _records(
-            names, local=local, parallel=parallel, deterministic=True, verify=verify_checksums
-        ).shard(num_shards, shard_index)
+        records = _local_records(names, parallel=parallel, deterministic=True).shard(
+            num_shards, shard_index
+        )
         if repeat:
             records = records.repeat()
     else:
@@ -240,19 +410,11 @@ def tfrecord_dataset(
             names = names.shuffle(len(mine), seed=seed, reshuffle_each_iteration=True)
         if repeat:
             names = names.repeat()
-        records = _records(
-            names,
-            local=local,
-            parallel=parallel,
-            deterministic=deterministic,
-            verify=verify_checksums,
-        )
+        records = _local_records(names, parallel=parallel, deterministic=deterministic)
     if shuffle:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     batches = records.batch(batch_size, drop_remainder=drop_remainder)
-    batches = batches.map(
-        _parser(manifest), num_parallel_calls=AUTOTUNE, deterministic=deterministic
-    )
+    batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     return batches.prefetch(AUTOTUNE)
 
 
@@ -272,6 +434,73 @@ def _signature(manifest: dict, batch: int | None) -> dict:
         "tokens": tf.TensorSpec([batch, seq_len], tf.int64),
         "id": tf.TensorSpec([batch], tf.int64),
     }
+
+
+def _column_span(metadata, group: int, columns: list[str]) -> tuple[int, int] | None:
+    """(offset, length) of the bytes holding ``columns`` of row group ``group`` (from the
+    first page of the first to the end of the last), None when the offsets do not add up."""
+    row_group = metadata.row_group(group)
+    start, end = None, None
+    for i in range(row_group.num_columns):
+        chunk = row_group.column(i)
+        if chunk.path_in_schema not in columns:
+            continue
+        first = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+            first = min(first, chunk.dictionary_page_offset)
+        last = first + chunk.total_compressed_size
+        start = first if start is None else min(start, first)
+        end = last if end is None else max(end, last)
+    if start is None or start < 4:
+        return None
+    return start, end - start
+
+
+class _OutsideRange(OSError):
+    """pyarrow read outside the fetched range of a ``_RangeFile``."""
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file that holds one byte range of a Parquet file (its row group's column
+    chunks), for pyarrow given the footer as ``metadata``: a read outside the range is an
+    error naming the file, never a silent gap."""
+
+    def __init__(self, footer_bytes: int, start: int, data: bytes, name: str):
+        self._start, self._data, self._name = start, memoryview(data), name
+        # pyarrow asks for the size; the range plus a footer is enough to satisfy it.
+        self._size = start + len(data) + footer_bytes + 8
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int = -1):
+        at = self._pos - self._start
+        if size is None or size < 0:
+            size = len(self._data) - at
+        if at < 0 or at + size > len(self._data):
+            raise _OutsideRange(
+                f"{self._name}: pyarrow read bytes {self._pos}-{self._pos + size} outside the "
+                f"fetched row group range {self._start}-{self._start + len(self._data)}"
+            )
+        self._pos += size
+        return self._data[at : at + size]
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 class _ParquetBatches:
@@ -306,30 +535,49 @@ class _ParquetBatches:
         self.calls = 0
 
     @staticmethod
-    @contextlib.contextmanager
-    def _open(path: str):
+    def _metadata(path: str):
+        """The footer of one Parquet file (one small request on HDFS)."""
         import pyarrow.parquet as pq
 
         loc = storage.parse(path)
         if loc.scheme == "file":
-            with pq.ParquetFile(loc.path, memory_map=True) as pf:
-                yield pf
-            return
-        # pyarrow reads a column chunk with one read(n): one WebHDFS range request.
+            return pq.read_metadata(loc.path)
         with storage.open_file(path, "rb") as stream:
-            yield pq.ParquetFile(stream)
+            return pq.ParquetFile(stream).metadata
 
-    def _units(self) -> list[tuple[str, int]]:
+    def _units(self, pool) -> list[tuple[str, int, object]]:
+        """(file, row group, file metadata) of every row group, footers read concurrently."""
         units = []
-        for path in self.files:
-            with self._open(path) as pf:
-                units += [(path, i) for i in range(pf.metadata.num_row_groups)]
+        for path, metadata in zip(self.files, pool.map(self._metadata, self.files)):
+            units += [(path, i, metadata) for i in range(metadata.num_row_groups)]
         return units
 
-    def _read(self, unit: tuple[str, int]) -> dict[str, np.ndarray]:
-        path, group = unit
-        with self._open(path) as pf:
-            table = pf.read_row_group(group, columns=[f.name for f in self.fields])
+    def _table(self, path: str, group: int, metadata):
+        import pyarrow.parquet as pq
+
+        columns = [f.name for f in self.fields]
+        loc = storage.parse(path)
+        if loc.scheme == "file":
+            with pq.ParquetFile(loc.path, memory_map=True, metadata=metadata) as pf:
+                return pf.read_row_group(group, columns=columns)
+        # HDFS: the row group's column chunks are contiguous: fetch them with one streamed
+        # request and let pyarrow read them from memory (the footer is known already).
+        span = _column_span(metadata, group, columns)
+        if span is None:  # offsets that do not add up: let pyarrow seek its own way
+            with storage.open_file(path, "rb") as stream:
+                return pq.ParquetFile(stream).read_row_group(group, columns=columns)
+        start, length = span
+        data = storage.read_range(path, start, length)
+        file = _RangeFile(metadata.serialized_size, start, data, path)
+        try:
+            return pq.ParquetFile(file, metadata=metadata).read_row_group(group, columns=columns)
+        except _OutsideRange:  # pyarrow wanted more (an old writer's padding): plain reads
+            with storage.open_file(path, "rb") as stream:
+                return pq.ParquetFile(stream).read_row_group(group, columns=columns)
+
+    def _read(self, unit: tuple[str, int, object]) -> dict[str, np.ndarray]:
+        path, group, metadata = unit
+        table = self._table(path, group, metadata)
         out = {}
         for field in self.fields:
             column = table.column(field.name)
@@ -350,8 +598,8 @@ class _ParquetBatches:
     def _groups(self, rng) -> Iterator[dict[str, np.ndarray]]:
         from concurrent.futures import ThreadPoolExecutor
 
-        units = self._units()
         with ThreadPoolExecutor(self.workers, thread_name_prefix="parquet-read") as pool:
+            units = self._units(pool)
             while True:
                 order = rng.permutation(len(units)) if self.shuffle else range(len(units))
                 pending = []
@@ -365,41 +613,39 @@ class _ParquetBatches:
                     return
 
     def __call__(self) -> Iterator[dict[str, np.ndarray]]:
+        """Row-group columns in order (or windows of ``shuffle_buffer`` records, permuted),
+        in slices of ``chunk`` rows: views, not copies; ``rebatch`` cuts the batches."""
         # tf.data calls this once per iteration over the dataset: vary the seed per call.
         seed = None if self.seed is None else self.seed + self.calls
         self.calls += 1
         rng = np.random.default_rng(seed)
-        want = max(self.batch_size, self.shuffle_buffer if self.shuffle else 0)
+        chunk = -(-PARQUET_CHUNK_ROWS // self.batch_size) * self.batch_size
+        if not self.shuffle:
+            for cols in self._groups(rng):
+                yield from _slices(cols, chunk)
+            return
         pending: list[dict[str, np.ndarray]] = []
         held = 0
         for cols in self._groups(rng):
-            n = len(cols["id"])
-            if n == 0:
-                continue
             pending.append(cols)
-            held += n
-            if held >= want:
-                rest = yield from self._emit(pending, rng, final=False)
-                pending, held = ([rest], len(rest["id"])) if rest else ([], 0)
+            held += len(cols["id"])
+            if held >= self.shuffle_buffer:
+                yield from _slices(self._permuted(pending, rng), chunk)
+                pending, held = [], 0
         if pending:
-            yield from self._emit(pending, rng, final=True)
+            yield from _slices(self._permuted(pending, rng), chunk)
 
-    def _emit(self, pending, rng, *, final: bool):
+    @staticmethod
+    def _permuted(pending, rng) -> dict[str, np.ndarray]:
         cols = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-        n = len(cols["id"])
-        if self.shuffle:
-            order = rng.permutation(n)
-            cols = {k: v[order] for k, v in cols.items()}
-        full = n // self.batch_size * self.batch_size
-        for start in range(0, full, self.batch_size):
-            yield {k: v[start : start + self.batch_size] for k, v in cols.items()}
-        if full < n:
-            rest = {k: v[full:] for k, v in cols.items()}
-            if not final:
-                return rest
-            if not self.drop_remainder:
-                yield rest
-        return None
+        order = rng.permutation(len(cols["id"]))
+        return {k: v[order] for k, v in cols.items()}
+
+
+def _slices(cols: dict[str, np.ndarray], rows: int) -> Iterator[dict[str, np.ndarray]]:
+    n = len(cols["id"])
+    for start in range(0, n, rows):
+        yield {k: v[start : start + rows] for k, v in cols.items()}
 
 
 def parquet_dataset(
@@ -414,12 +660,13 @@ def parquet_dataset(
     repeat: bool = False,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     drop_remainder: bool = False,
-    workers: int = 2,
+    workers: int | None = None,
 ) -> tf.data.Dataset:
     """Batches of the Parquet (petastorm) files of one split (local or HDFS); see the module doc.
 
     Same arguments and batches as ``tfrecord_dataset``; ``workers``: row groups read ahead
-    in parallel threads. Without ``shuffle`` the records come in file order.
+    in parallel threads (default 2 on local disk, 4 on HDFS: each one streams its row group
+    with one request). Without ``shuffle`` the records come in file order.
     """
     _check_batch(batch_size)
     dataset_dir, split, manifest = _resolve(path, split)
@@ -437,8 +684,7 @@ def parquet_dataset(
         repeat=repeat,
         shuffle_buffer=shuffle_buffer,
         drop_remainder=drop_remainder,
-        workers=max(1, workers),
+        workers=max(1, workers or (2 if storage.parse(dataset_dir).scheme == "file" else 4)),
     )
-    signature = _signature(manifest, batch_size if drop_remainder else None)
-    dataset = tf.data.Dataset.from_generator(generator, output_signature=signature)
-    return dataset.prefetch(AUTOTUNE)
+    chunks = tf.data.Dataset.from_generator(generator, output_signature=_signature(manifest, None))
+    return chunks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE)

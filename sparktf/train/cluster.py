@@ -277,6 +277,18 @@ class ClusterRun:
     def feeding_keys(self) -> list[str]:
         return [k for k, r in self.roles.items() if not k.startswith("driver-") and r.trains]
 
+    def _await_hello(self, keys: list[str]) -> None:
+        """Returns once every feeding process has said hello (before it imports TensorFlow),
+        or at the start-up deadline (the watchdog reports a process that never does): the
+        feed job's tasks then do not sit on executor cores waiting for a process that is
+        still starting."""
+        deadline = time.monotonic() + self.run.startup_timeout_s
+        while not self.control.stop and not self.control.abort:
+            nodes = self.control.snapshot()
+            if all(k in nodes and nodes[k].pid for k in keys) or time.monotonic() > deadline:
+                return
+            self.control.wait(0.1)
+
     def _feed(self) -> None:
         """Feeds ``feed_passes`` passes over the split (None: until the run stops)."""
         try:
@@ -306,6 +318,7 @@ class ClusterRun:
                 nodes, self.control.token, self.control.url, feed_timeout_s=self.run.feed_timeout_s
             )
             done_passes = 0
+            self._await_hello(keys)
             self.feed_started_wall = time.time()
             passes = self.plan.feed_passes
             while passes is None or done_passes < passes:

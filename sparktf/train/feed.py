@@ -17,7 +17,9 @@ the same executor -- but moves the rows around the queue:
    is a strided view of one buffer), deletes the file, and re-batches rows into exact
    batches on a prefetch thread.
 3. The end: when the driver's feed jobs have finished it publishes how many chunks each
-   executor received (:mod:`sparktf.train.control`); a reader ends after reading its count.
+   executor received (:mod:`sparktf.train.control`); a reader ends after reading its count
+   (once it has read every chunk queued it asks the driver for the count itself, rather
+   than waiting for its next heartbeat's answer).
    Partitions of any size, executors that got more or fewer rows, and a remainder shorter
    than a batch therefore never leave a reader waiting. Rows that do not fill a last batch
    are dropped (counted in ``dropped_rows``).
@@ -53,6 +55,11 @@ STATE_KEY = "sparktf_state"
 RUNNING, DONE, FAILED = "running", "done", "failed"
 DEFAULT_CHUNK_BYTES = 8 << 20
 DEFAULT_MAX_BUFFERED = 8
+# A reader that has read every chunk queued asks the driver whether the feed has ended after
+# END_POLL_S, then less and less often (x1.5 each time, at most once a second, as often as
+# the heartbeat): quick at the end of a feed, light on the driver while Spark is just slow.
+END_POLL_S = 0.2
+END_POLL_MAX_S = 1.0
 SUMMARY_SCHEMA = "executor string, chunks long, rows long, skipped long"
 
 
@@ -228,7 +235,7 @@ def make_feeder(
 
         from sparktf.train.control import RunFlags
 
-        flags = RunFlags(control_url, token)
+        flags = _run_flags(RunFlags, control_url, token)
 
         executor_id = util.read_executor_id()
         node = nodes.get(executor_id)
@@ -271,6 +278,20 @@ def make_feeder(
         )
 
     return feed
+
+
+_FLAGS: dict[tuple[str, str], Any] = {}
+
+
+def _run_flags(factory, url: str, token: str):
+    """The run's flags, shared by the feeding tasks of one PySpark worker: a task then asks
+    the driver at most once a second in all, not once when it starts (the flags are never
+    older than ``RunFlags.every_s``). Flags of earlier runs are dropped."""
+    flags = _FLAGS.get((url, token))
+    if flags is None:
+        _FLAGS.clear()
+        flags = _FLAGS[(url, token)] = factory(url, token)
+    return flags
 
 
 def _await_feed_dir(mgr, token: str, key: str, timeout_s: float, flags) -> str | None:
@@ -329,13 +350,49 @@ def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str
             raise FeedError(f"{where}: no column {f.name!r} (columns: {table.column_names})")
         column = table.column(f.name)
         if f.shape is None:
-            out[f.name] = column.to_numpy().astype(f.dtype, copy=False)
+            out[f.name] = _scalar_column(column, f, where)
             continue
         try:
             out[f.name] = decode_ndarray_column(column, f.dtype, f.shape, name=f.name)
         except NdarrayColumnError as exc:
             raise FeedError(f"{where}: {exc}") from exc
     return out
+
+
+def _scalar_column(column, field: Field, where: str) -> np.ndarray:
+    """A column of numbers as a numpy array of ``field.dtype``.
+
+    Integer and floating-point columns without nulls are read straight from their Arrow
+    buffer: pyarrow's ``to_numpy`` imports pandas on first use, which costs a TensorFlow
+    process seconds of CPU under load at the start of its feed."""
+    import pyarrow as pa
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    kind = column.type
+    if column.null_count:
+        raise FeedError(
+            f"{where}: column {field.name!r} holds {column.null_count} nulls "
+            f"(expected {field.dtype} values)"
+        )
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        try:
+            return column.to_numpy().astype(field.dtype, copy=False)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise FeedError(
+                f"{where}: column {field.name!r} has Arrow type {kind}, "
+                f"expected {field.dtype} values"
+            ) from exc
+    code = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
+    dtype = np.dtype(f"{code}{kind.bit_width // 8}")
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype=dtype)[c.offset : c.offset + len(c)]
+        for c in chunks
+        if len(c)
+    ]
+    if not parts:
+        return np.zeros(0, dtype=field.dtype)
+    values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return values.astype(field.dtype, copy=False)
 
 
 class Rebatcher:
@@ -411,6 +468,8 @@ class FeedReader:
         self.chunks = self.rows = self.dropped_rows = 0
         self.wait_s = 0.0
         self._closed = False
+        self._next_end_poll = 0.0
+        self._end_poll_s = END_POLL_S
 
     def open(self) -> FeedReader:
         self.mgr.set(STATE_KEY, RUNNING)
@@ -422,6 +481,19 @@ class FeedReader:
         end = self.control.feed_end
         return None if end is None else int(end.get(self.key, 0))
 
+    def _ask_for_end(self) -> None:
+        """Asks the driver whether the feed has ended (see ``END_POLL_S``) instead of waiting
+        up to a heartbeat for the answer: called only while no chunk is waiting."""
+        now = time.monotonic()
+        if now < self._next_end_poll:
+            return
+        self._next_end_poll = now + self._end_poll_s
+        self._end_poll_s = min(self._end_poll_s * 1.5, END_POLL_MAX_S)
+        try:
+            self.control.post("beat", timeout=5.0)  # the answer carries feed_end
+        except Exception as exc:  # the heartbeat thread judges an unreachable driver
+            log.debug("%s: asking the driver for the feed's end: %s", self.key, exc)
+
     def chunk_stream(self) -> Iterator[dict[str, np.ndarray]]:
         """Decoded chunks in arrival order, until the feed has ended."""
         import pyarrow as pa
@@ -432,8 +504,10 @@ class FeedReader:
             if expected is not None and self.chunks >= expected:
                 return
             try:
-                item = self.queue.get(timeout=0.5)
+                item = self.queue.get(timeout=END_POLL_S / 2)
             except queue_lib.Empty:
+                if expected is None:
+                    self._ask_for_end()
                 waited = time.monotonic() - last
                 if waited > self.feed_timeout_s:
                     raise FeedTimeout(
@@ -447,6 +521,7 @@ class FeedReader:
                 return
             path, count = item
             started = time.monotonic()
+            self._next_end_poll, self._end_poll_s = started + END_POLL_S, END_POLL_S
             self.wait_s += started - last
             try:
                 with pa.memory_map(path) as source:

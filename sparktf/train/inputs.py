@@ -76,7 +76,9 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         exit_hooks.on_exit(lambda: reader.close("failed"))
         return Source(reader.batches(batch_size), finite=True, close_fn=reader.close, reader=reader)
     batches = _file_batches(plan.data, plan.train.file_format, batch_size, num_shards, shard, seed)
-    return Source(batches, finite=True)
+    # Endless (epochs repeat; an empty shard is an error): all-reduce workers need not agree
+    # every step that none has run out, which would cost a collective and a sync per step.
+    return Source(batches, finite=False)
 
 
 def _file_batches(
@@ -109,8 +111,11 @@ def _file_batches(
     while True:
         try:
             batch = next(batches)
-        except StopIteration:
-            return
+        except StopIteration:  # the epochs repeat: only a shard without rows ends
+            raise ConfigError(
+                f"shard {shard} of {num_shards} of the {data.split!r} split has no rows: "
+                "use fewer workers or a dataset with more rows (or files)"
+            ) from None
         except tf.errors.DataLossError as exc:  # TensorFlow's TFRecord reader: no file name
             raise _locate_corruption(data.files[fmt], num_shards, shard, exc) from None
         yield {name: batch[name] for name in names}
