@@ -3,32 +3,44 @@
     .venv/bin/python bench/predict.py [--resnet-rows 4096] [--mlp-rows 32768] [--rounds 3]
 
 For ResNet-20 (CIFAR, 32x32x3) and the MNIST MLP, both exported with random weights, over
-the same rows (a Parquet table of the images as ``np.save`` bytes, as converted datasets
-store them), every pass timed over the whole job, from start (or submit) to the last
-prediction (bench/common.py):
+the same rows (a Parquet table of ``id``, ``label`` and the images as ``np.save`` bytes, as
+converted datasets store them). Every variant computes the same result, ``id``, the class
+and the class probabilities of every row, and is timed over the same window, the whole
+job (bench/common.py):
 
 * **single process**: one plain TensorFlow process using all cores (TensorFlow's default
-  threads): reads the table with pyarrow, decodes the image column vectorised (one numpy
-  view over the Arrow buffer), calls the SavedModel's ``predict_images`` ``--batch-size``
-  rows at a time; loading the model is start-up;
-* **sparktf.predict**: over the table, written with Spark's ``noop`` sink;
-* **predict_batch_udf**: ``pyspark.ml.functions.predict_batch_udf`` with the same model,
-  signature, batch size and TensorFlow threads, decoding the same column vectorised
-  (the ``np.save`` bytes joined and viewed as one array, the header sliced off).
+  threads). Timed: reading the table with pyarrow, decoding the image column vectorised
+  (one numpy view over the Arrow buffer), calling the SavedModel's ``predict_images``
+  ``--batch-size`` rows at a time and collecting classes and probabilities as numpy.
+  Start-up (not timed, reported): importing TensorFlow, loading the model, its first call.
+* **sparktf.predict**: ``sparktf.predict(df, model, keep_columns=["id"])`` over the table.
+  Timed: the whole Spark job from submitting it (``write.format("noop")``) to its end:
+  reading the Parquet files, the Arrow round trip through the Python workers, decoding,
+  the model calls. Start-up (reported): the Spark session, and one warm-up job (TensorFlow
+  import and model load in every Python worker, kept for later jobs as in any reused
+  worker).
+* **predict_batch_udf**: ``df.select("id", predict_batch_udf(...)("image"))`` with the same
+  model, signature, batch size and TensorFlow threads, decoding the same column
+  vectorised (the ``np.save`` bytes joined and viewed as one array, the header sliced off);
+  timed and warmed up as sparktf.predict.
+* **spark_read_only** (a reference, no goal): Spark's own pass over the same table, no
+  Python at all: what a Spark job costs here before any inference.
 
-Spark runs the ``local`` profile (``local-cluster[2,1,1024]``: two executors of one core),
-one fresh session per Spark variant, the models one after the other. Each (variant, model)
-runs once to warm up (TensorFlow import, model load in every worker: reported as start-up),
-then ``--rounds`` timed passes; medians count. Goals (issue 13, item 6): MNIST MLP >= 0.5x
-and ResNet-20 >= 0.9x the single process; >= 1.2x ``predict_batch_udf`` for both. Peak
-executor memory is sampled with psutil (PSS, so pages shared between forked Python workers
-count once) over each executor JVM and its Python processes; a later model's peak includes
-what the earlier one left in the workers. Prints JSON and writes it to bench/results/.
+Spark runs the ``local`` profile (``local-cluster[2,1,1024]``: two executors of one core,
+one TensorFlow thread per worker) in one session for both Spark variants; the models one
+after the other. Each round runs single process, sparktf.predict, predict_batch_udf and the
+Spark reference in turn (``--rounds`` rounds, medians count). Goals (issue 13, item 6):
+MNIST MLP >= 0.5x and ResNet-20 >= 0.9x the single process; >= 1.2x ``predict_batch_udf``
+for both. Peak memory: the single process's over one pass; the executors' (JVM + Python
+workers, PSS so pages shared between forked workers count once) over the warm-up jobs of
+both Spark variants together (not during the timed rounds: sampling costs CPU). Prints
+JSON and writes it to bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import logging
 import os
@@ -204,12 +216,18 @@ def single_process(model_dir: str, table: str, shape, batch_size: int):
     startup = time.perf_counter() - started
 
     def one_pass() -> int:
-        images = decode_arrow(pq.read_table(table.removeprefix("file://"))["image"], shape)
+        data = pq.read_table(table.removeprefix("file://"))
+        ids = data["id"].to_numpy()
+        images = decode_arrow(data["image"], shape)
+        classes, scores = [], []
         for i in range(0, len(images), batch_size):
             out = fn(images=tf.constant(images[i : i + batch_size]))
-            out["classes"].numpy()
+            classes.append(out["classes"].numpy())
+            scores.append(out["scores"].numpy())
         _ = root  # keep the variables alive with the function
-        return len(images)
+        # The same result as the Spark variants: id, prediction, probabilities per row.
+        result = (ids, np.concatenate(classes), np.concatenate(scores))
+        return len(result[1])
 
     return startup, one_pass
 
@@ -249,18 +267,9 @@ def make_batch_udf(model_dir: str, batch_size: int, shape: tuple[int, ...]):
     return predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size)
 
 
-def timed_spark(build, rows: int, rounds: int) -> tuple[float, list[float], dict]:
-    """(warm-up seconds, rows/s of each timed pass, memory report)."""
-    with ExecutorMemory() as memory:
-        start = time.perf_counter()
-        build().write.format("noop").mode("overwrite").save()
-        warmup = time.perf_counter() - start
-        rates = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            build().write.format("noop").mode("overwrite").save()
-            rates.append(rows / (time.perf_counter() - start))
-    return warmup, rates, memory.report()
+def spark_pass(build) -> None:
+    """One whole Spark job: the DataFrame ``build()`` returns, written to the ``noop`` sink."""
+    build().write.format("noop").mode("overwrite").save()
 
 
 # ----------------------------------------------------------------------------- main
@@ -310,70 +319,86 @@ def main(argv=None) -> int:
             "tf_threads_per_worker": "spark.task.cpus (1)",
             "single_process_threads": "TensorFlow's default (all cores)",
         },
-        "window": "whole pass: read the table to the last prediction; warm-up is start-up",
+        "window": "whole job: read the table to the last prediction (id, class, "
+        "probabilities); session, model load and one warm-up job are start-up",
         "models": {},
     }
     goals: dict = {}
     with tempfile.TemporaryDirectory(prefix="sparktf-bench-") as tmp:
-        prepared = {}
+        prepared, startups, single_memory = {}, {}, {}
         for name in args.models:
             shape = MODELS[name][2]
             rows = args.resnet_rows if name == "resnet20" else args.mlp_rows
             images = rng.integers(0, 256, (rows, *shape), dtype=np.uint8)
             model_dir = export_model(name, Path(tmp) / name / "export" / "1")
             table = write_table(images, Path(tmp) / name / "table", args.partitions)
-            log.info("%s: %d rows; single-process baseline", name, rows)
+            log.info("%s: %d rows; single-process baseline start-up", name, rows)
             startup, one_pass = single_process(model_dir, table, shape, args.batch_size)
-            rates = []
             with common.PeakMemory() as memory:
-                for _ in range(args.rounds):
-                    seconds, done = common.timed(one_pass)
-                    assert done == rows, (name, done, rows)
-                    rates.append(rows / seconds)
-            prepared[name] = (rows, model_dir, table, (startup, rates, memory.report()))
+                one_pass()  # its memory peak, measured apart from the Spark session's
+            startups[name], single_memory[name] = startup, memory.report()
+            prepared[name] = (rows, model_dir, table, one_pass)
 
-        measured: dict = {name: {} for name in prepared}
-        for variant in ("sparktf_predict", "predict_batch_udf"):
-            # One fresh session per variant: no Python worker, imported TensorFlow or cached
-            # model carries over from the other variant.
-            spark = get_session("sparktf-bench-predict", profile="local")
-            try:
-                for name, (rows, model_dir, table, _) in prepared.items():
-                    log.info("%s: %s", name, variant)
-                    df = spark.read.parquet(table)
-                    if variant == "sparktf_predict":
-
-                        def build(df=df, model_dir=model_dir):
-                            return sparktf.predict(df, model_dir, batch_size=args.batch_size)
-                    else:  # one UDF for all passes: its model cache is keyed by the UDF
-                        udf = make_batch_udf(model_dir, args.batch_size, MODELS[name][2])
-
-                        def build(df=df, udf=udf):
-                            return df.withColumn("preds", udf("image"))
-
-                    measured[name][variant] = timed_spark(build, rows, args.rounds)
-            finally:
-                spark.stop()
-        for name, (rows, _, _, single) in prepared.items():
-            measured[name] = {"single_process_tf": single, **measured[name]}
-            passes = common.Rounds()
-            for variant, (_, rates, _) in measured[name].items():
-                for rate in rates:
-                    passes.add(variant, rate)
-            med = passes.medians()
-            vs_single = med["sparktf_predict"] / med["single_process_tf"]
-            vs_udf = med["sparktf_predict"] / med["predict_batch_udf"]
-            results["models"][name] = {
-                "rows": rows,
-                "rows_per_s": passes.report(0),
-                "ratio_sparktf_vs_single_process": round(vs_single, 3),
-                "ratio_sparktf_vs_predict_batch_udf": round(vs_udf, 3),
-                "startup_s": {k: round(v[0], 2) for k, v in measured[name].items()},
-                "peak_memory": {k: v[2] for k, v in measured[name].items()},
-            }
-            goal_single, goal_udf = GOALS[name]
-            goals[f"{name} / one TF process"] = common.goal(vs_single, goal_single)
-            goals[f"{name} / predict_batch_udf"] = common.goal(vs_udf, goal_udf)
+        # One Spark session for both Spark variants, so that their rounds can alternate with
+        # the single process's: round r runs single process, sparktf.predict,
+        # predict_batch_udf and Spark's own pass in turn (load drifts hit all alike).
+        spark = get_session("sparktf-bench-predict", profile="local")
+        try:
+            for name, (rows, model_dir, table, one_pass) in prepared.items():
+                df = spark.read.parquet(table)
+                udf = make_batch_udf(model_dir, args.batch_size, MODELS[name][2])
+                variants = {
+                    "single_process_tf": one_pass,
+                    "sparktf_predict": functools.partial(
+                        spark_pass,
+                        lambda df=df, model_dir=model_dir: sparktf.predict(
+                            df, model_dir, batch_size=args.batch_size, keep_columns=["id"]
+                        ),
+                    ),
+                    "predict_batch_udf": functools.partial(
+                        spark_pass, lambda df=df, udf=udf: df.select("id", udf("image"))
+                    ),
+                    # Reference, no goal: Spark reading the same rows, no Python at all.
+                    "spark_read_only": functools.partial(spark_pass, lambda df=df: df),
+                }
+                startup: dict = {"single_process_tf": startups[name]}
+                passes = common.Rounds()
+                # Memory is sampled over the warm-up jobs (model loads included) only: reading
+                # the executors' smaps takes CPU that the timed rounds should not lose.
+                with ExecutorMemory() as memory:
+                    for variant, run in variants.items():
+                        if variant != "single_process_tf":
+                            log.info("%s: %s warm-up", name, variant)
+                            startup[variant], _ = common.timed(run)
+                for round_ in range(args.rounds):
+                    for variant, run in variants.items():
+                        seconds, done = common.timed(run)
+                        if variant == "single_process_tf":
+                            assert done == rows, (name, done, rows)
+                        passes.add(variant, rows / seconds)
+                    log.info("%s: round %d of %d done", name, round_ + 1, args.rounds)
+                med = passes.medians()
+                vs_single = med["sparktf_predict"] / med["single_process_tf"]
+                vs_udf = med["sparktf_predict"] / med["predict_batch_udf"]
+                results["models"][name] = {
+                    "rows": rows,
+                    "rows_per_s": passes.report(0),
+                    "ratio_sparktf_vs_single_process": round(vs_single, 3),
+                    "ratio_sparktf_vs_predict_batch_udf": round(vs_udf, 3),
+                    "ratio_spark_read_only_vs_single_process": round(
+                        med["spark_read_only"] / med["single_process_tf"], 3
+                    ),
+                    "startup_s": {k: round(v, 2) for k, v in startup.items()},
+                    "peak_memory": {
+                        "single_process_tf": single_memory[name],
+                        "spark_executors_warm_up_both_variants": memory.report(),
+                    },
+                }
+                goal_single, goal_udf = GOALS[name]
+                goals[f"{name} / one TF process"] = common.goal(vs_single, goal_single)
+                goals[f"{name} / predict_batch_udf"] = common.goal(vs_udf, goal_udf)
+        finally:
+            spark.stop()
     results["goals"] = goals
     common.write_results("predict", results)
     return 0

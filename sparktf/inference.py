@@ -38,7 +38,7 @@ import stat
 import tempfile
 import threading
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -252,6 +252,7 @@ class _Plan:
     vocab_size: int | None = None
     label_col: str | None = None  # conditional generator
     id_col: str | None = None  # used to name rows in error messages
+    keep: tuple[str, ...] | None = None  # input columns returned beside the outputs (None: all)
 
     def contract(self) -> str:
         """What the input column must hold, for error messages."""
@@ -523,9 +524,17 @@ def predict(
     top_k: int | None = None,
     lm_output: str = "perplexity",
     label_col: str = "label",
+    keep_columns: Sequence[str] | None = None,
 ) -> DataFrame:
     """Applies the SavedModel ``model`` to every row of ``df``; returns ``df``'s columns plus
     the predictions (lazily: nothing runs until an action).
+
+    ``keep_columns``: the columns of ``df`` returned beside the predictions, in this order
+    (default: all of them). Only the model's input column(s), ``id`` (it names rows in error
+    messages) and these columns travel to the Python workers, and only these columns and
+    the predictions travel back: pass e.g. ``keep_columns=["id"]`` when the images
+    themselves are not needed in the result (``select`` after ``predict`` does not prune
+    what ``mapInArrow`` sends).
 
     ``model``: a SavedModel directory, local or ``hdfs://``; or ``MODEL_DIR/export`` (or
     ``MODEL_DIR``), whose highest numbered version is used. A missing model raises
@@ -584,8 +593,10 @@ def predict(
     ...`` in the exception text, naming the row (by ``id`` when ``df`` has that column) and
     the expected shape. An empty DataFrame gives an empty result (the model is not loaded).
 
-    Execution: ``mapInArrow`` over each partition's Arrow batches, cut into ``batch_size``
-    rows per model call. The model is loaded once per Python worker (:class:`ModelCache`)
+    Execution: ``mapInArrow`` over each partition's Arrow batches (of the columns named
+    above only), cut into ``batch_size`` rows per model call; the outputs of one Arrow batch
+    go back as one batch (cut at about 8 MiB of outputs). The model is loaded once per
+    Python worker (:class:`ModelCache`)
     and reused by every later task of that worker, which needs
     ``spark.python.worker.reuse=true`` (Spark's default; see ModelCache). TensorFlow in a
     worker uses as many threads as the task has CPUs (``spark.task.cpus``), or
@@ -593,9 +604,17 @@ def predict(
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(keep_columns, str):
+        raise TypeError(f"keep_columns must be a sequence of column names, got {keep_columns!r}")
+    kept = list(df.columns) if keep_columns is None else list(dict.fromkeys(keep_columns))
+    unknown = [c for c in kept if c not in df.columns]
+    if unknown:
+        raise PredictInputError(
+            f"keep_columns {unknown} are not columns of the input DataFrame (it has {df.columns})"
+        )
     info = inspect_model(model)
     sig = _choose_signature(info, signature)
-    vector_col, original = None, df
+    vector_col = None
     col = input_col or ("features" if _kind(sig) == "features" else None)
     if col is not None and col in df.schema.names and _is_vector(df.schema[col].dataType):
         # A Spark ML Vector (VectorAssembler): fed as array<float> under the column's own
@@ -629,12 +648,26 @@ def predict(
         plan.input_col,
         batch_size,
     )
-    schema = T.StructType(list(df.schema.fields) + fields)
-    out = df.mapInArrow(functools.partial(_predict_partition, plan), schema)
-    if vector_col is not None:
-        out = out.drop(plan.input_col).withColumnRenamed(vector_col, plan.input_col)
-        out = out.select(*original.columns, *(f.name for f in fields))
+    # Only what the model reads, what names rows in errors and what is kept goes to Python;
+    # only the kept columns and the predictions come back.
+    keep = [vector_col if c == col and vector_col is not None else c for c in kept]
+    needed = [plan.input_col, plan.label_col, plan.id_col, *keep]
+    sent = df.select(*(_column(c) for c in dict.fromkeys(c for c in needed if c is not None)))
+    plan = dataclasses.replace(plan, keep=tuple(keep))
+    schema = T.StructType([sent.schema[c] for c in keep] + fields)
+    out = sent.mapInArrow(functools.partial(_predict_partition, plan), schema)
+    if vector_col is not None and vector_col in keep:
+        out = out.withColumnRenamed(vector_col, col)
+    if keep != kept:
+        out = out.select(*(_column(c) for c in [*kept, *(f.name for f in fields)]))
     return out
+
+
+def _column(name: str) -> Any:
+    """The top-level column ``name`` (a dot or backtick in it is part of the name)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 # ----------------------------------------------------------------------------- executors
@@ -826,12 +859,23 @@ class _LoadedSignature:
         return {k: v.numpy() for k, v in self._fn(**tensors).items()}
 
 
+# Outputs of one input Arrow batch are sent back as one batch, cut when they pass this many
+# bytes (a language model's next-word log-probabilities are V floats per row).
+OUTPUT_BATCH_BYTES = 8 << 20
+
+
 def _predict_partition(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: decode and check, run the model, append the outputs."""
+    """The ``mapInArrow`` function: decode and check, run the model ``batch_size`` rows at a
+    time, and send the kept columns with the outputs back, one Arrow batch per input batch
+    (fewer, larger batches cost less on both sides of the Arrow stream)."""
     import pyarrow as pa
 
     model = None
     for batch in batches:
+        keep = list(batch.schema.names) if plan.keep is None else list(plan.keep)
+        names = keep + list(plan.outputs)
+        parts: list[list[pa.Array]] = []
+        size = first = 0
         for start in range(0, batch.num_rows, plan.batch_size):
             chunk = batch.slice(start, plan.batch_size)
             inputs = _decode(plan, chunk)  # input errors surface before the model loads
@@ -839,9 +883,20 @@ def _predict_partition(plan: _Plan, batches: Iterator[pa.RecordBatch]) -> Iterat
                 model = ModelCache.get(plan.model_uri, plan.fingerprint, plan.signature)
             columns = _run(plan, model, inputs, chunk.num_rows)
             ModelCache.stats[plan.fingerprint]["batches"] += 1
-            yield pa.RecordBatch.from_arrays(
-                list(chunk.columns) + columns, names=list(chunk.schema.names) + list(plan.outputs)
-            )
+            parts.append(columns)
+            size += sum(c.nbytes for c in columns)
+            end = start + chunk.num_rows
+            if size >= OUTPUT_BATCH_BYTES or end == batch.num_rows:
+                kept = batch.slice(first, end - first)
+                outputs = [
+                    part[0] if len(parts) == 1 else pa.concat_arrays(list(part))
+                    for part in zip(*parts)
+                ]
+                yield pa.RecordBatch.from_arrays(
+                    [kept.column(kept.schema.get_field_index(c)) for c in keep] + outputs,
+                    names=names,
+                )
+                parts, size, first = [], 0, end
 
 
 # ----------------------------------------------------------------------------- decoding

@@ -254,6 +254,74 @@ def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
 
 
 @pytest.mark.spark
+def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
+    result = sparktf.predict(images_df, mlp["export"], batch_size=8, keep_columns=["id"])
+    assert result.columns == ["id", "prediction", "probabilities"]
+    assert_matches(result.collect(), mlp)
+    # What goes into the Python stage: the image (read by the model) and id, not label.
+    plan = result._jdf.queryExecution().executedPlan().toString().splitlines()
+    at = next(i for i, line in enumerate(plan) if "MapInArrow" in line)
+    child = plan[at + 1]
+    assert "image" in child and "id" in child and "label" not in child, plan
+    # A kept column may come before the input; label kept, id still names bad rows.
+    result = sparktf.predict(images_df, mlp["export"], keep_columns=["label", "image"])
+    assert result.columns == ["label", "image", "prediction", "probabilities"]
+    rows = result.collect()
+    assert sorted(r["label"] for r in rows) == sorted(i % 10 for i in range(N))
+    with pytest.raises(PredictInputError, match=r"keep_columns \['nope'\]"):
+        sparktf.predict(images_df, mlp["export"], keep_columns=["id", "nope"])
+
+
+def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypatch):
+    """In this process, with the real model: a 40-row Arrow batch run 8 rows at a time comes
+    back as one batch; with a tiny size limit it is cut after every model call."""
+    info = inference.inspect_model(mlp["latest"])
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType()),
+            T.StructField("label", T.LongType()),
+            T.StructField("image", T.BinaryType()),
+        ]
+    )
+    sig = inference._choose_signature(info, None)
+    plan, _ = inference._make_plan(
+        schema,
+        info,
+        sig,
+        input_col=None,
+        output_col="prediction",
+        probabilities_col="probabilities",
+        log_probabilities_col="log_probabilities",
+        batch_size=8,
+        top_k=None,
+        lm_output="perplexity",
+        label_col="label",
+    )
+    plan = inference.dataclasses.replace(plan, keep=("id",))
+    rows = image_rows(mlp["images"])
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "label": pa.array([r[1] for r in rows], pa.int64()),
+            "image": pa.array([r[2] for r in rows], pa.binary()),
+        }
+    )
+    for limit, sizes in ((inference.OUTPUT_BATCH_BYTES, [N]), (1, [8] * (N // 8))):
+        monkeypatch.setattr(inference, "OUTPUT_BATCH_BYTES", limit)
+        out = list(inference._predict_partition(plan, iter([batch])))
+        assert [b.num_rows for b in out] == sizes
+        assert out[0].schema.names == ["id", "prediction", "probabilities"]
+        table = pa.Table.from_batches(out)
+        assert table["id"].to_pylist() == list(range(N))
+        np.testing.assert_array_equal(table["prediction"].to_numpy(), mlp["classes"])
+        np.testing.assert_allclose(
+            np.array(table["probabilities"].to_pylist()), mlp["scores"], rtol=1e-5, atol=1e-6
+        )
+
+
+@pytest.mark.spark
 def test_model_is_loaded_once_per_worker_and_reused_across_partitions(spark, mlp):
     fingerprint = inference.inspect_model(mlp["export"]).fingerprint
     df = spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary")

@@ -111,6 +111,8 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
         df = spark.read.parquet(storage.spark_uri(table))
         if args.partitions:
             df = df.repartition(args.partitions)
+        # Only the kept columns (and what the model reads) travel through the Python workers.
+        keep = [c for c in KEEP_COLUMNS if c in df.columns]
         try:
             result = inference.predict(
                 df,
@@ -120,11 +122,11 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
                 signature=args.signature,
                 top_k=args.top_k,
                 lm_output=args.lm_output,
+                keep_columns=keep,
             )
         except inference.PredictInputError as exc:
             raise cli.UsageError(f"input {table}: {exc}") from None
-        added = [c for c in result.columns if c not in df.columns]
-        keep = [c for c in KEEP_COLUMNS if c in df.columns]
+        added = [c for c in result.columns if c not in keep]
         out = result.select(*keep, *added, F.lit(info.version).cast("long").alias("model_version"))
         with (
             storage.publish(args.output, overwrite=args.overwrite) as tmp,
