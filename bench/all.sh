@@ -42,7 +42,7 @@ mkdir -p "$RESULTS"
 # Sizes for about 15 minutes on 2 cores (the defaults of each script are larger).
 declare -A ARGS=(
   [convert]="--sizes 12500 50000 --shards 4"
-  [read]="--records 4000 --shards 4 --rowwise-limit 500"
+  [read]="--records 12000 --shards 4 --rowwise-limit 500"
   [feed]="--rows 5000 --no-tfos"
   [train]="--steps 16 --batch-size 64"
   [predict]="--resnet-rows 1024 --mlp-rows 8192"
