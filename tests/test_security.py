@@ -20,6 +20,8 @@ import secrets
 import shutil
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -254,17 +256,44 @@ def test_authenticated_startup_swaps_and_always_stops_the_server():
 
 def test_executor_side_swap_is_undone_even_on_failure(server):
     original = tfos_reservation.Client
+    address = server.address
 
     def node_function(iterator):  # what TensorFlowOnSpark's _mapfn does with the client
-        client = tfos_reservation.Client(server.address)
+        client = tfos_reservation.Client(address)
         assert isinstance(client, reservation.AuthClient)
         client.register({**NODE, "executor_id": next(iterator)})
         raise ValueError("the node failed")
 
+    from pyspark import cloudpickle
+
+    payload = cloudpickle.dumps(node_function)  # as AuthenticatedNodes ships it
     with pytest.raises(ValueError, match="the node failed"):
-        reservation.run_with_auth_client(node_function, server.secret, iter([7]))
+        reservation.run_with_auth_client(payload, server.secret, iter([7]))
     assert tfos_reservation.Client is original
     assert server.reservations.get()[0]["executor_id"] == 7
+
+
+def test_node_function_loads_without_importing_tensorflow():
+    """An executor's Spark worker loads TensorFlowOnSpark's node module without importing
+    TensorFlow (its compat module loads on first use, and then works as before)."""
+    code = (
+        "import sys\n"
+        "from sparktf.train import reservation\n"
+        "reservation.defer_tensorflow_import()\n"
+        "from tensorflowonspark import TFSparkNode, TFNode\n"
+        "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
+        "assert TFNode.compat.is_gpu_available() in (True, False)\n"
+        "assert 'tensorflow' in sys.modules\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------- control

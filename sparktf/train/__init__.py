@@ -17,7 +17,8 @@ channel to the processes). Process side: :mod:`~sparktf.train.node` (one TensorF
 (checkpoints, events and exports in the model directory), :mod:`~sparktf.train.summaries`
 (TensorBoard events).
 
-Importing this package does not import TensorFlow (the driver needs none).
+Importing this package does not import TensorFlow (the driver needs none), nor the driver's
+modules until ``fit`` (or another of them) is first used.
 """
 
 from __future__ import annotations
@@ -30,8 +31,20 @@ from sparktf.train.config import (
     TrainingError,
     TrainResult,
 )
-from sparktf.train.driver import fit, gpu_spark_conf
-from sparktf.train.plan import RunPlan, plan_run
+
+# The driver's entry points load on first use: the TensorFlow processes and the feeding
+# tasks import this package too (sparktf.train.node, .feed) and need neither.
+_LAZY = {"fit": "driver", "gpu_spark_conf": "driver", "RunPlan": "plan", "plan_run": "plan"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "ConfigError",

@@ -51,6 +51,7 @@ import secrets
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -72,6 +73,7 @@ IDLE_S = 60.0  # connections silent this long are closed (clients poll every sec
 MAX_CONNECTIONS = 256
 CLIENT_TIMEOUT_S = 60.0
 SERVED_TIMEOUT_S = 30.0  # after a start: how long the server waits for the last fetches
+AWAIT_POLL_S = 0.1  # how often the driver and the nodes check that every node registered
 
 _ASK, _ANSWER = b"Q", b"A"  # directions: a request cannot be reflected as an answer
 
@@ -381,6 +383,21 @@ class AuthServer(tfos_reservation.Server):
             return "OK"
         return "ERR"
 
+    def await_reservations(self, sc, status=None, timeout=600):
+        """TensorFlowOnSpark's wait for every node's reservation, checking every
+        ``AWAIT_POLL_S`` (its own sleeps a whole second between checks)."""
+        status = {} if status is None else status
+        deadline = time.monotonic() + timeout
+        while not self.reservations.done():
+            if "error" in status:  # a node failed: what TensorFlowOnSpark does then
+                sc.cancelAllJobs()
+                sc.stop()
+                sys.exit(1)
+            if time.monotonic() > deadline:
+                raise Exception("timed out waiting for reservations to complete")
+            time.sleep(AWAIT_POLL_S)
+        return self.reservations.get()
+
     def _handle_message(self, sock, msg):  # TensorFlowOnSpark's pickle path: never used
         raise NotImplementedError("AuthServer answers in _on_readable")
 
@@ -399,6 +416,13 @@ class AuthClient(tfos_reservation.Client):
         self._timeout_s = timeout_s
         self.sock = socket.create_connection(self.server_addr, timeout=timeout_s)
         log.debug("connected to the reservation server at %s", self.server_addr)
+
+    def await_reservations(self):
+        """Asks every ``AWAIT_POLL_S`` until every node has registered, then returns the
+        cluster (TensorFlowOnSpark's client sleeps a whole second, even after the answer)."""
+        while not self._request("QUERY"):
+            time.sleep(AWAIT_POLL_S)
+        return self.get_reservations()
 
     def receive(self, sock):
         raise NotImplementedError("AuthClient does not read pickle frames")
@@ -451,13 +475,57 @@ class AuthClient(tfos_reservation.Client):
 def run_with_auth_client(f, secret: bytes, iterator):
     """Runs TensorFlowOnSpark's partition function ``f`` on an executor with its
     ``reservation.Client`` speaking :class:`AuthServer`'s frames; restores the original
-    afterwards (PySpark reuses workers: a later plain TensorFlowOnSpark run must not see it)."""
+    afterwards (PySpark reuses workers: a later plain TensorFlowOnSpark run must not see it).
+
+    ``f`` arrives as the bytes :class:`AuthenticatedNodes` made of it on the driver, inside
+    this Spark task's own payload (the same trust as the task itself), and is loaded only
+    after :func:`defer_tensorflow_import`: the Spark worker that runs the reservation then
+    does not import TensorFlow (sparktf's TensorFlow process is a fresh interpreter)."""
+    from pyspark import cloudpickle
+
+    defer_tensorflow_import()
+    f = cloudpickle.loads(f)
     original = tfos_reservation.Client
     tfos_reservation.Client = functools.partial(AuthClient, secret=secret)
     try:
         return f(iterator)
     finally:
         tfos_reservation.Client = original
+
+
+COMPAT = "tensorflowonspark.compat"
+
+
+def defer_tensorflow_import() -> None:
+    """Makes ``tensorflowonspark.compat`` load on first use instead of at import.
+
+    TensorFlowOnSpark's node module imports ``TFNode``, which imports ``compat``, which imports
+    TensorFlow at module level: seconds of CPU and hundreds of MiB in every Spark worker that
+    only runs the reservation and starts sparktf's own TensorFlow process. The module put in
+    its place loads the real one (from its file) the first time an attribute is asked for, so
+    code that does use ``compat`` behaves as before. No-op once the real one is imported."""
+    import importlib.util
+    import sys
+    import types
+
+    if COMPAT in sys.modules:
+        return
+    spec = importlib.util.find_spec(COMPAT)
+    if spec is None or spec.origin is None:
+        return
+    lazy = types.ModuleType(COMPAT, "tensorflowonspark.compat, loaded on first use by sparktf")
+    real: list = []
+
+    def __getattr__(name: str):  # noqa: N807 (PEP 562 module attribute hook)
+        if not real:
+            loaded = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(loaded)
+            real.append(loaded)
+        return getattr(real[0], name)
+
+    lazy.__getattr__ = __getattr__
+    sys.modules[COMPAT] = lazy
+    sys.modules["tensorflowonspark"].compat = lazy
 
 
 class AuthenticatedNodes:
@@ -469,7 +537,14 @@ class AuthenticatedNodes:
         self._secret = secret
 
     def foreachPartition(self, f):  # noqa: N802 (RDD API)
-        return self._rdd.foreachPartition(functools.partial(run_with_auth_client, f, self._secret))
+        from pyspark import cloudpickle
+
+        # f as bytes: unpickling it imports TensorFlowOnSpark's node module, which must wait
+        # until run_with_auth_client has deferred its TensorFlow import.
+        payload = cloudpickle.dumps(f)
+        return self._rdd.foreachPartition(
+            functools.partial(run_with_auth_client, payload, self._secret)
+        )
 
     def __getattr__(self, name):
         return getattr(self._rdd, name)
