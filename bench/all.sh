@@ -43,9 +43,9 @@ mkdir -p "$RESULTS"
 declare -A ARGS=(
   [convert]="--sizes 12500 50000 --shards 4"
   [read]="--records 12000 --shards 4 --rowwise-limit 500"
-  [feed]="--rows 5000 --no-tfos"
-  [train]="--steps 16 --batch-size 64"
-  [predict]="--resnet-rows 1024 --mlp-rows 8192"
+  [feed]="--rows 20000 --no-tfos"
+  [train]="--steps 40 --batch-size 64"
+  [predict]="--resnet-rows 4096 --mlp-rows 32768"
 )
 for name in $ONLY; do
   [[ -n "${ARGS[$name]+x}" ]] || { echo "all.sh: unknown benchmark $name (expected: ${!ARGS[*]})" >&2; exit 2; }

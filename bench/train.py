@@ -12,12 +12,14 @@ shuffle, batch, batched ``parse_example`` + ``decode_raw`` in a parallel ``map``
 ``prefetch``) with the same model, optimizer and global batch, and as many TensorFlow
 threads as sparktf's processes have together (``--threads``, default: the CPU count).
 
-sparktf: ``fit`` on a local-cluster[2,1,1024] session (one core per executor, one
-intra-op thread per TensorFlow process) for each strategy x input mode:
+sparktf: ``fit`` on a local-cluster[2,1,1024] session (one core per executor) for each
+strategy x input mode:
 
-* ``allreduce``: chief + one worker, each computing half of the global batch;
+* ``allreduce``: chief + one worker, each computing half of the global batch with one
+  intra-op thread;
 * ``ps``: chief (coordinator, reads the input) + one worker on the executors, the parameter
-  server on the driver: one process computes.
+  server on the driver: one process computes, with TensorFlow's default threads (sparktf's
+  default ``threads_per_worker=0``).
 
 Same window for both (bench/common.py): examples/s from the end of the first step to the
 end of the last; what comes before the first step (process or cluster start, model build,
@@ -121,7 +123,9 @@ def baseline(
 
 def scaling(strategy: str, gpus: int = 0):
     """The cluster of a configuration: CPU: two executors of one core (allreduce: two
-    workers; ps: coordinator + one worker, ps on the driver); GPU: one worker per GPU."""
+    workers of one TensorFlow thread each; ps: coordinator + one worker, ps on the driver,
+    TensorFlow's default threads, sparktf's default: the worker is the one process that
+    computes); GPU: one worker per GPU."""
     from sparktf.train import ScalingConfig
 
     workers = (gpus or 2) if strategy == "allreduce" else 1
@@ -131,7 +135,7 @@ def scaling(strategy: str, gpus: int = 0):
         num_ps=1,
         ps_on_driver=True,
         gpus_per_worker=1 if gpus else 0,
-        threads_per_worker=0 if gpus else 1,
+        threads_per_worker=1 if strategy == "allreduce" and not gpus else 0,
     )
 
 
