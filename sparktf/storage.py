@@ -260,18 +260,13 @@ def _hdfs(loc: Location) -> _Hdfs:
 # ----------------------------------------------------------------------------- streams
 
 
-class _HdfsReader(io.RawIOBase):
-    """A seekable, read-only HDFS file read through WebHDFS.
+class SeekableReader(io.RawIOBase):
+    """A read-only file of ``self._size`` bytes whose position is ``self._pos``: the
+    ``readable``/``seekable``/``tell``/``seek`` its subclasses share (they implement
+    ``read``)."""
 
-    Sequential reads share one streaming request (one HTTP response read as it arrives); a
-    seek elsewhere closes it and the next read opens a new one at the new position, so
-    random access (Parquet footers) costs one request per jump and a scan costs one in all.
-    """
-
-    def __init__(self, fs: _Hdfs, path: str, size: int):
-        self._fs, self._path, self._size, self._pos = fs, path, size, 0
-        self._stream = None  # (context manager, raw response) of the open request
-        self._stream_pos = -1  # file offset the open request will deliver next
+    _size = 0
+    _pos = 0
 
     def readable(self) -> bool:
         return True
@@ -286,6 +281,20 @@ class _HdfsReader(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + offset)
         return self._pos
+
+
+class _HdfsReader(SeekableReader):
+    """A seekable, read-only HDFS file read through WebHDFS.
+
+    Sequential reads share one streaming request (one HTTP response read as it arrives); a
+    seek elsewhere closes it and the next read opens a new one at the new position, so
+    random access (Parquet footers) costs one request per jump and a scan costs one in all.
+    """
+
+    def __init__(self, fs: _Hdfs, path: str, size: int):
+        self._fs, self._path, self._size, self._pos = fs, path, size, 0
+        self._stream = None  # (context manager, raw response) of the open request
+        self._stream_pos = -1  # file offset the open request will deliver next
 
     def readall(self) -> bytes:
         # RawIOBase.readall would read 8 KiB at a time: take READ_BLOCK instead.

@@ -39,7 +39,6 @@ here: in 0.13.1 they can end an epoch early, a race between their ventilator and
 from __future__ import annotations
 
 import contextlib
-import io
 import posixpath
 import queue
 import threading
@@ -460,7 +459,7 @@ class _OutsideRange(OSError):
     """pyarrow read outside the fetched range of a ``_RangeFile``."""
 
 
-class _RangeFile(io.RawIOBase):
+class _RangeFile(storage.SeekableReader):
     """A read-only file that holds one byte range of a Parquet file (its row group's column
     chunks), for pyarrow given the footer as ``metadata``: a read outside the range is an
     error naming the file, never a silent gap."""
@@ -470,20 +469,6 @@ class _RangeFile(io.RawIOBase):
         # pyarrow asks for the size; the range plus a footer is enough to satisfy it.
         self._size = start + len(data) + footer_bytes + 8
         self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
 
     def read(self, size: int = -1):
         at = self._pos - self._start
