@@ -230,6 +230,31 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
+def gpu_overrides(gpus: int) -> dict[str, str]:
+    """Spark settings for ``gpus`` local executors of one GPU each (bench/gpu.sh); none for 0.
+    ``TF_FORCE_GPU_ALLOW_GROWTH``: a baseline process and the executors share the GPU."""
+    if not gpus:
+        return {}
+    from sparktf.train import ScalingConfig, gpu_spark_conf
+
+    return {
+        "spark.master": f"local-cluster[{gpus},2,4096]",
+        "spark.executorEnv.TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        **gpu_spark_conf(ScalingConfig(num_workers=gpus, gpus_per_worker=1)),
+    }
+
+
+def add_tag(parser, name: str, example: str) -> None:
+    """``--tag``: names the result file ``NAME-TAG-<time>.json`` (see :func:`result_name`)."""
+    parser.add_argument(
+        "--tag", default="", help=f"names the result file {name}-TAG-<time>.json (e.g. {example})"
+    )
+
+
+def result_name(name: str, tag: str) -> str:
+    return f"{name}-{tag}" if tag else name
+
+
 def write_results(name: str, result: dict) -> Path:
     """Writes ``bench/results/<name>-<time>.json`` (and prints it); the result must hold the
     contract's ``"goals"`` object."""

@@ -281,19 +281,6 @@ GOALS = {  # model -> (vs single process, vs predict_batch_udf)
 }
 
 
-def gpu_overrides(gpus: int) -> dict[str, str]:
-    """Spark settings for ``gpus`` executors of one GPU each (none for 0)."""
-    if not gpus:
-        return {}
-    from sparktf.train import ScalingConfig, gpu_spark_conf
-
-    return {
-        "spark.master": f"local-cluster[{gpus},2,4096]",
-        "spark.executorEnv.TF_FORCE_GPU_ALLOW_GROWTH": "true",
-        **gpu_spark_conf(ScalingConfig(num_workers=gpus, gpus_per_worker=1)),
-    }
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--resnet-rows", type=int, default=4096)
@@ -314,9 +301,7 @@ def main(argv=None) -> int:
         help="GPU executors (one GPU each; the single process uses the GPU too); 0 "
         "(default): CPU only (bench/gpu.sh)",
     )
-    p.add_argument(
-        "--tag", default="", help="names the result file predict-TAG-<time>.json (e.g. gpu)"
-    )
+    common.add_tag(p, "predict", "gpu")
     args = p.parse_args(argv)
     if args.gpus:  # the single process (here) and the executors share the GPU memory
         os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
@@ -368,7 +353,7 @@ def main(argv=None) -> int:
         # the single process's: round r runs single process, sparktf.predict,
         # predict_batch_udf and Spark's own pass in turn (load drifts hit all alike).
         spark = get_session(
-            "sparktf-bench-predict", profile="local", overrides=gpu_overrides(args.gpus)
+            "sparktf-bench-predict", profile="local", overrides=common.gpu_overrides(args.gpus)
         )
         try:
             for name, (rows, model_dir, table, one_pass) in prepared.items():
@@ -427,7 +412,7 @@ def main(argv=None) -> int:
         finally:
             spark.stop()
     results["goals"] = goals
-    common.write_results(f"predict-{args.tag}" if args.tag else "predict", results)
+    common.write_results(common.result_name("predict", args.tag), results)
     return 0
 
 

@@ -228,9 +228,7 @@ def main(argv=None) -> int:
         default="fp32",
         help="compute precision of both sides (bf16: Keras mixed precision)",
     )
-    p.add_argument(
-        "--tag", default="", help="names the result file train-TAG-<time>.json (e.g. gpu-bf16)"
-    )
+    common.add_tag(p, "train", "gpu-bf16")
     common.add_rounds(p)
     args = p.parse_args(argv)
     cli.setup_logging("WARNING")
@@ -245,18 +243,15 @@ def main(argv=None) -> int:
 
     from sparktf.spark import get_session
     from sparktf.train import demo
-    from sparktf.train.driver import gpu_spark_conf
 
     seconds, spark = common.timed(
         get_session,
         "sparktf-bench-train",
         profile="local",
         overrides={
-            "spark.master": (
-                f"local-cluster[{args.gpus},2,4096]" if args.gpus else "local-cluster[2,1,1024]"
-            ),
+            "spark.master": "local-cluster[2,1,1024]",
             "spark.executorEnv.PYTHONPATH": str(common.ROOT),
-            **gpu_spark_conf(scaling("allreduce", args.gpus)),
+            **common.gpu_overrides(args.gpus),
         },
     )
     result: dict = {
@@ -331,7 +326,7 @@ def main(argv=None) -> int:
         result["machine_after"] = common.machine()
     finally:
         spark.stop()
-    common.write_results(f"train-{args.tag}" if args.tag else "train", result)
+    common.write_results(common.result_name("train", args.tag), result)
     return 0
 
 
