@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparktf import _zipimport
+
 __all__ = ["predict"]
+
+_zipimport.install_in_spark_worker()
 
 
 def __getattr__(name: str) -> Any:
