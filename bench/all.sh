@@ -45,7 +45,7 @@ declare -A ARGS=(
   [read]="--records 12000 --shards 4 --rowwise-limit 500"
   [feed]="--rows 20000 --no-tfos"
   [train]="--steps 40 --batch-size 64"
-  [predict]="--resnet-rows 4096 --mlp-rows 32768"
+  [predict]="--resnet-rows 4096 --mlp-rows 262144"
 )
 for name in $ONLY; do
   [[ -n "${ARGS[$name]+x}" ]] || { echo "all.sh: unknown benchmark $name (expected: ${!ARGS[*]})" >&2; exit 2; }
