@@ -164,6 +164,26 @@ def test_paths_info_and_argument_errors(cifar, tmp_path):
         readers.tfrecord_dataset(str(tmp_path / "train"), batch_size=5)
 
 
+@pytest.mark.parametrize("location", ["local", "hdfs"])
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, location):
+    from sparktf.train import inputs
+    from sparktf.train.config import ConfigError
+    from sparktf.train.plan import describe_data
+
+    data = describe_data(where(cifar, location), "test", ("image", "label"))  # 12 records
+    # 13 shards of 12 records: TFRecord shards by position (shard 12 gets none), Parquet by
+    # id % 13 (12 ids leave at least one remainder without a record)
+    held = {int(i) % 13 for i in cifar.data["test"]["ids"]} if fmt == "parquet" else set(range(12))
+    empty = min(set(range(13)) - held)
+    # unshuffled: a shuffle buffer larger than the shard fills from thousands of passes first
+    one_row = inputs._file_batches(data, fmt, 4, 13, min(held), seed=None)
+    batch = next(one_row)  # the epochs repeat into whole batches
+    assert batch["image"].shape[0] == 4
+    with pytest.raises(ConfigError, match=rf"shard {empty} of 13 of the 'test' split has no rows"):
+        next(inputs._file_batches(data, fmt, 4, 13, empty, seed=1))
+
+
 @pytest.mark.spark
 @pytest.mark.hdfs
 def test_hdfs_tfrecord_checksums_and_truncation(cifar, hdfs):

@@ -580,22 +580,29 @@ class _ParquetBatches:
             out = {k: v[keep] for k, v in out.items()}
         return out
 
-    def _groups(self, rng) -> Iterator[dict[str, np.ndarray]]:
+    def _groups(self, rng) -> Iterator[dict[str, np.ndarray] | None]:
+        """Row groups' columns (this shard's rows), pass after pass; None after each pass
+        when repeating."""
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(self.workers, thread_name_prefix="parquet-read") as pool:
             units = self._units(pool)
             while True:
                 order = rng.permutation(len(units)) if self.shuffle else range(len(units))
-                pending = []
+                pending, rows = [], 0
                 for index in order:
                     pending.append(pool.submit(self._read, units[index]))
                     if len(pending) > self.workers:
-                        yield pending.pop(0).result()
+                        cols = pending.pop(0).result()
+                        rows += len(cols["id"])
+                        yield cols
                 for future in pending:
-                    yield future.result()
-                if not self.repeat:
+                    cols = future.result()
+                    rows += len(cols["id"])
+                    yield cols
+                if not self.repeat or not rows:  # repeating a pass without rows never ends
                     return
+                yield None  # a pass ends: the shuffle window does not wait for the next
 
     def __call__(self) -> Iterator[dict[str, np.ndarray]]:
         """Row-group columns in order (or windows of ``shuffle_buffer`` records, permuted),
@@ -607,14 +614,16 @@ class _ParquetBatches:
         chunk = -(-PARQUET_CHUNK_ROWS // self.batch_size) * self.batch_size
         if not self.shuffle:
             for cols in self._groups(rng):
-                yield from _slices(cols, chunk)
+                if cols is not None:
+                    yield from _slices(cols, chunk)
             return
         pending: list[dict[str, np.ndarray]] = []
         held = 0
         for cols in self._groups(rng):
-            pending.append(cols)
-            held += len(cols["id"])
-            if held >= self.shuffle_buffer:
+            if cols is not None:
+                pending.append(cols)
+                held += len(cols["id"])
+            if pending and (cols is None or held >= self.shuffle_buffer):
                 yield from _slices(self._permuted(pending, rng), chunk)
                 pending, held = [], 0
         if pending:
