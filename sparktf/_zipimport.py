@@ -17,6 +17,7 @@ import sys
 import zipimport
 
 _MARK = "_sparktf_stat_checked"
+_STAMP = "_sparktf_stamp"  # on each zipimporter: the archive's stamp when it last read it
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
@@ -33,17 +34,14 @@ def install() -> bool:
     original = cls.invalidate_caches
     if sys.version_info >= (3, 12) or getattr(original, _MARK, False):
         return False
-    read: dict[str, tuple[int, int, int]] = {}
 
     def invalidate_caches(self) -> None:
+        # per importer: several may hold the same archive, each with its own file list
         stamp = _stamp(self.archive)
-        if stamp is not None and read.get(self.archive) == stamp:
+        if stamp is not None and getattr(self, _STAMP, None) == stamp:
             return
         original(self)
-        if stamp is None:
-            read.pop(self.archive, None)
-        else:
-            read[self.archive] = stamp
+        setattr(self, _STAMP, stamp)
 
     setattr(invalidate_caches, _MARK, True)
     invalidate_caches.__doc__ = original.__doc__

@@ -30,6 +30,7 @@ def test_unchanged_archive_is_not_reread_and_a_changed_one_is(tmp_path, restore_
     archive = tmp_path / "mods.zip"
     write_zip(archive, ["first"])
     importer = zipimport.zipimporter(str(archive))
+    other = zipimport.zipimporter(str(archive))  # a second importer of the same archive
     before = importer._files
     importer.invalidate_caches()
     assert importer._files is not before  # Python 3.11's own: re-read on every call
@@ -37,15 +38,17 @@ def test_unchanged_archive_is_not_reread_and_a_changed_one_is(tmp_path, restore_
     assert _zipimport.install() is True
     assert _zipimport.install() is False  # once
     importer.invalidate_caches()  # first call: reads and remembers the file
+    other.invalidate_caches()
     read = importer._files
     importer.invalidate_caches()
     assert importer._files is read
     assert importer.find_spec("second") is None
 
     write_zip(archive, ["first", "second"])
-    importer.invalidate_caches()
-    assert importer.find_spec("second") is not None
-    assert importer.find_spec("first") is not None
+    for each in (importer, other):
+        each.invalidate_caches()
+        assert each.find_spec("second") is not None
+        assert each.find_spec("first") is not None
 
 
 def test_only_pyspark_workers_are_patched(monkeypatch, restore_zipimport):

@@ -583,21 +583,25 @@ class _ParquetBatches:
     def _groups(self, rng) -> Iterator[dict[str, np.ndarray] | None]:
         """Row groups' columns (this shard's rows), pass after pass; None after each pass
         when repeating."""
+        from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(self.workers, thread_name_prefix="parquet-read") as pool:
             units = self._units(pool)
-            while True:
+
+            def one_pass() -> Iterator[dict[str, np.ndarray]]:
                 order = rng.permutation(len(units)) if self.shuffle else range(len(units))
-                pending, rows = [], 0
+                pending: deque = deque()
                 for index in order:
                     pending.append(pool.submit(self._read, units[index]))
                     if len(pending) > self.workers:
-                        cols = pending.pop(0).result()
-                        rows += len(cols["id"])
-                        yield cols
-                for future in pending:
-                    cols = future.result()
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+
+            while True:
+                rows = 0
+                for cols in one_pass():
                     rows += len(cols["id"])
                     yield cols
                 if not self.repeat or not rows:  # repeating a pass without rows never ends
