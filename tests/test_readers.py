@@ -180,6 +180,16 @@ def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, locat
     one_row = inputs._file_batches(data, fmt, 4, 13, min(held), seed=None)
     batch = next(one_row)  # the epochs repeat into whole batches
     assert batch["image"].shape[0] == 4
+    # shuffled: the buffer (4096) empties with each pass, so the one-record shard does not
+    # read thousands of passes first (over HDFS: minutes), and an epoch holds every record
+    # once before the next begins
+    assert next(inputs._file_batches(data, fmt, 4, 13, min(held), seed=3))["image"].shape[0] == 4
+    two_epochs = READERS[fmt](
+        f"{where(cifar, location)}/test", batch_size=4, shuffle=True, seed=3, repeat=True
+    )
+    ids = collect(two_epochs, limit=6)["id"].tolist()  # 24 records
+    assert sorted(ids[:12]) == sorted(ids[12:]) == sorted(cifar.data["test"]["ids"].tolist())
+    assert ids[:12] != ids[12:]  # each epoch in a new order
     with pytest.raises(ConfigError, match=rf"shard {empty} of 13 of the 'test' split has no rows"):
         next(inputs._file_batches(data, fmt, 4, 13, empty, seed=1))
 

@@ -16,7 +16,9 @@ Both readers take the same arguments and give the same batches (``id`` tells rec
   with ``id % num_shards == shard_index``). The shards are disjoint and together hold every
   record once per epoch.
 - ``shuffle``: part files in a new order each epoch and records through a buffer of
-  ``shuffle_buffer`` records; ``seed`` makes it repeatable. ``repeat``: endless epochs.
+  ``shuffle_buffer`` records that empties at the end of each epoch (a shard smaller than the
+  buffer is not read many times over first); ``seed`` makes it repeatable. ``repeat``:
+  endless epochs.
 - Batches are parsed as batches (``tf.io.parse_example`` on a batch of records; Parquet
   columns decoded per row group), never row by row.
 
@@ -316,6 +318,15 @@ def _local_records(
     )
 
 
+def _shuffled_passes(records: tf.data.Dataset, buffer: int, seed, repeat: bool) -> tf.data.Dataset:
+    """``records`` (one pass) shuffled through ``buffer`` records, pass by pass: the buffer
+    empties at the end of each pass, so a shard far smaller than the buffer yields its first
+    batch after one pass, not after reading ``buffer / shard`` passes (over HDFS each pass is
+    a new request per file: minutes for a one-record shard). Every pass is in a new order."""
+    records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    return records.repeat() if repeat else records  # ends when a pass yields nothing
+
+
 def _parser(manifest: dict):
     if manifest["kind"] == "image":
         height, width, channels = manifest["schema"]["image"]["shape"]
@@ -379,7 +390,7 @@ def tfrecord_dataset(
             shard_index=shard_index,
             shuffle_files=shuffle and not by_records,
             seed=seed,
-            repeat=repeat,
+            repeat=repeat and not shuffle,  # shuffled: one pass per call, repeated below
             drop_remainder=drop_remainder and not shuffle,
             verify=verify_checksums,
         )
@@ -388,9 +399,7 @@ def tfrecord_dataset(
             streams, output_signature=tf.TensorSpec([fixed], tf.string)
         )
         if shuffle:
-            records = records.unbatch().shuffle(
-                shuffle_buffer, seed=seed, reshuffle_each_iteration=True
-            )
+            records = _shuffled_passes(records.unbatch(), shuffle_buffer, seed, repeat)
             batches = records.batch(batch_size, drop_remainder=drop_remainder)
         else:
             batches = records
@@ -402,16 +411,17 @@ def tfrecord_dataset(
         records = _local_records(names, parallel=parallel, deterministic=True).shard(
             num_shards, shard_index
         )
-        if repeat:
-            records = records.repeat()
-    else:
-        if shuffle:
-            names = names.shuffle(len(mine), seed=seed, reshuffle_each_iteration=True)
-        if repeat:
-            names = names.repeat()
+    elif shuffle:
+        names = names.shuffle(len(mine), seed=seed, reshuffle_each_iteration=True)
         records = _local_records(names, parallel=parallel, deterministic=deterministic)
+    else:  # unshuffled epochs run on into each other (the HDFS generator's order)
+        records = _local_records(
+            names.repeat() if repeat else names, parallel=parallel, deterministic=deterministic
+        )
     if shuffle:
-        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        records = _shuffled_passes(records, shuffle_buffer, seed, repeat)
+    elif by_records and repeat:
+        records = records.repeat()
     batches = records.batch(batch_size, drop_remainder=drop_remainder)
     batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     return batches.prefetch(AUTOTUNE)
