@@ -24,6 +24,7 @@ The contract every ``bench/*.py`` follows (issue 13, item 1):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -62,10 +63,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Hdfs(str):
+    """The hdfs:// URI of :func:`hdfs`'s cluster; ``pid``: its JVM (NameNode and DataNodes
+    in one process), for its CPU time."""
+
+    pid: int
+
+
 @contextmanager
-def hdfs(datanodes: int = 1) -> Iterator[str]:
+def hdfs(datanodes: int = 1) -> Iterator[Hdfs]:
     """A fresh HDFS (scripts/hdfs.sh: one NameNode, ``datanodes`` DataNodes) for the block;
-    yields its hdfs:// URI.
+    yields its hdfs:// URI (with the JVM's ``pid``).
 
     Sets SPARKTF_WEBHDFS_URL and HADOOP_CONF_DIR for the block; always stops the NameNode.
     """
@@ -91,7 +99,9 @@ def hdfs(datanodes: int = 1) -> Iterator[str]:
             values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
             os.environ["SPARKTF_WEBHDFS_URL"] = values["WEBHDFS_URL"]
             os.environ["HADOOP_CONF_DIR"] = f"{base}/conf"
-            yield values["HDFS_URI"]
+            uri = Hdfs(values["HDFS_URI"])
+            uri.pid = int(Path(f"{base}/hdfs/hdfs.pid").read_text())
+            yield uri
         finally:
             subprocess.run([script, "stop", *args], capture_output=True, timeout=120)
             for key, value in saved.items():
@@ -284,6 +294,33 @@ def machine() -> dict:
         "load_average_1m": round(os.getloadavg()[0], 2),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
     }
+
+
+class CpuTime:
+    """CPU seconds (user + system) of this process and of other processes (by pid) over a
+    ``with`` block: ``.own`` and ``.others`` (e.g. the HDFS JVM serving the reads)."""
+
+    def __init__(self, *pids: int):
+        self._me = psutil.Process()
+        self._others = [psutil.Process(pid) for pid in pids]
+        self.own = self.others = 0.0
+
+    @staticmethod
+    def _seconds(procs) -> float:
+        total = 0.0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def __enter__(self) -> CpuTime:
+        self._start = (self._seconds([self._me]), self._seconds(self._others))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.own = self._seconds([self._me]) - self._start[0]
+        self.others = self._seconds(self._others) - self._start[1]
 
 
 def timed(fn, *args, **kwargs) -> tuple[float, object]:

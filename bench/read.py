@@ -24,8 +24,11 @@ used).
   row-by-row ``make_reader`` on a slice, once.
 
 Goals (issue 13, item 3): each HDFS reader >= 0.8x the raw stream of its format, in MB/s of
-the same bytes. Peak memory is sampled while reading. Prints JSON and writes it to
-bench/results/.
+the same bytes. Peak memory is sampled while reading. CPU seconds per GB (this process plus
+the HDFS JVM: NameNode and DataNodes) and the cores kept busy are recorded for every case;
+``ratio_ceiling_if_cpu_bound`` is raw stream CPU/GB over reader CPU/GB, the most a reader's
+ratio can reach where the raw stream already keeps every core busy (as it does on 2 cores,
+where the DataNodes share the reader's machine). Prints JSON and writes it to bench/results/.
 """
 
 from __future__ import annotations
@@ -222,23 +225,38 @@ def main(argv=None) -> int:
             "petastorm_batch_reader_hdfs": formats.PARQUET,
         }
         rows_per_s, mb_per_s = common.Rounds(), common.Rounds()
+        cpu_per_gb, own_per_gb, hdfs_per_gb = common.Rounds(), common.Rounds(), common.Rounds()
+        cores_busy = common.Rounds()
+
+        def measured(name: str, fmt: str, run):
+            """``run()`` timed, with the CPU of this process and the HDFS JVM per GB."""
+            with common.CpuTime(hdfs_uri.pid) as cpu:
+                seconds, count = run()
+            mb_per_s.add(name, nbytes[fmt] / seconds / 1e6)
+            gb = nbytes[fmt] / 1e9
+            cpu_per_gb.add(name, (cpu.own + cpu.others) / gb)
+            own_per_gb.add(name, cpu.own / gb)
+            hdfs_per_gb.add(name, cpu.others / gb)
+            cores_busy.add(name, (cpu.own + cpu.others) / seconds)
+            return seconds, count
+
         native = native_available()
         with common.PeakMemory() as memory:
             for _ in range(args.rounds):  # round robin: load drifts hit all alike
                 for fmt in (formats.TFRECORD, formats.PARQUET):
-                    seconds, got = raw_stream(split_files(remote, fmt))
-                    assert got == nbytes[fmt], (fmt, got, nbytes[fmt])
-                    mb_per_s.add(f"raw_stream_{fmt}_hdfs", got / seconds / 1e6)
+                    streams = {f"raw_stream_{fmt}_hdfs": raw_stream}
                     if native:
-                        seconds, got = raw_stream_native(split_files(remote, fmt))
-                        assert got == nbytes[fmt], (fmt, got, nbytes[fmt])
-                        mb_per_s.add(f"raw_stream_{fmt}_native", got / seconds / 1e6)
+                        streams[f"raw_stream_{fmt}_native"] = raw_stream_native
+                    for name, stream in streams.items():
+                        _, got = measured(
+                            name, fmt, lambda s=stream, f=fmt: s(split_files(remote, f))
+                        )
+                        assert got == nbytes[fmt], (name, got, nbytes[fmt])
                 for name, make in cases.items():
-                    seconds, rows = one_pass(make)
+                    fmt = fmt_of.get(name, formats.TFRECORD if "tfrecord" in name else "parquet")
+                    seconds, rows = measured(name, fmt, lambda m=make: one_pass(m))
                     assert rows == args.records, (name, rows)
                     rows_per_s.add(name, rows / seconds)
-                    fmt = fmt_of.get(name, formats.TFRECORD if "tfrecord" in name else "parquet")
-                    mb_per_s.add(name, nbytes[fmt] / seconds / 1e6)
             limit = min(args.rowwise_limit, args.records)
             result["petastorm_make_reader_rowwise_local_rows_per_s"] = round(
                 petastorm_rowwise(f"{local}/train/parquet", limit)
@@ -253,6 +271,20 @@ def main(argv=None) -> int:
             f"{name} / raw WebHDFS stream": common.goal(
                 common.ratio(mbs[name], mbs[f"raw_stream_{fmt}_hdfs"]), 0.8
             )
+            for name, fmt in fmt_of.items()
+        }
+        # CPU (this process + the HDFS JVM) per GB read, and cores kept busy: on a machine
+        # whose cores the raw stream already fills, a reader's ratio cannot pass the ratio of
+        # the CPU each spends per byte (it parses too, on the same cores as the DataNodes).
+        result["cpu_s_per_gb"] = cpu_per_gb.report(2)
+        result["cpu_s_per_gb_of"] = {
+            "reader": own_per_gb.report(2)["median"],
+            "hdfs_jvm": hdfs_per_gb.report(2)["median"],
+        }
+        result["cores_busy"] = cores_busy.report(2)
+        cpu = cpu_per_gb.medians()
+        result["ratio_ceiling_if_cpu_bound"] = {
+            name: round(cpu[f"raw_stream_{fmt}_hdfs"] / cpu[name], 3)
             for name, fmt in fmt_of.items()
         }
         result["peak_memory_while_reading"] = memory.report()
