@@ -44,7 +44,7 @@ declare -A ARGS=(
   [convert]="--sizes 12500 50000 --shards 4"
   [read]="--records 12000 --shards 4 --rowwise-limit 500"
   [feed]="--rows 20000 --no-tfos"
-  [train]="--steps 40 --batch-size 64"
+  [train]="--steps 80 --batch-size 64"
   [predict]="--resnet-rows 4096 --mlp-rows 262144"
 )
 for name in $ONLY; do
