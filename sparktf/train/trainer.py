@@ -489,6 +489,9 @@ class Trainer:
         import tensorflow as tf
 
         self.stepper.join()
+        # Training throughput: up to the end of the last step, not the final checkpoint,
+        # snapshot, evaluation and export below (a baseline's clock stops at its last step).
+        rate = self.meter.overall_rate()
         final_step = int(self.global_step.numpy())
         if self.pending is not None and self.role.is_chief:
             self.metrics = to_floats(self.pending)
@@ -502,7 +505,6 @@ class Trainer:
         export_path = None
         if self.role.is_chief and self.plan.run.export:
             export_path = self.export(weights, final_step)
-        rate = self.meter.overall_rate()
         if self.role.is_chief:
             self.events.scalars(final_step, {**self.metrics, "examples_per_sec": rate})
             self.events.close()
