@@ -124,6 +124,20 @@ def test_control_channel_plans_progress_and_abort():
         server.close()
 
 
+def test_training_rate_counts_from_the_end_of_the_first_step():
+    from sparktf.train.trainer import Meter
+
+    meter = Meter(global_batch=8)
+    assert meter.step()  # the first step, scheduled (a ps coordinator returns at once)
+    time.sleep(0.3)  # ... and running: it traces the step function
+    ended = time.monotonic()
+    meter.first_step_done()
+    assert not meter.step() and not meter.step()
+    rate = meter.overall_rate()
+    # two steps of 8 since the first one ended, not since it was scheduled (16 / 0.3 s)
+    assert rate >= 16 / (time.monotonic() - ended)
+
+
 def test_summaries_and_checkpoint_state(tmp_path):
     from sparktf.train import artifacts, summaries
 

@@ -184,15 +184,17 @@ class Meter:
         self._window_examples = self._rate_examples = 0
 
     def step(self) -> bool:
-        """Counts one global step; True for the first."""
+        """Counts one global step; True for this process's first: call
+        :meth:`first_step_done` once its result is in (a coordinator only schedules it)."""
         self.examples += self.global_batch
         self._window_examples += self.global_batch
-        if self.first_step_wall is not None:
-            return False
+        return self.examples == self.global_batch
+
+    def first_step_done(self) -> None:
+        """Starts the rates' clock at the end of the first step (it traces the function)."""
         self.first_step_wall = time.time()
         self._window_start = self._rate_start = time.monotonic()
         self._window_examples, self._rate_examples = 0, self.examples
-        return True
 
     def window_rate(self) -> float:
         """Examples/s since the last call."""
@@ -358,7 +360,8 @@ class Trainer:
             self.pending = self.stepper(batch)
             step += 1
             if self.meter.step():
-                self.metrics = to_floats(self.pending)
+                self.metrics = to_floats(self.pending)  # waits for the first step to end
+                self.meter.first_step_done()
                 log.info(
                     "first step done %.1f s after the process started",
                     self.meter.first_step_wall - started,
