@@ -273,6 +273,54 @@ def test_executor_side_swap_is_undone_even_on_failure(server):
     assert server.reservations.get()[0]["executor_id"] == 7
 
 
+def test_executor_managers_listen_on_the_node_address_and_authkeys_stay_out_of_logs(server, caplog):
+    """TensorFlowOnSpark starts a parameter server's manager on every interface (its address
+    and authkey let anyone run code in the executor) and logs the authkeys at INFO into the
+    executor's stderr; on an executor under sparktf neither happens."""
+    import logging
+
+    import psutil
+    from pyspark import cloudpickle
+    from tensorflowonspark import TFManager as tfos_manager  # noqa: N813 (a module)
+    from tensorflowonspark import util
+
+    authkey = secrets.token_bytes(16)
+
+    def node_function(iterator):  # what TensorFlowOnSpark's _mapfn does for a ps node
+        mgr = tfos_manager.start(authkey, ["control", "error"], "remote")
+        logging.getLogger("tensorflowonspark.TFSparkNode").info("TFSparkNode.reserve: authkey")
+        return mgr
+
+    tfos_log = logging.getLogger("tensorflowonspark")
+    saved, original = tfos_log.level, tfos_manager.TFManager
+    tfos_log.setLevel(logging.NOTSET)  # as in a fresh executor
+    caplog.set_level(logging.INFO)
+    try:
+        mgr = reservation.run_with_auth_client(
+            cloudpickle.dumps(node_function), server.secret, iter([0])
+        )
+    finally:
+        tfos_log.setLevel(saved)
+    try:
+        assert tfos_manager.TFManager is original
+        assert "authkey" not in caplog.text
+        host = util.get_ip_address()
+        assert mgr.address[0] == host
+        listening = [
+            c.laddr
+            for c in psutil.Process(mgr._process.pid).net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        # (it also holds sockets inherited from this process: the reservation server's)
+        assert [a.ip for a in listening if a.port == mgr.address[1]] == [host]
+        assert not {a.ip for a in listening} & {"0.0.0.0", "::"}
+        driver = tfos_manager.connect(mgr.address, authkey)  # how the driver stops the node
+        driver.set("state", "stopped")
+        assert str(driver.get("state")) == "'stopped'"
+    finally:
+        mgr.shutdown()
+
+
 def test_node_function_loads_without_importing_tensorflow():
     """An executor's Spark worker loads TensorFlowOnSpark's node module without importing
     TensorFlow (its compat module loads on first use, and then works as before)."""

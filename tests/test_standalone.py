@@ -249,6 +249,9 @@ def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist, tmp_path):
         cores=3,
         env={"SPARKTF_SPARK_MASTER": cluster["SPARK_MASTER_URL"]},
     )
+    # the executors' logs (served by the workers' UI) hold no manager authkey
+    logs = [p for p in (cluster["dir"] / "work").rglob("stderr") if p.is_file()]
+    assert logs and not [p for p in logs if "'authkey'" in p.read_text(errors="replace")]
 
 
 def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnist, tmp_path):

@@ -482,15 +482,43 @@ def run_with_auth_client(f, secret: bytes, iterator):
     after :func:`defer_tensorflow_import`: the Spark worker that runs the reservation then
     does not import TensorFlow (sparktf's TensorFlow process is a fresh interpreter)."""
     from pyspark import cloudpickle
+    from tensorflowonspark import TFManager as tfos_manager  # noqa: N813 (a module)
+    from tensorflowonspark import util
 
+    quiet_tensorflowonspark()
     defer_tensorflow_import()
     f = cloudpickle.loads(f)
-    original = tfos_reservation.Client
+    original = tfos_reservation.Client, tfos_manager.TFManager
     tfos_reservation.Client = functools.partial(AuthClient, secret=secret)
+    tfos_manager.TFManager = bound_manager_class(tfos_manager.TFManager, util.get_ip_address())
     try:
         return f(iterator)
     finally:
-        tfos_reservation.Client = original
+        tfos_reservation.Client, tfos_manager.TFManager = original
+
+
+def quiet_tensorflowonspark() -> None:
+    """TensorFlowOnSpark logs every node's manager ``authkey`` at INFO (``TFSparkNode.reserve``
+    and the cluster spec), and its import sets the root logger to INFO: in an executor's
+    stderr, which Spark's UI serves and local-cluster keeps world-readable. Its loggers go to
+    WARNING unless their level was set on purpose."""
+    tfos_log = logging.getLogger("tensorflowonspark")
+    if tfos_log.level == logging.NOTSET:
+        tfos_log.setLevel(logging.WARNING)
+
+
+def bound_manager_class(manager_class: type, host: str) -> type:
+    """``manager_class`` (TensorFlowOnSpark's ``TFManager``) listening on ``host`` where
+    TensorFlowOnSpark asks for every interface: its parameter servers' and evaluators'
+    managers (``('', 0)``) are reached only at the address the node advertises, ``host``."""
+
+    class BoundTFManager(manager_class):
+        def __init__(self, address=None, *args, **kwargs):
+            if isinstance(address, tuple) and address[0] == "":
+                address = (host, address[1])
+            super().__init__(address, *args, **kwargs)
+
+    return BoundTFManager
 
 
 COMPAT = "tensorflowonspark.compat"
