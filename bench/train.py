@@ -21,6 +21,10 @@ strategy x input mode:
   server on the driver: one process computes, with TensorFlow's default threads (sparktf's
   default ``threads_per_worker=0``).
 
+Neither side evaluates: sparktf runs with ``eval_split="none"`` (its default evaluates the test
+split once per epoch on the chief, which the Keras ``fit`` baseline does not do; over 80 steps
+of 64 on the 2,045-row demo that put two evaluations inside sparktf's window).
+
 Same window for both (bench/common.py): examples/s from the end of the first step to the
 end of the last; what comes before the first step (process or cluster start, model build,
 first trace) is start-up, reported apart as ``time_to_first_step_s``. ``--rounds`` rounds,
@@ -161,6 +165,7 @@ def sparktf_run(
                 steps=steps,
                 batch_size=batch,
                 model_config={"precision": precision},
+                eval_split="none",  # the baseline does not evaluate either
             ),
             scaling(strategy, gpus),
             RunConfig(
