@@ -138,6 +138,38 @@ def test_training_rate_counts_from_the_end_of_the_first_step():
     assert rate >= 16 / (time.monotonic() - ended)
 
 
+def test_a_ps_evaluation_runs_beside_training_and_reports_its_error():
+    import threading
+
+    from sparktf.train.trainer import AsideEvaluation
+
+    release = threading.Event()
+    seen = []
+
+    def evaluator(weights):  # stands for one pass over the evaluation split
+        seen.append([w.copy() for w in weights])
+        assert release.wait(10)
+        return {"loss": float(weights[0].sum())}
+
+    weights = [np.ones(3, np.float32)]
+    aside = AsideEvaluation(evaluator, 6, weights)
+    steps = 0
+    while not seen or steps < 3:  # the training thread goes on meanwhile
+        steps += 1
+        time.sleep(0.01)
+    assert not aside.done()
+    release.set()
+    assert aside.result() == {"loss": 3.0} and aside.done()
+    assert aside.step == 6 and aside.weights is weights
+
+    def failing(weights):
+        raise ValueError("the evaluation split 'test' of /data is empty")
+
+    broken = AsideEvaluation(failing, 8, weights)
+    with pytest.raises(ValueError, match="split 'test'"):
+        broken.result()
+
+
 def test_summaries_and_checkpoint_state(tmp_path):
     from sparktf.train import artifacts, summaries
 

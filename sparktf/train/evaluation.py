@@ -12,7 +12,8 @@ and makes one pass over the evaluation split (``files`` readers, whatever the in
 * DCGAN: the discriminator and generator losses of ``eval_step`` on the real images.
 
 Other processes do not evaluate: under all-reduce they wait for the chief at their next
-step (the evaluation counts towards ``stall_timeout_s``).
+step (the evaluation counts towards ``stall_timeout_s``); under ps they go on training while
+the chief evaluates in a thread beside its scheduling (``trainer.AsideEvaluation``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,11 @@ under all-reduce), for every model of the registry and both strategies.
 * :meth:`Trainer.train` -- every ``checkpoint_every_steps`` and at the end a checkpoint
   (named by global step) and weight histograms (and GAN samples); scalars (loss, accuracy
   or perplexity, learning rate, examples/s) every ``summary_every_steps``; progress to the
-  driver every second or two.
+  driver every second or two. Evaluation (every ``eval_every_steps``): the chief evaluates
+  the weights of that step on the evaluation split; under all-reduce the other processes wait
+  for it at their next step, under ps the workers go on training while the chief evaluates
+  in a thread beside its scheduling (one evaluation at a time; results are recorded, logged
+  and exported as best by the main thread, in step order).
 * :meth:`Trainer.export` -- the chief exports a SavedModel with the registry's signatures to
   ``export/<global step>``, from a copy of the weights in a model built outside the strategy
   (so the SavedModel holds plain variables).
@@ -26,6 +30,7 @@ under all-reduce), for every model of the registry and both strategies.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -51,6 +56,8 @@ def augment(tf, task, batch, seed: int, global_step):
 
 class AllReduceStep:
     """One synchronous step over the all-reduce workers; each process feeds its own rows."""
+
+    evaluates_aside = False  # the other processes wait at their next collective anyway
 
     def __init__(
         self,
@@ -129,6 +136,8 @@ class AllReduceStep:
 class ParameterServerStep:
     """One asynchronous step scheduled by the chief on whichever ps worker is free."""
 
+    evaluates_aside = True  # the workers need only the chief's scheduling, not its evaluation
+
     def __init__(
         self,
         tf,
@@ -171,6 +180,35 @@ class ParameterServerStep:
 
     def join(self) -> None:
         self.coordinator.join()
+
+
+class AsideEvaluation:
+    """One evaluation of the weights of ``step`` in a thread beside training (ps chief)."""
+
+    def __init__(self, evaluator: Evaluator, step: int, weights: list[np.ndarray]):
+        self.step, self.weights = step, weights
+        self._metrics: dict[str, float] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(evaluator,), name=f"sparktf-eval-{step}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, evaluator: Evaluator) -> None:
+        try:
+            self._metrics = evaluator(self.weights)
+        except BaseException as exc:  # raised in the training thread by result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> dict[str, float]:
+        """The metrics (waits for the evaluation to end); re-raises its error."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._metrics
 
 
 class Meter:
@@ -241,6 +279,7 @@ class Trainer:
         self.eval_history: list[dict[str, float]] = []
         self.best: tuple[float, int] | None = None  # (value of run.export_best, step)
         self.best_export: str | None = None
+        self.aside: AsideEvaluation | None = None  # ps: the evaluation running beside training
 
     def run(self) -> dict[str, Any]:
         started = time.time()
@@ -367,6 +406,7 @@ class Trainer:
                     self.meter.first_step_wall - started,
                 )
             self.report(step)
+            self.collect_evaluation(wait=False)
             at_checkpoint = step % run.checkpoint_every_steps == 0
             if at_checkpoint or step % hist_every == 0:
                 self.stepper.join()
@@ -377,7 +417,11 @@ class Trainer:
             if self.evaluator and step % self.plan.eval_every_steps == 0:
                 if step < self.plan.target_steps:  # the last one comes with the export
                     self.stepper.join()
-                    self.evaluate(step, self.export_weights())
+                    if self.stepper.evaluates_aside:
+                        self.collect_evaluation(wait=True)  # one at a time, in step order
+                        self.aside = AsideEvaluation(self.evaluator, step, self.export_weights())
+                    else:
+                        self.evaluate(step, self.export_weights())
         return "target steps reached"
 
     def report(self, step: int) -> None:
@@ -461,10 +505,24 @@ class Trainer:
         log.info("exported %s", path)
         return path
 
+    def collect_evaluation(self, *, wait: bool) -> None:
+        """Records the evaluation running beside training once it has ended (``wait``: waits
+        for it)."""
+        aside = self.aside
+        if aside is None or not (wait or aside.done()):
+            return
+        self.aside = None
+        self.record_evaluation(aside.step, aside.weights, aside.result())
+
     def evaluate(self, step: int, weights: list[np.ndarray]) -> dict[str, float]:
-        """The chief's evaluation at ``step``: logged, TensorBoard ``events/eval``, sent to
-        the driver with the next progress; ``export_best/<step>`` when its metric improved."""
-        metrics = self.evaluator(weights)
+        """The chief's evaluation of the weights of ``step``, recorded."""
+        return self.record_evaluation(step, weights, self.evaluator(weights))
+
+    def record_evaluation(
+        self, step: int, weights: list[np.ndarray], metrics: dict[str, float]
+    ) -> dict[str, float]:
+        """An evaluation at ``step``: logged, TensorBoard ``events/eval``, sent to the driver
+        with the next progress; ``export_best/<step>`` when its metric improved."""
         self.eval_metrics = metrics
         self.eval_history.append({"step": step, **metrics})
         self.eval_events.scalars(step, metrics)
@@ -503,6 +561,7 @@ class Trainer:
             self.save(final_step)
         self.snapshot(final_step)
         weights = self.export_weights()
+        self.collect_evaluation(wait=True)
         if self.evaluator is not None:
             self.evaluate(final_step, weights)
         export_path = None
