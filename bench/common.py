@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import signal
 import socket
 import statistics
@@ -288,8 +289,21 @@ def write_results(name: str, result: dict) -> Path:
     return path
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), so runs on different machines can be told apart."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
     return {
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),

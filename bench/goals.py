@@ -50,7 +50,8 @@ def rows(files: dict[str, Path], names=BENCHMARKS) -> list[tuple[str, str, str, 
 def machine_line() -> str:
     m = common.machine()
     return (
-        f"{platform.machine()} Linux, {m['cpus']} CPU cores, {m['memory_gib']} GiB memory, "
+        f"{platform.machine()} Linux ({m['cpu']}), {m['cpus']} CPU cores, "
+        f"{m['memory_gib']} GiB memory, "
         f"load average {m['load_average_1m']} at the end, Python {platform.python_version()}"
     )
 
