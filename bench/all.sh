@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark (convert, read, feed, train, predict) under one measuring contract
-# (bench/common.py), at sizes that fit in about 15 minutes on a 2-core machine, then prints
+# (bench/common.py), at sizes that took 11 minutes on one 2-core machine and 25 on a slower one
+# (its plain Keras ResNet-20 trains at 130 images/s, not 340; training is most of it), then prints
 # one goals table (benchmark, goal, value, target, met) and writes it to
 # bench/results/goals.md (a markdown table with the date and the machine).
 #
@@ -39,7 +40,7 @@ PYTHON="${PYTHON:-.venv/bin/python}"
 RESULTS=bench/results
 mkdir -p "$RESULTS"
 
-# Sizes for about 15 minutes on 2 cores (the defaults of each script are larger).
+# Sizes for 11-25 minutes on 2 cores (the defaults of each script are larger).
 declare -A ARGS=(
   [convert]="--sizes 12500 50000 --shards 4"
   [read]="--records 12000 --shards 4 --rowwise-limit 500"
