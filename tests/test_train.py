@@ -143,20 +143,16 @@ def test_a_ps_evaluation_runs_beside_training_and_reports_its_error():
 
     from sparktf.train.trainer import AsideEvaluation
 
-    release = threading.Event()
-    seen = []
+    started, release = threading.Event(), threading.Event()
 
     def evaluator(weights):  # stands for one pass over the evaluation split
-        seen.append([w.copy() for w in weights])
+        started.set()
         assert release.wait(10)
         return {"loss": float(weights[0].sum())}
 
     weights = [np.ones(3, np.float32)]
     aside = AsideEvaluation(evaluator, 6, weights)
-    steps = 0
-    while not seen or steps < 3:  # the training thread goes on meanwhile
-        steps += 1
-        time.sleep(0.01)
+    assert started.wait(10)  # it runs while this (the training) thread goes on
     assert not aside.done()
     release.set()
     assert aside.result() == {"loss": 3.0} and aside.done()
