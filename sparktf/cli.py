@@ -88,8 +88,11 @@ def parser(description: str, *, config_section: str | None = None) -> argparse.A
     return p
 
 
-def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parses flags with config-file defaults underneath them; sets up logging."""
+def parse(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None = None, *, own_logging: bool = True
+) -> argparse.Namespace:
+    """Parses flags with config-file defaults underneath them; sets up logging unless
+    ``own_logging`` is false (a job run inside another program, which keeps its own)."""
     pre, _ = p.parse_known_args(argv)
     section = p.get_default("_config_section")
     if section or pre.config:  # a job's defaults file, or one named on the command line
@@ -101,7 +104,8 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argp
             raise UsageError(f"unknown keys in the {name} config: {', '.join(unknown)}")
         p.set_defaults(**defaults)
     args = p.parse_args(argv)
-    setup_logging(args.log_level)
+    if own_logging:
+        setup_logging(args.log_level)
     return args
 
 

@@ -161,6 +161,26 @@ def get_session(
     return spark
 
 
+@contextmanager
+def job_session(
+    app_name: str,
+    profile: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+    spark=None,
+) -> Iterator[Any]:
+    """The session a job runs on: ``spark`` when its caller has one (a notebook, a test, a
+    pipeline running several jobs), left running; otherwise ``get_session``'s, stopped when
+    the job ends (a clean stop: executors are not relaunched at exit)."""
+    if spark is not None:
+        yield spark
+        return
+    session = get_session(app_name, profile=profile, overrides=overrides)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
 def _launched_by_spark_submit() -> bool:
     # spark-submit starts the Python driver with PYSPARK_GATEWAY_PORT set to its own JVM.
     return "PYSPARK_GATEWAY_PORT" in os.environ

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.tiers import needs
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -44,6 +46,7 @@ def call(model_dir: str, signature: str, **inputs) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in out.items()}
 
 
+@needs("e2e")
 def run_job(script: str, *args: str, hdfs=None, timeout: float = 300):
     """``jobs/SCRIPT`` as a user runs it (its own Spark application)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARKTF_LOG_LEVEL": "INFO"}
@@ -57,6 +60,15 @@ def run_job(script: str, *args: str, hdfs=None, timeout: float = 300):
         cwd=REPO,
         timeout=timeout,
     )
+
+
+@needs("e2e")
+def run_command(command, **kwargs) -> subprocess.CompletedProcess:
+    """A command of the repository (a script of ``scripts/`` or ``bench/``, a job, an
+    example) as its own process, output captured as text: what makes a test e2e."""
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    return subprocess.run([str(part) for part in command], **kwargs)
 
 
 def remove_local_copy(fingerprint: str) -> None:

@@ -1,21 +1,18 @@
 """The architecture of sparktf, checked on its import graph (grimp, the library under
 import-linter): no import cycles anywhere, ``sparktf.models`` a leaf, and the layers contract of
-pyproject.toml (``lint-imports``).
+pyproject.toml.
 
 Every import statement counts, including those inside functions and under ``TYPE_CHECKING``:
 a lazy import still ties two modules together. A package ``__init__`` that imports its
 submodules while one of them imports the package is a cycle too (import-linter's own
 ``acyclic_siblings`` contract only sees cycles between siblings, so the whole-graph check is
-here). Building the graph parses the sources; nothing of sparktf is imported.
+here). Building the graph parses the sources; nothing of sparktf is imported. The layers
+contract itself is checked by ``lint-imports``, which scripts/test.sh runs before pytest.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import grimp
@@ -131,20 +128,3 @@ def test_models_import_nothing_of_sparktf_but_themselves(graph):
         if imported not in models
     )
     assert not outside, "sparktf.models imports other sparktf modules:\n" + "\n".join(outside)
-
-
-def test_import_linter_contracts():
-    """The contracts of ``[tool.importlinter]`` in pyproject.toml (scripts/test.sh also runs
-    ``lint-imports`` before pytest)."""
-    exe = Path(sys.executable).with_name("lint-imports")
-    if not exe.exists():
-        found = shutil.which("lint-imports")
-        if found is None:
-            pytest.fail("lint-imports is not installed (scripts/setup.sh installs the test extra)")
-        exe = Path(found)
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}  # sparktf importable without an install too
-    run = subprocess.run(
-        [str(exe), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stdout + run.stderr

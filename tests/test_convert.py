@@ -14,7 +14,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,6 +25,7 @@ from sparktf import storage
 from sparktf.datasets import convert, formats, petastorm_io, tfrecord
 from sparktf.datasets.sources import SourceError
 from sparktf.datasets.synthetic import write_cifar10, write_mnist, write_ptb
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,6 @@ def assert_failed_cleanly(output: str) -> None:
 # ----------------------------------------------------------------------------- CIFAR-10
 
 
-@pytest.mark.spark
 def test_cifar10_local(spark, tmp_path):
     data = write_cifar10(tmp_path / "raw", n_train=50, n_test=20)
     out = str(tmp_path / "out")
@@ -149,8 +148,6 @@ def test_cifar10_local(spark, tmp_path):
     assert leftovers(out) == []
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 def test_cifar10_archive_on_hdfs(spark, hdfs, tmp_path):
     data = write_cifar10(tmp_path / "raw", n_train=30, n_test=12, train_files=3, archive=True)
     archive = data["files"][0]
@@ -188,7 +185,6 @@ def test_cifar10_archive_on_hdfs(spark, hdfs, tmp_path):
 # ----------------------------------------------------------------------------- MNIST
 
 
-@pytest.mark.spark
 def test_mnist_gzip_local(spark, tmp_path):
     data = write_mnist(tmp_path / "raw", n_train=30, n_test=10, gzip=True)
     out = str(tmp_path / "out")
@@ -215,8 +211,6 @@ def test_mnist_gzip_local(spark, tmp_path):
         assert_images(read_tfrecords(out, split), data[split])
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
     data = write_mnist(tmp_path / "raw", n_train=25, n_test=9, gzip=False)
     base = hdfs.fresh("mnist")
@@ -234,7 +228,6 @@ def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
 # ----------------------------------------------------------------------------- PTB
 
 
-@pytest.mark.spark
 def test_ptb_local(spark, tmp_path):
     seq_len = 5
     data = write_ptb(tmp_path / "raw", lines=(60, 15, 15), seq_len=seq_len)
@@ -261,8 +254,6 @@ def test_ptb_local(spark, tmp_path):
         assert parquet["id"].tolist() == data["chunk_ids"][split].tolist()
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 def test_ptb_unk_on_hdfs(spark, hdfs, tmp_path):
     data = write_ptb(tmp_path / "raw", oov_word="zebra")
     base = hdfs.fresh("ptb")
@@ -341,7 +332,6 @@ def test_cifar10_truncated(tmp_path):
     )
 
 
-@pytest.mark.spark
 def test_cifar10_label_out_of_range(spark, tmp_path):
     raw = _cifar_raw(tmp_path)
     path = raw / "data_batch_2.bin"
@@ -369,7 +359,6 @@ def test_empty_inputs(tmp_path):
     _expect_error(None, "mnist", tmp_path / "nothing", tmp_path / "out", "missing MNIST files")
 
 
-@pytest.mark.spark
 def test_corrupt_archives(spark, tmp_path):
     data = write_cifar10(tmp_path / "raw", n_train=20, n_test=5, archive=True)
     archive = Path(data["files"][0])
@@ -459,7 +448,6 @@ def test_mnist_bad_headers(tmp_path):
     )
 
 
-@pytest.mark.spark
 def test_mnist_label_out_of_range(spark, tmp_path):
     raw = _mnist_plain(tmp_path)
     _rewrite(raw / "t10k-labels-idx1-ubyte", 8 + 2, b"\x0a")
@@ -475,7 +463,6 @@ def test_mnist_label_out_of_range(spark, tmp_path):
     )
 
 
-@pytest.mark.spark
 def test_ptb_unknown_word(spark, tmp_path):
     data = write_ptb(tmp_path / "raw", oov_word="zebra")
     text = data["texts"]["valid"]
@@ -501,7 +488,6 @@ def test_ptb_unknown_word(spark, tmp_path):
     assert_failed_cleanly(str(tmp_path / "out"))
 
 
-@pytest.mark.spark
 def test_existing_output_is_refused_then_replaced(spark, tmp_path):
     raw = _mnist_plain(tmp_path)
     out = tmp_path / "out"
@@ -570,17 +556,7 @@ def test_default_shards():
 
 
 def _job(name: str, *args: str, hdfs=None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARKTF_LOG_LEVEL="INFO")
-    if hdfs is not None:
-        env["SPARKTF_WEBHDFS_URL"] = hdfs.webhdfs_url
-    return subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / f"convert_{name}.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=ROOT,
-    )
+    return helpers.run_job(f"convert_{name}.py", *args, hdfs=hdfs)
 
 
 def test_jobs_help():
@@ -607,29 +583,20 @@ def test_job_bad_input_exit_code(tmp_path):
     assert_failed_cleanly(str(tmp_path / "out"))
 
 
-@pytest.mark.slow
-@pytest.mark.hdfs
-def test_job_end_to_end(hdfs, tmp_path):
-    """The job as a user runs it (its own Spark), then a rerun that must refuse."""
+def test_job_end_to_end(spark, hdfs, tmp_path, caplog):
+    """The job's logic on the session onto HDFS, then a rerun that must refuse (the job as its
+    own process: test_job_bad_input_exit_code here, and tests/test_readme.py)."""
+    from sparktf import cli
+    from sparktf.jobs import convert as job
+
+    caplog.set_level("INFO", logger="sparktf")
     raw = _mnist_plain(tmp_path)
     out = hdfs.fresh("job") + "/mnist"
-    result = _job(
-        "mnist",
-        "--input",
-        str(raw),
-        "--output",
-        out,
-        "--shards",
-        "2",
-        "--format",
-        "tfrecord",
-        hdfs=hdfs,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "tasks done" in result.stderr and "published" in result.stderr
+    argv = ["--input", str(raw), "--output", out]
+    assert job.main("mnist", [*argv, "--shards", "2", "--format", "tfrecord"], spark=spark) == 0
+    assert "tasks done" in caplog.text and "published" in caplog.text
     manifest = json.loads(storage.read_text(f"{out}/manifest.json"))
     assert manifest["splits"]["train"]["records"] == 8
-    again = _job("mnist", "--input", str(raw), "--output", out, hdfs=hdfs)
-    assert again.returncode == 2
-    assert "already exists" in again.stderr
+    with pytest.raises(cli.UsageError, match="already exists"):
+        job.main("mnist", argv, spark=spark)
     assert json.loads(storage.read_text(f"{out}/manifest.json")) == manifest

@@ -24,7 +24,7 @@ from sparktf import cli, inference, metrics, storage
 from sparktf.datasets.synthetic import write_mnist, write_ptb
 from sparktf.jobs import evaluate as job
 from tests import helpers
-from tests.helpers import call, export, light_profile, remove_local_copy
+from tests.helpers import call, export, remove_local_copy
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -245,7 +245,6 @@ def test_job_help():
 # ----------------------------------------------------------------------------- classifier
 
 
-@pytest.mark.spark
 def test_classifier_metrics_equal_the_savedmodel(spark, mnist):
     result = job.evaluate(spark, mnist["model_dir"], mnist["data"], split="test", batch_size=7)
     assert_classifier_metrics(result, mnist["want"])
@@ -253,7 +252,6 @@ def test_classifier_metrics_equal_the_savedmodel(spark, mnist):
     assert result["dataset"] == "mnist" and result["split"] == "test"
 
 
-@pytest.mark.spark
 def test_report_is_published_with_its_png_and_not_overwritten(spark, mnist, tmp_path):
     result = job.evaluate(spark, mnist["export"], mnist["data"], batch_size=64)
     output = str(tmp_path / "reports" / "mlp.json")
@@ -270,10 +268,10 @@ def test_report_is_published_with_its_png_and_not_overwritten(spark, mnist, tmp_
     assert json.loads(Path(output).read_text()) == report
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
-@pytest.mark.slow
-def test_job_reads_and_writes_hdfs(spark, hdfs, mnist, tmp_path):
+def test_job_reads_and_writes_hdfs(spark, hdfs, mnist, capsys, caplog):
+    """jobs/evaluate.py's logic on the session (its process boundary, exit codes and console,
+    is what tests/test_readme.py runs as written)."""
+    caplog.set_level("INFO", logger="sparktf")
     base = hdfs.fresh("evaluate")
     data = storage.join(base, "datasets", "mnist")
     storage.copy_tree(mnist["data"], data)
@@ -281,23 +279,9 @@ def test_job_reads_and_writes_hdfs(spark, hdfs, mnist, tmp_path):
     output = storage.join(base, "eval", "metrics.json")
     fingerprint = inference.inspect_model(mnist["export"]).fingerprint
     try:
-        started = time.monotonic()
-        done = run_job(
-            "--model",
-            storage.join(base, "model"),
-            "--data",
-            data,
-            "--output",
-            output,
-            "--batch-size",
-            "16",
-            "--profile",
-            light_profile(tmp_path),
-            hdfs=hdfs,
-        )
-        elapsed = time.monotonic() - started
-        assert done.returncode == 0, done.stderr[-3000:]
-        print(f"evaluate job on HDFS: {elapsed:.1f} s")
+        argv = ["--model", storage.join(base, "model"), "--data", data, "--output", output]
+        assert job.main([*argv, "--batch-size", "16"], spark=spark) == 0
+        stdout = capsys.readouterr().out
         report = json.loads(storage.read_text(output))
         assert_classifier_metrics(report, mnist["want"])
         assert report["data"] == data and report["model_version"] == 7
@@ -309,17 +293,16 @@ def test_job_reads_and_writes_hdfs(spark, hdfs, mnist, tmp_path):
             "metrics.json",
         ]
         accuracy = mnist["want"]["accuracy"]
-        assert f"accuracy {accuracy:.4f}" in done.stdout, done.stdout
-        assert "evaluated 60 records" in done.stderr
+        assert f"accuracy {accuracy:.4f}" in stdout, stdout
+        assert "evaluated 60 records" in caplog.text
 
-        again = run_job("--model", mnist["export"], "--data", data, "--output", output, hdfs=hdfs)
-        assert again.returncode == 2 and "already exists" in again.stderr, again.stderr[-2000:]
+        with pytest.raises(cli.UsageError, match="already exists"):
+            job.main(["--model", mnist["export"], "--data", data, "--output", output], spark=spark)
     finally:
         remove_local_copy(fingerprint)
         storage.delete(base)
 
 
-@pytest.mark.spark
 def test_a_corrupt_parquet_part_fails_with_a_one_line_reason(spark, mnist, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(mnist["data"], data)
@@ -332,7 +315,6 @@ def test_a_corrupt_parquet_part_fails_with_a_one_line_reason(spark, mnist, tmp_p
     assert "\n" not in str(raised.value) and part.name in str(raised.value)
 
 
-@pytest.mark.spark
 def test_a_bad_record_is_a_usage_error_naming_it(spark, mnist, tmp_path):
     import io
 
@@ -360,7 +342,6 @@ def test_a_bad_record_is_a_usage_error_naming_it(spark, mnist, tmp_path):
 # ----------------------------------------------------------------------------- language model
 
 
-@pytest.mark.spark
 def test_language_model_corpus_perplexity_is_token_weighted(spark, ptb):
     chunks = ptb["chunks"]["test"]
     want, per_record = expected_perplexity(ptb["model"], chunks)
@@ -377,37 +358,35 @@ def test_language_model_corpus_perplexity_is_token_weighted(spark, ptb):
     assert valid["perplexity"] == pytest.approx(want_valid, rel=1e-6)
 
 
-@pytest.mark.spark
-@pytest.mark.slow
-def test_job_language_model_writes_local_json(spark, ptb, tmp_path):
+def test_job_language_model_writes_local_json(spark, ptb, tmp_path, capsys):
     output = tmp_path / "ptb" / "valid.json"
-    done = run_job(
-        "--model",
-        ptb["model"],
-        "--data",
-        ptb["data"],
-        "--split",
-        "valid",
-        "--output",
-        str(output),
-        "--profile",
-        light_profile(tmp_path),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    argv = ["--model", ptb["model"], "--data", ptb["data"], "--split", "valid"]
+    assert job.main([*argv, "--output", str(output)], spark=spark) == 0
+    stdout = capsys.readouterr().out
     report = json.loads(output.read_text())
     want, _ = expected_perplexity(ptb["model"], ptb["chunks"]["valid"])
     assert report["perplexity"] == pytest.approx(want, rel=1e-6)
     assert report["split"] == "valid" and report["dataset"] == "ptb"
     assert os.listdir(output.parent) == ["valid.json"]  # no PNG for a language model
-    assert f"perplexity {want:.3f}" in done.stdout, done.stdout
+    assert f"perplexity {want:.3f}" in stdout, stdout
 
 
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.spark
-def test_bad_input_exits_2_before_spark_starts(spark, mnist, ptb, tmp_path):
-    """Each refusal names the problem, writes nothing and starts no Spark (seconds)."""
+def test_bad_input_exits_2_before_spark_starts(mnist, tmp_path):
+    """The job as a user runs it: a refusal exits 2, names the problem and starts no Spark."""
+    output = tmp_path / "out" / "metrics.json"
+    argv = ["--model", mnist["export"], "--data", mnist["data"], "--split", "valid"]
+    out = run_job(*argv, "--output", str(output), timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "has no split 'valid'" in out.stderr, out.stderr[-2000:]
+    assert "sparktf-evaluate" not in out.stderr and "SparkContext" not in out.stderr
+    assert not output.parent.exists()
+
+
+def test_bad_input_is_refused_before_spark_starts(spark, mnist, ptb, tmp_path):
+    """Each refusal names the problem, writes nothing and comes before any Spark work."""
     wide = export("mnist_mlp", tmp_path / "wide" / "1", 1, hidden_units=8, image_shape=[32, 32, 3])
     few = export("mnist_mlp", tmp_path / "few" / "1", 1, hidden_units=8, num_classes=5)
     dcgan = export("dcgan", tmp_path / "dcgan" / "1", 7, gf_dim=4, df_dim=4, gfc_dim=16, dfc_dim=16)
@@ -422,16 +401,14 @@ def test_bad_input_exits_2_before_spark_starts(spark, mnist, ptb, tmp_path):
         ((str(tmp_path / "nope"), mnist["data"]), "does not exist"),
         ((mnist["export"], str(tmp_path)), "no dataset manifest"),
     ]
+    jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup()
     for (model, data, *extra), message in cases:
-        started = time.monotonic()
-        out = run_job(
-            "--model", model, "--data", data, *extra, "--output", str(output), timeout=120
-        )
-        elapsed = time.monotonic() - started
-        assert out.returncode == 2, (message, out.stderr[-2000:])
-        assert message in out.stderr, (message, out.stderr[-2000:])
-        assert "sparktf-evaluate" not in out.stderr and "SparkContext" not in out.stderr
+        with pytest.raises(cli.UsageError) as refused:
+            argv = ["--model", model, "--data", data, *extra, "--output", str(output)]
+            job.main(argv, spark=spark)
+        assert message in str(refused.value)
         assert not output.parent.exists()
-        print(f"refused in {elapsed:.1f} s: {message}")
+    # Nothing reached Spark: not one job on the session.
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs_before
     with pytest.raises(cli.UsageError, match="is a generator"):
         job.evaluate(spark, dcgan, mnist["data"])

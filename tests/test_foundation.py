@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 
 import psutil
-import pytest
 
 from sparktf import storage
+from tests import helpers
 from tests.conftest import HDFS_SH, ROOT, descendants, free_port
-
-pytestmark = pytest.mark.spark
 
 
 def _executor_pids() -> set[int]:
@@ -55,18 +52,18 @@ def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
         str(tmp_path / "conf"),
     ]
     try:
-        out = subprocess.run(
-            [str(HDFS_SH), "start", *args], capture_output=True, text=True, timeout=240, check=True
+        out = helpers.run_command(
+            [HDFS_SH, "start", *args], capture_output=True, text=True, timeout=240, check=True
         )
         values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
         assert values["HDFS_URI"] != hdfs.uri
         assert (tmp_path / "conf" / "core-site.xml").read_text().count(values["HDFS_URI"]) == 1
         pid = int((tmp_path / "second" / "hdfs.pid").read_text())
-        again = subprocess.run(
-            [str(HDFS_SH), "start", *args], capture_output=True, text=True, timeout=60
+        again = helpers.run_command(
+            [HDFS_SH, "start", *args], capture_output=True, text=True, timeout=60
         )
         assert again.returncode == 0 and "already running" in again.stderr
-        status = subprocess.run([str(HDFS_SH), "status", *args], capture_output=True, text=True)
+        status = helpers.run_command([HDFS_SH, "status", *args])
         assert status.returncode == 0 and "running" in status.stdout
         # Both answer, each with its own namespace.
         os.environ["SPARKTF_WEBHDFS_URL"], saved = values["WEBHDFS_URL"], hdfs.webhdfs_url
@@ -76,14 +73,14 @@ def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
             os.environ["SPARKTF_WEBHDFS_URL"] = saved
         assert not storage.exists(hdfs.uri + "/only-here.txt")
     finally:
-        stop = subprocess.run(
-            [str(HDFS_SH), "stop", *args], capture_output=True, text=True, timeout=120
+        stop = helpers.run_command(
+            [HDFS_SH, "stop", *args], capture_output=True, text=True, timeout=120
         )
     assert stop.returncode == 0
     assert not psutil.pid_exists(pid)
-    stopped = subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True, text=True)
+    stopped = helpers.run_command([HDFS_SH, "stop", *args])
     assert stopped.returncode == 0 and "not running" in stopped.stdout
-    status = subprocess.run([str(HDFS_SH), "status", *args], capture_output=True, text=True)
+    status = helpers.run_command([HDFS_SH, "status", *args])
     assert status.returncode == 3 and "not running" in status.stdout
 
 
@@ -100,8 +97,8 @@ def test_tensorflowonspark_allreduce_smoke_through_submit(spark, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    run = subprocess.run(
-        [str(ROOT / "scripts" / "submit.sh"), str(ROOT / "tests" / "tfos_smoke.py"), str(out)],
+    run = helpers.run_command(
+        [ROOT / "scripts" / "submit.sh", str(ROOT / "tests" / "tfos_smoke.py"), str(out)],
         capture_output=True,
         text=True,
         timeout=400,

@@ -15,6 +15,7 @@ import pytest
 
 from sparktf import storage
 from sparktf.train import artifacts
+from tests import helpers
 from tests.conftest import HDFS_SH, ROOT, start_hdfs
 
 
@@ -114,8 +115,6 @@ def test_run_info_is_written_atomically(base):
 # ----------------------------------------------------------------------------- HDFS goes away
 
 
-@pytest.mark.slow
-@pytest.mark.hdfs
 def test_hdfs_stopped_mid_conversion_fails_naming_hdfs_and_publishes_nothing(tmp_path, monkeypatch):
     from sparktf.datasets.synthetic import write_cifar10
 
@@ -158,7 +157,7 @@ def test_hdfs_stopped_mid_conversion_fails_naming_hdfs_and_publishes_nothing(tmp
                     time.sleep(0.2)
                 assert job.poll() is None, log_path.read_text()[-3000:]
                 stopping = time.monotonic()  # the NameNode and DataNode get SIGTERM now
-                subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True, timeout=120)
+                helpers.run_command([HDFS_SH, "stop", *args], timeout=120)
                 code = job.wait(timeout=600)
                 took = time.monotonic() - stopping
             finally:
@@ -173,8 +172,8 @@ def test_hdfs_stopped_mid_conversion_fails_naming_hdfs_and_publishes_nothing(tmp
         assert errors and re.search(r"HDFS|NameNode", errors[-1]), text[-3000:]
         print("its error:", errors[-1])
 
-        restarted = subprocess.run(
-            [str(HDFS_SH), "start", *args], capture_output=True, text=True, timeout=240
+        restarted = helpers.run_command(
+            [HDFS_SH, "start", *args], capture_output=True, text=True, timeout=240
         )
         assert restarted.returncode == 0, restarted.stderr
         # Else "nothing published" below would prove nothing.
@@ -193,4 +192,4 @@ def test_hdfs_stopped_mid_conversion_fails_naming_hdfs_and_publishes_nothing(tmp
             storage.write_text(storage.join(tmp, "x"), "x")
         assert _names(server.uri + "/data") == ["cifar10", "kept.txt"]
     finally:
-        subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True, timeout=120)
+        helpers.run_command([HDFS_SH, "stop", *args], timeout=120)

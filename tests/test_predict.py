@@ -25,7 +25,7 @@ import sparktf
 from sparktf import inference, storage
 from sparktf.inference import ModelNotFoundError, PredictInputError
 from tests import helpers
-from tests.helpers import call, export, light_profile, remove_local_copy
+from tests.helpers import call, export, remove_local_copy
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (28, 28, 1)
@@ -230,7 +230,6 @@ def test_input_error_is_found_in_a_spark_failure_text():
 # ----------------------------------------------------------------------------- classifier
 
 
-@pytest.mark.spark
 def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
     result = sparktf.predict(images_df, mlp["export"], batch_size=8, top_k=3)
     assert result.columns == [
@@ -253,7 +252,6 @@ def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
         np.testing.assert_allclose(r["top_probabilities"], mlp["scores"][r["id"]][best], rtol=1e-5)
 
 
-@pytest.mark.spark
 def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
     result = sparktf.predict(images_df, mlp["export"], batch_size=8, keep_columns=["id"])
     assert result.columns == ["id", "prediction", "probabilities"]
@@ -321,7 +319,6 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
         )
 
 
-@pytest.mark.spark
 def test_model_is_loaded_once_per_worker_and_reused_across_partitions(spark, mlp):
     fingerprint = inference.inspect_model(mlp["export"]).fingerprint
     df = spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary")
@@ -333,7 +330,6 @@ def test_model_is_loaded_once_per_worker_and_reused_across_partitions(spark, mlp
     assert max(s["uses"] for s in stats.values()) >= 2, stats  # several partitions, one load
 
 
-@pytest.mark.spark
 def test_raw_bytes_and_integer_array_columns(spark, mlp):
     images = mlp["images"]
     df = spark.createDataFrame(
@@ -354,7 +350,6 @@ def test_raw_bytes_and_integer_array_columns(spark, mlp):
     assert_matches(rows, mlp, prediction="p2", probabilities="probs2")
 
 
-@pytest.mark.spark
 def test_serving_default_signature_takes_serialized_examples(spark, mlp):
     import tensorflow as tf
 
@@ -371,7 +366,6 @@ def test_serving_default_signature_takes_serialized_examples(spark, mlp):
     assert_matches(rows, mlp)
 
 
-@pytest.mark.spark
 def test_empty_dataframe_gives_an_empty_result(spark, mlp):
     empty = spark.createDataFrame([], "id long, label long, image binary")
     result = sparktf.predict(empty, mlp["latest"])
@@ -382,8 +376,6 @@ def test_empty_dataframe_gives_an_empty_result(spark, mlp):
 # ----------------------------------------------------------------------------- HDFS
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 def test_model_and_table_on_hdfs(spark, hdfs, mlp):
     # Version 3 has run in no worker yet, so the workers must copy it from HDFS.
     version3 = os.path.join(mlp["export"], "3")
@@ -429,14 +421,12 @@ def no_jobs_started(spark, action) -> Exception:
     return raised.value
 
 
-@pytest.mark.spark
 def test_missing_model_is_named_before_any_job(spark, images_df, tmp_path):
     missing = str(tmp_path / "no" / "model")
     error = no_jobs_started(spark, lambda: sparktf.predict(images_df, missing))
     assert isinstance(error, ModelNotFoundError) and missing in str(error)
 
 
-@pytest.mark.spark
 @pytest.mark.parametrize(
     "schema, kwargs, message",
     [
@@ -457,7 +447,6 @@ def test_schema_errors_are_raised_on_the_driver(spark, mlp, schema, kwargs, mess
 GOOD = np.zeros(SHAPE, np.uint8)
 
 
-@pytest.mark.spark
 @pytest.mark.parametrize(
     "value, column_type, found",
     [
@@ -487,7 +476,6 @@ def test_bad_rows_fail_at_the_first_batch_with_a_clear_message(
 # ----------------------------------------------------------------------------- PTB, DCGAN
 
 
-@pytest.mark.spark
 def test_language_model_perplexity_and_next_word(spark, tmp_path):
     model = export(
         "ptb_small",
@@ -526,7 +514,6 @@ def test_language_model_perplexity_and_next_word(spark, tmp_path):
         sparktf.predict(bad, model).collect()
 
 
-@pytest.mark.spark
 def test_dcgan_generates_images_from_seeds_and_z(spark, tmp_path):
     model = export(
         "dcgan", tmp_path / "dcgan" / "1", seed=7, gf_dim=4, df_dim=4, gfc_dim=16, dfc_dim=16
@@ -567,10 +554,12 @@ def test_job_help():
         assert flag in out.stdout
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
-@pytest.mark.slow
 def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
+    """jobs/predict.py's logic on the session (its process boundary, exit codes and console,
+    is what tests/test_readme.py runs as written)."""
+    from sparktf import cli
+    from sparktf.jobs import predict as job
+
     base = hdfs.fresh("predict-job")
     storage.copy_tree(mlp["latest"], storage.join(base, "model", "export", "12"))
     split = tmp_path / "dataset" / "test"
@@ -578,27 +567,15 @@ def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
         image_rows(mlp["images"]), "id long, label long, image binary"
     ).repartition(3).write.parquet(file_uri(split / "parquet"))
     output = storage.join(base, "predictions")
+    model = storage.join(base, "model")
     try:
-        missing = run_job(
-            "--model", str(tmp_path / "nope"), "--input", str(split), "--output", output, hdfs=hdfs
-        )
-        assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr
+        missing = str(tmp_path / "nope")
+        with pytest.raises(cli.UsageError, match=re.escape(missing)):
+            job.main(["--model", missing, "--input", str(split), "--output", output], spark=spark)
         assert not storage.exists(output)
 
-        done = run_job(
-            "--model",
-            storage.join(base, "model"),
-            "--input",
-            str(split),
-            "--output",
-            output,
-            "--batch-size",
-            "16",
-            "--profile",
-            light_profile(tmp_path),
-            hdfs=hdfs,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        argv = ["--model", model, "--input", str(split), "--output", output]
+        assert job.main([*argv, "--batch-size", "16"], spark=spark) == 0
         result = spark.read.parquet(output)
         assert result.columns == ["id", "label", "prediction", "probabilities", "model_version"]
         rows = result.collect()
@@ -607,16 +584,9 @@ def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
         assert {r["label"] for r in rows} == set(range(10))
         assert [os.path.basename(p) for p in storage.listdir(base)] == ["model", "predictions"]
 
-        again = run_job(
-            "--model",
-            storage.join(base, "model"),
-            "--input",
-            str(split),
-            "--output",
-            output,
-            hdfs=hdfs,
-        )
-        assert again.returncode == 2 and "already exists" in again.stderr
+        with pytest.raises(cli.UsageError, match="already exists"):
+            job.main(argv, spark=spark)
+        assert spark.read.parquet(output).count() == len(rows)  # the session lives on
     finally:
         remove_local_copy(inference.inspect_model(mlp["latest"]).fingerprint)
         storage.delete(base)

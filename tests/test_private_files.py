@@ -316,7 +316,6 @@ def models_on_hdfs(hdfs, tmp_path_factory):
         storage.delete(base)
 
 
-@pytest.mark.hdfs
 def test_tampered_cached_copy_is_replaced(models_on_hdfs, cache_dir):
     """A cached copy whose saved_model.pb, variables or file list differ from what the
     driver read is copied again; the fresh copy gives the real model's outputs."""
@@ -357,8 +356,6 @@ def test_tampered_cached_copy_is_replaced(models_on_hdfs, cache_dir):
     np.testing.assert_allclose(out["scores"], models_on_hdfs["expected"]["scores"], rtol=1e-6)
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 def test_predict_ignores_a_model_planted_in_the_cache(spark, models_on_hdfs):
     """A different model planted at the cache path before any executor copied the real
     one: sparktf.predict copies the real model again and returns its outputs."""

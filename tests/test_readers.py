@@ -59,8 +59,6 @@ def where(fixture, location: str) -> str:
     return fixture.local if location == "local" else fixture.hdfs
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 @pytest.mark.parametrize("location", ["local", "hdfs"])
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_reads_every_image(cifar, fmt, location):
@@ -77,8 +75,6 @@ def test_reads_every_image(cifar, fmt, location):
     assert got["image"].tobytes() == expected["images"].tobytes()
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 @pytest.mark.parametrize("location", ["local", "hdfs"])
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_reads_every_chunk(ptb, fmt, location):
@@ -90,8 +86,6 @@ def test_reads_every_chunk(ptb, fmt, location):
         assert got["id"].tolist() == ptb.data["chunk_ids"][split].tolist()
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 @pytest.mark.parametrize("num_shards,location", [(2, "local"), (4, "hdfs"), (3, "local")])
 def test_shards_are_disjoint_and_complete(cifar, fmt, num_shards, location):
@@ -115,7 +109,6 @@ def test_shards_are_disjoint_and_complete(cifar, fmt, num_shards, location):
     assert max(sizes) - min(sizes) <= (0 if num_shards != 3 else 4), sizes
 
 
-@pytest.mark.spark
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_shuffle_repeat_and_static_batches(cifar, fmt):
     read = READERS[fmt]
@@ -142,7 +135,6 @@ def test_shuffle_repeat_and_static_batches(cifar, fmt):
     assert len(counts) == 48 and counts.min() >= 4
 
 
-@pytest.mark.spark
 def test_paths_info_and_argument_errors(cifar, tmp_path):
     info = readers.dataset_info(cifar.local)
     assert info["dataset"] == "cifar10" and info["splits"]["test"]["records"] == 12
@@ -194,8 +186,6 @@ def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, locat
         next(inputs._file_batches(data, fmt, 4, 13, empty, seed=1))
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 def test_hdfs_tfrecord_checksums_and_truncation(cifar, hdfs):
     remote = hdfs.fresh("readers-bad") + "/cifar"
     for part in ("manifest.json", "test/tfrecord"):  # what this reader needs
@@ -210,8 +200,6 @@ def test_hdfs_tfrecord_checksums_and_truncation(cifar, hdfs):
         collect(readers.tfrecord_dataset(f"{remote}/test", batch_size=6))
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 @pytest.mark.parametrize(
     "fmt,options",
     [
@@ -235,8 +223,6 @@ def test_hdfs_gives_the_local_order(cifar, fmt, options):
         assert sorted(sum(remote, [])) == sorted(cifar.data["train"]["ids"].tolist())
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_hdfs_shuffle_repeat_and_static_batches(cifar, fmt):
     read = READERS[fmt]
@@ -250,8 +236,6 @@ def test_hdfs_shuffle_repeat_and_static_batches(cifar, fmt):
     assert np.unique(ids, return_counts=True)[1].tolist() == [5] * 48
 
 
-@pytest.mark.spark
-@pytest.mark.hdfs
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_hdfs_reader_stopped_early_leaves_no_threads(cifar, fmt):
     import gc

@@ -12,12 +12,12 @@ resume).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import pytest
 from sparktf import storage
 from sparktf.datasets.convert import convert
 from sparktf.datasets.synthetic import write_cifar10, write_raw
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -98,11 +99,9 @@ def _run(command: list[str], tmp_path: Path, index: int) -> dict | None:
         command = [*command, "--steps", "2", "--result-json", str(result_file)]
         if not any(arg.startswith("--model-dir") for arg in command):
             command += ["--model-dir", str(tmp_path / f"model-{index}")]
-    run = subprocess.run(
+    run = helpers.run_command(
         command,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
     )
@@ -115,19 +114,54 @@ def _run(command: list[str], tmp_path: Path, index: int) -> dict | None:
     return json.loads(result_file.read_text()) if result_file else None
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a dozen applications: 4-5 minutes here, more on a slower machine
 def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
+    """Every command runs as written, each its own Spark application; commands that do not
+    read each other's output run two at a time (the Running jobs chain beside the Training
+    commands and the Spark ML example), which halves the wall time on 2 cores."""
     text = README.read_text()
     write_cifar10(tmp_path / "raw", n_train=160, n_test=64, archive=True)
     archive = tmp_path / "raw" / "cifar-10-binary.tar.gz"
+    # Training: the datasets it names (CIFAR-format and PTB), made first.
+    train_prefix = hdfs.fresh("readme-train")
+    convert("cifar10", str(tmp_path / "raw"), f"{train_prefix}/datasets/cifar10", spark=spark)
+    write_raw("ptb", tmp_path / "raw-ptb", n_train=6000, n_test=600)
+    convert("ptb", str(tmp_path / "raw-ptb"), f"{train_prefix}/datasets/ptb", spark=spark)
 
-    # Running jobs: convert -> train -> predict -> evaluate, each on the previous one's output.
     jobs_prefix = hdfs.fresh("readme-jobs")
-    commands = [c for _, b in section_blocks(text, "Running jobs") for c in shell_commands(b)]
-    for index, command in enumerate(commands):
-        result = _run(_localise(command, jobs_prefix, archive), tmp_path, index)
-        if result is not None:
-            assert result["final_step"] == 2
+    chain = [c for _, b in section_blocks(text, "Running jobs") for c in shell_commands(b)]
+    training = [c for _, b in section_blocks(text, "Training") for c in shell_commands(b)]
+    (bash, python) = [body for _, body in section_blocks(text, ML_SECTION)]
+
+    def running_jobs() -> list:  # convert -> train -> predict -> evaluate, each on the last
+        return [
+            _run(_localise(command, jobs_prefix, archive), tmp_path, index)
+            for index, command in enumerate(chain)
+        ]
+
+    def ml_example(command: list[str]) -> None:
+        command = [arg.replace(".local/tabular", str(tmp_path / "tabular")) for arg in command]
+        run = helpers.run_command(command, cwd=ROOT, timeout=600)
+        assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-4000:]}"
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        jobs_done = pool.submit(running_jobs)
+        trained = [
+            (command, pool.submit(_run, _localise(command, train_prefix, archive), tmp_path, i))
+            for i, command in enumerate(training, start=100)
+        ]
+        examples = [pool.submit(ml_example, command) for command in shell_commands(bash)]
+        for result in jobs_done.result():
+            assert result is None or result["final_step"] == 2
+        seen = set()
+        for command, future in trained:
+            result = future.result()
+            assert result["final_step"] == 2, command
+            seen.add((result["strategy"], result["input_mode"]))
+        for future in examples:
+            future.result()
+
+    # Running jobs: what each command left for the next.
     assert storage.exists(f"{jobs_prefix}/models/resnet20/export")
     predictions = spark.read.parquet(f"{jobs_prefix}/predictions/resnet20")
     assert predictions.count() == 64
@@ -143,27 +177,12 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     assert written.count() == 64
     assert {"id", "label", "prediction", "probabilities"} <= set(written.columns)
 
-    # Training: the datasets it names (CIFAR-format and PTB), then each command.
-    train_prefix = hdfs.fresh("readme-train")
-    convert("cifar10", str(tmp_path / "raw"), f"{train_prefix}/datasets/cifar10", spark=spark)
-    write_raw("ptb", tmp_path / "raw-ptb", n_train=6000, n_test=600)
-    convert("ptb", str(tmp_path / "raw-ptb"), f"{train_prefix}/datasets/ptb", spark=spark)
-    commands = [c for _, b in section_blocks(text, "Training") for c in shell_commands(b)]
-    seen = set()
-    for index, command in enumerate(commands, start=100):
-        result = _run(_localise(command, train_prefix, archive), tmp_path, index)
-        assert result["final_step"] == 2, command
-        seen.add((result["strategy"], result["input_mode"]))
+    # Training: both strategies and both input modes among the commands.
     assert {("allreduce", "files"), ("ps", "spark")} <= seen
 
     # Spark ML: the example command (its scratch directory moved into the test's), then the
     # Python block on a small 3-class table with the columns it names.
     ml_prefix = hdfs.fresh("readme-ml")
-    (bash, python) = [body for _, body in section_blocks(text, ML_SECTION)]
-    for command in shell_commands(bash):
-        command = [arg.replace(".local/tabular", str(tmp_path / "tabular")) for arg in command]
-        run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-4000:]}"
     assert (
         spark.read.parquet(storage.spark_uri(str(tmp_path / "tabular" / "predictions"))).count() > 0
     )
@@ -267,9 +286,7 @@ HELP_COMMANDS = [
 def test_every_script_answers_help_without_doing_anything(command):
     """``--help`` of each script and benchmark prints its usage and exits 0 (set-up, tests
     and clusters are not started by asking for help)."""
-    run = subprocess.run(
-        [*command, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    run = helpers.run_command([*command, "--help"], cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     text = run.stdout + run.stderr
     assert len(text.strip().splitlines()) >= 2, text  # a usage text, not a one-line error
@@ -280,9 +297,7 @@ def test_every_script_answers_help_without_doing_anything(command):
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
 def test_gpu_benchmark_says_it_needs_a_gpu():
     """Without a GPU, bench/gpu.sh stops at once (exit 2) and says why, before any set-up."""
-    run = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu.sh")], cwd=ROOT, capture_output=True, text=True
-    )
+    run = helpers.run_command(["bash", ROOT / "bench" / "gpu.sh"], cwd=ROOT)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "needs 1 NVIDIA GPU(s); nvidia-smi found 0" in run.stderr
     assert "setup.sh" not in run.stdout

@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 from tensorflowonspark import reservation as tfos_reservation
 
-from sparktf.datasets.synthetic import write_mnist
 from sparktf.train import reservation
 from sparktf.train.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
 from tests.conftest import free_port
@@ -431,18 +430,11 @@ def test_control_server_binds_only_the_driver_address(control, tmp_path, caplog)
 
 
 @pytest.fixture(scope="module")
-def mnist(spark, tmp_path_factory):
-    """Tiny MNIST-format dataset (as in tests/test_train.py)."""
-    from sparktf.datasets.convert import convert
-
-    base = tmp_path_factory.mktemp("mnist")
-    write_mnist(base / "raw", n_train=100, n_test=10)
-    convert("mnist", str(base / "raw"), str(base / "data"), shards=2, spark=spark)
-    return base
+def mnist(mnist_data):
+    """The suite's tiny MNIST-format dataset (tests/conftest.py)."""
+    return mnist_data
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_forged_pickle_during_a_real_start_runs_nothing(
     spark, mnist, tmp_path, monkeypatch, caplog
 ):

@@ -22,13 +22,12 @@ import pytest
 
 from sparktf import storage
 from sparktf.datasets.synthetic import write_mnist
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SH = ROOT / "scripts" / "spark-cluster.sh"
 SUBMIT_SH = ROOT / "scripts" / "submit.sh"
 N_TRAIN, N_TEST = 64, 16
-
-pytestmark = [pytest.mark.hdfs, pytest.mark.slow]
 
 
 def cluster_jvms(directory: Path) -> list[int]:
@@ -47,7 +46,7 @@ def cluster_jvms(directory: Path) -> list[int]:
 
 
 def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=timeout)
+    return helpers.run_command([CLUSTER_SH, *args], timeout=timeout)
 
 
 def master_state(webui: str) -> dict:
@@ -79,9 +78,9 @@ def cluster(tmp_path_factory):
 
 def submit(*args: str, env: dict | None = None, timeout: float = 600):
     """scripts/submit.sh --profile standalone ARGS with small executors, as a user would."""
-    run = subprocess.run(
+    run = helpers.run_command(
         [
-            str(SUBMIT_SH),
+            SUBMIT_SH,
             "--profile",
             "standalone",
             "--executor-cores",

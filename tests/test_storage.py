@@ -11,6 +11,7 @@ import time
 import pytest
 
 from sparktf import storage
+from tests import helpers
 
 
 @pytest.fixture(params=["local", "hdfs"])
@@ -220,7 +221,6 @@ def test_failed_swap_puts_the_old_version_back(tmp_path, monkeypatch):
     assert _names(parent) == ["dataset"]
 
 
-@pytest.mark.hdfs
 def test_failed_swap_on_hdfs_keeps_the_old_dataset_readable(hdfs, monkeypatch):
     """A real refusal by the NameNode: in a sticky directory, the superuser hands the new
     copy to another user between the two renames, so alice may no longer rename it in."""
@@ -435,23 +435,22 @@ def test_native_client_falls_back_at_once_when_the_rpc_port_is_closed(hdfs, monk
 
 def test_hdfs_with_two_datanodes_spreads_files_and_stops_cleanly(tmp_path, monkeypatch):
     import json
-    import subprocess
     import urllib.request
 
     import psutil
 
     from tests.conftest import HDFS_SH, free_port
 
-    bad = subprocess.run(
-        [str(HDFS_SH), "start", "--datanodes", "0"], capture_output=True, text=True
+    bad = helpers.run_command(
+        [HDFS_SH, "start", "--datanodes", "0"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--datanodes" in bad.stderr
     args = ["--port", str(free_port()), "--http-port", str(free_port())]
     args += ["--dir", str(tmp_path / "two"), "--conf-dir", str(tmp_path / "conf")]
     pid = None
     try:
-        out = subprocess.run(
-            [str(HDFS_SH), "start", *args, "--datanodes", "2"],
+        out = helpers.run_command(
+            [HDFS_SH, "start", *args, "--datanodes", "2"],
             capture_output=True,
             text=True,
             timeout=240,
@@ -484,5 +483,5 @@ def test_hdfs_with_two_datanodes_spreads_files_and_stops_cleanly(tmp_path, monke
         }
         assert listening == {"127.0.0.1"}  # NameNode and both DataNodes: loopback only
     finally:
-        subprocess.run([str(HDFS_SH), "stop", *args], capture_output=True, timeout=120)
+        helpers.run_command([HDFS_SH, "stop", *args], timeout=120)
     assert pid is not None and not psutil.pid_exists(pid)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sparktf import storage
-from sparktf.datasets.synthetic import write_mnist
+from tests import helpers
 from tests.helpers import assert_nothing_left
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +64,7 @@ def test_the_job_without_mlflow_fails_before_spark_naming_the_extra(tmp_path):
         f"sys.argv = {argv!r}; runpy.run_path('jobs/train.py', run_name='__main__')"
     )
     started = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
+    out = helpers.run_command([sys.executable, "-c", code], cwd=ROOT, timeout=120)
     assert out.returncode == 2, out.stderr
     assert INSTALL_HINT in out.stderr and "--mlflow-tracking-uri needs MLflow" in out.stderr
     assert "SparkContext" not in out.stderr and "Spark version" not in out.stderr
@@ -127,22 +124,15 @@ def test_tracking_settings_are_checked(tmp_path, file_store):
 
 
 @pytest.fixture(scope="module")
-def mnist(spark, tmp_path_factory):
-    """Tiny MNIST-format dataset: 100 train rows (TFRecord and Parquet), 10 test rows."""
-    from sparktf.datasets.convert import convert
-
-    base = tmp_path_factory.mktemp("mnist")
-    write_mnist(base / "raw", n_train=100, n_test=10)
-    convert("mnist", str(base / "raw"), str(base / "data"), shards=2, spark=spark)
-    return base / "data"
+def mnist(mnist_data):
+    """The suite's tiny MNIST-format dataset (tests/conftest.py)."""
+    return mnist_data / "data"
 
 
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_run_is_recorded_params_metrics_evaluations_and_export(
     spark, hdfs, mnist, tmp_path, file_store
 ):
@@ -235,7 +225,6 @@ def test_run_is_recorded_params_metrics_evaluations_and_export(
     assert_nothing_left()
 
 
-@pytest.mark.spark
 def test_a_run_that_fails_is_recorded_failed_with_its_error(spark, mnist, tmp_path, file_store):
     """One all-reduce worker on the session's two executors cannot start: the MLflow run
     exists with its parameters, ends FAILED and carries the error."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 
 from sparktf import storage
-from sparktf.datasets.synthetic import write_cifar10, write_mnist
+from sparktf.datasets.synthetic import write_cifar10
 from tests import helpers
 from tests.conftest import descendants
 from tests.helpers import assert_nothing_left
@@ -180,19 +179,16 @@ def test_summaries_and_checkpoint_state(tmp_path):
 
 
 def test_job_help_and_usage_errors():
-    help_text = subprocess.run(
-        [sys.executable, str(ROOT / "jobs/train_resnet.py"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    help_text = helpers.run_command(
+        [sys.executable, ROOT / "jobs/train_resnet.py", "--help"], timeout=60
     )
     assert help_text.returncode == 0
     for flag in ("--strategy", "--input-mode", "--gpus-per-worker", "--model-dir", "--epochs"):
         assert flag in help_text.stdout
-    bad = subprocess.run(
+    bad = helpers.run_command(
         [
             sys.executable,
-            str(ROOT / "jobs/train.py"),
+            ROOT / "jobs/train.py",
             "--model",
             "resnet20",
             "--data",
@@ -213,26 +209,9 @@ def test_job_help_and_usage_errors():
 
 
 @pytest.fixture(scope="module")
-def mnist(spark, tmp_path_factory):
-    """Tiny MNIST-format dataset (both formats, 2 shards; 100 train rows, 3 Parquet parts)."""
-    from sparktf.datasets.convert import convert
-
-    base = tmp_path_factory.mktemp("mnist")
-    write_mnist(base / "raw", n_train=100, n_test=10)
-    convert("mnist", str(base / "raw"), str(base / "data"), shards=2, spark=spark)
-    # A third Parquet part of another size: uneven partitions for the spark input mode.
-    parquet = base / "data" / "train" / "parquet"
-    spark.read.parquet(f"file://{parquet}").repartition(3).write.mode("overwrite").parquet(
-        f"file://{base / 'uneven'}"
-    )
-    return base
-
-
-@pytest.fixture(scope="module")
-def mnist_hdfs(mnist, hdfs):
-    uri = hdfs.fresh("mnist")
-    storage.copy_tree(str(mnist / "data"), uri)
-    return uri
+def mnist(mnist_data):
+    """The suite's tiny MNIST-format dataset (tests/conftest.py: BASE/data, BASE/uneven)."""
+    return mnist_data
 
 
 def _fit(
@@ -304,15 +283,22 @@ def _events(model_dir: str, run: str = "") -> dict[str, int]:
 # ----------------------------------------------------------------------------- runs
 
 
-@pytest.mark.spark
-@pytest.mark.slow
-def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnist_hdfs):
+@pytest.fixture(scope="module")
+def allreduce_files(spark, hdfs, mnist_hdfs):
+    """The all-reduce run from files on HDFS (6 steps), trained once: its own test asserts on
+    it, and it is the source the fine-tuning test starts from. (model dir, FitResult)"""
+    model_dir = hdfs.fresh("allreduce-files")
+    return model_dir, _fit(
+        spark, mnist_hdfs, model_dir, strategy="allreduce", input_mode="files", steps=6
+    )
+
+
+def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs, allreduce_files):
     import tensorflow as tf
 
     from sparktf.datasets.tfrecord import image_examples
 
-    model_dir = hdfs.fresh("allreduce-files")
-    result = _fit(spark, mnist_hdfs, model_dir, strategy="allreduce", input_mode="files", steps=6)
+    model_dir, result = allreduce_files
     assert (result.start_step, result.final_step) == (0, 6)
     assert result.checkpoint == storage.join(model_dir, "checkpoints", "ckpt-6")
     assert storage.exists(result.checkpoint + ".index")
@@ -370,8 +356,6 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, hdfs, mnis
     assert {"accuracy", "top5_accuracy", "loss"} <= set(_events(model_dir, "eval"))
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_path):
     """3 Parquet parts over 2 workers and a batch that does not divide them: the workers
     receive different numbers of rows, and whoever runs out first ends the run for all."""
@@ -401,8 +385,6 @@ def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_p
     assert_nothing_left()
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mnist, tmp_path):
     import tensorflow as tf
 
@@ -443,8 +425,6 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
     assert_nothing_left()
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_ps_spark_feed(spark, mnist, tmp_path):
     import tensorflow as tf
 
@@ -465,8 +445,6 @@ def test_ps_spark_feed(spark, mnist, tmp_path):
     assert_nothing_left()
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_resnet20_steps_and_image_signature(spark, tmp_path):
     import tensorflow as tf
 
@@ -551,6 +529,7 @@ def _node_pids() -> list[int]:
     return sorted(descendants("sparktf.train.node"))
 
 
+@helpers.needs("e2e")  # kill/stop runs: the failure paths, with the other e2e runs
 def _signal_a_worker_mid_run(spark, mnist, model_dir, sig, **fit_options):
     """Starts a run in a thread; once it has a checkpoint, sends ``sig`` to a non-chief
     worker (``/proc/PID/comm`` carries the role: tf-worker:0). Returns the run's join
@@ -568,8 +547,6 @@ def _signal_a_worker_mid_run(spark, mnist, model_dir, sig, **fit_options):
     return join, victim, at_signal
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, mnist, tmp_path):
     """A TensorFlow process that stops (no crash, no exit): its heartbeats stop, the driver
     names it, and the whole run ends within --failure-timeout of the stop."""
@@ -608,8 +585,6 @@ def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, 
     assert spark.sparkContext.parallelize(range(4), 2).sum() == 6
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "input_mode", "steps"), [("allreduce", "files", 400), ("ps", "spark", 120)]
 )
@@ -650,8 +625,6 @@ def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
     assert_nothing_left()
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_ptb_valid_perplexity_is_the_token_weighted_stream_perplexity(spark, tmp_path):
     """The language model is evaluated on the valid split (auto: the dataset has one) the
     book's way: streams with the LSTM state carried; checked against the trained weights run
@@ -701,9 +674,10 @@ def test_ptb_valid_perplexity_is_the_token_weighted_stream_perplexity(spark, tmp
     assert_nothing_left()
 
 
-@pytest.mark.slow
-def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(mnist, tmp_path):
-    """jobs/train.py as a user runs it (its own Spark application) with the 9.2 options:
+def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
+    spark, mnist, tmp_path, caplog
+):
+    """jobs/train.py's flags and logic, on the session, with the 9.2 options:
     the export and the evaluation use the moving averages, in float32, and the evaluation
     is what that export gives on the test split."""
     import json
@@ -711,12 +685,13 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(mnist, t
     import tensorflow as tf
 
     from sparktf import models
+    from sparktf.jobs import train as job
 
+    caplog.set_level("INFO", logger="sparktf")
     model_dir = tmp_path / "model"
     result_file = tmp_path / "result.json"
     mlp = {"hidden_units": 8}
-    job = helpers.run_job(
-        "train.py",
+    argv = [
         "--model",
         "mnist_mlp",
         "--model-config",
@@ -757,13 +732,12 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(mnist, t
         "accuracy",
         "--result-json",
         str(result_file),
-        timeout=600,
-    )
-    assert job.returncode == 0, job.stderr[-3000:]
+    ]
+    assert job.main(argv, spark=spark) == 0
     result = json.loads(result_file.read_text())
     assert result["final_step"] == 4
     assert [e["step"] for e in result["eval_history"]] == [2, 4]
-    assert "evaluation at step 2" in job.stderr and "evaluation on the test split" in job.stderr
+    assert "evaluation at step 2" in caplog.text and "evaluation on the test split" in caplog.text
     assert result["best_export_path"].startswith(str(model_dir / "export_best"))
 
     # The export holds the moving averages of the final checkpoint, as float32 variables.
@@ -794,24 +768,17 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(mnist, t
     assert_nothing_left()
 
 
-@pytest.mark.spark
-@pytest.mark.slow
-def test_fine_tune_from_another_runs_export_training_only_the_head(spark, mnist, tmp_path):
-    """--checkpoint-path (an export of another run), --checkpoint-exclude-scopes logits,
+def test_fine_tune_from_another_runs_export_training_only_the_head(
+    spark, mnist, allreduce_files, tmp_path
+):
+    """--checkpoint-path (the HDFS export of another run), --checkpoint-exclude-scopes logits,
     --trainable-scopes logits: the hidden layer is the source's bit for bit at the end, the
     head was re-initialised and trained."""
     import tensorflow as tf
 
     from sparktf import models
 
-    source = _fit(
-        spark,
-        mnist / "data",
-        tmp_path / "source",
-        strategy="allreduce",
-        input_mode="files",
-        steps=3,
-    )
+    _, source = allreduce_files
     tuned = _fit(
         spark,
         mnist / "data",
@@ -829,7 +796,9 @@ def test_fine_tune_from_another_runs_export_training_only_the_head(spark, mnist,
 
     def weights(checkpoint):
         model = models.get_model("mnist_mlp", **TINY_MLP)
-        tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial()
+        directory, name = checkpoint.rsplit("/", 1)
+        with storage.local_copy(directory) as local:  # the source's is on HDFS
+            tf.train.Checkpoint(model=model).restore(os.path.join(local, name)).expect_partial()
         return {w.path: w.numpy() for w in model.weights}
 
     before, after = weights(source.checkpoint), weights(tuned.checkpoint)
@@ -839,8 +808,6 @@ def test_fine_tune_from_another_runs_export_training_only_the_head(spark, mnist,
     assert_nothing_left()
 
 
-@pytest.mark.spark
-@pytest.mark.slow
 def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
     from sparktf.train import TrainingError
 
@@ -873,7 +840,6 @@ def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.slow
 def test_gpu_each_process_sees_its_gpu(request, tmp_path):
     """Where a GPU is present: a job with --gpus-per-worker 1 gets its GPU through Spark's
     resource scheduling (its own local-cluster application) and the chief's TensorFlow sees it."""
@@ -882,7 +848,7 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
     tf = pytest.importorskip("tensorflow")
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("no GPU on this machine")
-    out = subprocess.run([str(ROOT / "scripts/gpu_discovery.sh")], capture_output=True, text=True)
+    out = helpers.run_command([ROOT / "scripts/gpu_discovery.sh"])
     assert '"name": "gpu"' in out.stdout and '"0"' in out.stdout
     mnist = request.getfixturevalue("mnist")
     result_file = tmp_path / "result.json"

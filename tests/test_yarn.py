@@ -23,6 +23,7 @@ import pytest
 
 from sparktf import storage
 from sparktf.datasets.synthetic import write_mnist
+from tests import helpers
 from tests.conftest import ROOT
 
 YARN_SH = ROOT / "scripts" / "yarn.sh"
@@ -87,12 +88,10 @@ class Yarn:
         application it submitted."""
         before = set(self.apps())
         env = dict(os.environ, HADOOP_CONF_DIR=str(self.conf_dir), TF_CPP_MIN_LOG_LEVEL="2")
-        run = subprocess.run(
+        run = helpers.run_command(
             ["./scripts/submit.sh", "--profile", "yarn", *MACHINE, *spark_options, job, *args],
             cwd=ROOT,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=540,
         )
         new = [app for app_id, app in self.apps().items() if app_id not in before]
@@ -110,8 +109,8 @@ def explain(run: subprocess.CompletedProcess) -> str:
 
 
 def _start(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(YARN_SH), "start", *args], capture_output=True, text=True, timeout=240
+    return helpers.run_command(
+        [YARN_SH, "start", *args], capture_output=True, text=True, timeout=240
     )
 
 
@@ -130,7 +129,7 @@ def yarn(hdfs, tmp_path_factory):
         pid = int((base / "yarn" / "yarn.pid").read_text())
         yield Yarn(values["YARN_RM"], values["YARN_WEBAPP"], pid, base, conf_dir, args)
     finally:
-        subprocess.run([str(YARN_SH), "stop", *args], capture_output=True, timeout=180)
+        helpers.run_command([YARN_SH, "stop", *args], timeout=180)
 
 
 @pytest.fixture(scope="module")
@@ -159,24 +158,23 @@ def test_start_writes_yarn_site_and_a_second_start_is_harmless(yarn):
     again = _start(yarn.args)
     assert again.returncode == 0 and "already running" in again.stderr
     assert f"YARN_RM={yarn.rm}" in again.stdout
-    status = subprocess.run([str(YARN_SH), "status", *yarn.args], capture_output=True, text=True)
+    status = helpers.run_command([YARN_SH, "status", *yarn.args])
     assert status.returncode == 0 and f"running (pid {yarn.pid})" in status.stdout
 
 
 def test_start_refuses_bad_options_and_a_yarn_site_it_did_not_write(tmp_path):
-    bad = subprocess.run([str(YARN_SH), "start", "--rm-port", "x"], capture_output=True, text=True)
+    bad = helpers.run_command([YARN_SH, "start", "--rm-port", "x"])
     assert bad.returncode == 2 and "expected a number, got 'x'" in bad.stderr
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "yarn-site.xml").write_text("<configuration/>\n")  # a real cluster's, say
     args = ["--dir", str(tmp_path / "yarn"), "--conf-dir", str(conf)]
-    refused = subprocess.run([str(YARN_SH), "start", *args], capture_output=True, text=True)
+    refused = helpers.run_command([YARN_SH, "start", *args])
     assert refused.returncode == 1 and "was not written by yarn.sh" in refused.stderr
     assert (conf / "yarn-site.xml").read_text() == "<configuration/>\n"
     assert not (tmp_path / "yarn" / "yarn.pid").exists()
 
 
-@pytest.mark.slow
 def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark, tmp_path):
     model_dir = hdfs.fresh("yarn-allreduce")
     result_file = tmp_path / "result.json"
@@ -209,7 +207,6 @@ def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark
     assert {"prediction", "probabilities"} <= set(predictions.columns)
 
 
-@pytest.mark.slow
 def test_ps_files_feed_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):
     model_dir = hdfs.fresh("yarn-ps")
     result_file = tmp_path / "result.json"
@@ -229,8 +226,8 @@ def test_ps_files_feed_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):
 
 
 def test_stop_leaves_no_jvm_and_no_container(yarn):
-    stop = subprocess.run(
-        [str(YARN_SH), "stop", *yarn.args], capture_output=True, text=True, timeout=180
+    stop = helpers.run_command(
+        [YARN_SH, "stop", *yarn.args], capture_output=True, text=True, timeout=180
     )
     assert stop.returncode == 0 and f"stopped (pid {yarn.pid})" in stop.stdout
     assert "leftover" not in stop.stderr  # the NodeManager's own shutdown stopped everything
@@ -243,5 +240,5 @@ def test_stop_leaves_no_jvm_and_no_container(yarn):
         if in_cluster or ("MiniYarn" in cmdline and str(yarn.base) in cmdline):
             left.append((proc.info["pid"], cmdline[:200]))
     assert not left
-    status = subprocess.run([str(YARN_SH), "status", *yarn.args], capture_output=True, text=True)
+    status = helpers.run_command([YARN_SH, "status", *yarn.args])
     assert status.returncode == 3 and "not running" in status.stdout

@@ -89,8 +89,10 @@ def add_job_flags(parser, dataset: str) -> None:
         )
 
 
-def run(dataset: str, args) -> int:
-    """Runs one conversion from parsed job flags; input and flag problems are UsageErrors."""
+def run(dataset: str, args, spark=None) -> int:
+    """Runs one conversion from parsed job flags (on ``spark`` when given, else on a session
+    of its own, started only once the input has been checked); input and flag problems are
+    UsageErrors."""
     kinds = [f.strip() for f in args.format.split(",") if f.strip()]
     sessions = []
 
@@ -110,7 +112,7 @@ def run(dataset: str, args) -> int:
             overwrite=args.overwrite,
             seq_len=getattr(args, "seq_len", formats.DEFAULT_SEQ_LEN),
             unk=getattr(args, "unk", None),
-            spark=session,
+            spark=spark or session,
         )
     except (SourceError, OptionError, storage.PathExistsError, storage.UnknownSchemeError) as exc:
         raise cli.UsageError(str(exc)) from exc
@@ -120,14 +122,17 @@ def run(dataset: str, args) -> int:
     return 0
 
 
-def main(dataset: str, argv: Sequence[str] | None = None, *, description: str = "") -> int:
-    """jobs/convert_<dataset>.py: parses ``argv`` (flags over the config file) and converts."""
+def main(
+    dataset: str, argv: Sequence[str] | None = None, *, description: str = "", spark=None
+) -> int:
+    """jobs/convert_<dataset>.py: parses ``argv`` (flags over the config file) and converts
+    (on the session ``spark`` when given)."""
     parser = cli.parser(
         description or f"Convert {dataset} to TFRecord and Parquet",
         config_section=f"convert_{dataset}",
     )
     add_job_flags(parser, dataset)
-    return run(dataset, cli.parse(parser, argv))
+    return run(dataset, cli.parse(parser, argv, own_logging=spark is None), spark)
 
 
 def run_job(dataset: str, *, description: str = "") -> None:

@@ -458,8 +458,9 @@ def parser(description: str = DESCRIPTION):
     return p
 
 
-def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -> int:
-    args = cli.parse(parser(description), argv)
+def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, spark=None) -> int:
+    """jobs/evaluate.py on ``argv``; on the session ``spark`` when given (else its own)."""
+    args = cli.parse(parser(description), argv, own_logging=spark is None)
     missing = [flag for flag in ("model", "data", "output") if not getattr(args, flag)]
     if missing:
         raise cli.UsageError("missing " + ", ".join(f"--{m}" for m in missing))
@@ -474,15 +475,12 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
                     f"output {path} already exists; pass --overwrite to replace it"
                 )
 
-    from sparktf.spark import get_session
+    from sparktf.spark import job_session
 
-    spark = get_session("sparktf-evaluate", profile=args.profile)
-    try:
+    with job_session("sparktf-evaluate", args.profile, spark=spark) as session:
         result = evaluate(
-            spark, args.model, args.data, split=args.split, batch_size=args.batch_size, plan=plan
+            session, args.model, args.data, split=args.split, batch_size=args.batch_size, plan=plan
         )
-    finally:
-        spark.stop()
     written = write_report(result, args.output, overwrite=args.overwrite)
     log.info("wrote %s", " and ".join(written))
     print(summary(result), flush=True)

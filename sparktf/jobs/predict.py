@@ -79,8 +79,9 @@ def parser(description: str = DESCRIPTION):
     return p
 
 
-def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -> int:
-    args = cli.parse(parser(description), argv)
+def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, spark=None) -> int:
+    """jobs/predict.py on ``argv``; on the session ``spark`` when given (else its own)."""
+    args = cli.parse(parser(description), argv, own_logging=spark is None)
     missing = [flag for flag in ("model", "input", "output") if not getattr(args, flag)]
     if missing:
         raise cli.UsageError("missing " + ", ".join(f"--{m}" for m in missing))
@@ -103,11 +104,10 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
 
     from pyspark.sql import functions as F
 
-    from sparktf.spark import get_session, stage_progress
+    from sparktf.spark import job_session, stage_progress
 
-    spark = get_session("sparktf-predict", profile=args.profile)
-    start = time.monotonic()
-    try:
+    with job_session("sparktf-predict", args.profile, spark=spark) as spark:
+        start = time.monotonic()
         df = spark.read.parquet(storage.spark_uri(table))
         if args.partitions:
             df = df.repartition(args.partitions)
@@ -148,8 +148,6 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION) -
             elapsed,
             rows / max(elapsed, 1e-9),
         )
-    finally:
-        spark.stop()
     return 0
 
 

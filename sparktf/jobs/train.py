@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from sparktf import cli
-from sparktf.spark import get_session, session_conf
+from sparktf.spark import job_session, session_conf
 from sparktf.train import (
     ConfigError,
     RunConfig,
@@ -456,9 +456,14 @@ def main(
     section: str = "train",
     default_model: str | None = None,
     description: str = "",
+    spark=None,
 ) -> int:
+    """jobs/train*.py on ``argv``; on the session ``spark`` when given (it must have the
+    executors the run needs; else the job builds its own, sized to the run)."""
     args = cli.parse(
-        parser(description or "Train a model on Spark executors", section, default_model), argv
+        parser(description or "Train a model on Spark executors", section, default_model),
+        argv,
+        own_logging=spark is None,
     )
     try:
         train, scaling, run = configs(args)
@@ -471,20 +476,14 @@ def main(
         conf = dict(SparkConf().getAll())
     else:
         conf = session_conf(args.profile)
-    spark = get_session(
-        f"sparktf-train-{train.model}",
-        profile=args.profile,
-        overrides=session_overrides(conf, scaling),
-    )
-    try:
+    name, overrides = f"sparktf-train-{train.model}", session_overrides(conf, scaling)
+    with job_session(name, args.profile, overrides, spark=spark) as spark:
         if train.data == "demo":
             train = dataclasses.replace(train, data=demo.ensure_dataset(train.model, spark))
         try:
             result = fit(train, scaling, run, spark=spark)
         except ConfigError as exc:
             raise cli.UsageError(str(exc)) from None
-    finally:
-        spark.stop()
     text = json.dumps(result.to_dict(), indent=2, default=str)
     if args.result_json:
         with open(args.result_json, "w") as f:
