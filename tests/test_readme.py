@@ -134,10 +134,19 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     (bash, python) = [body for _, body in section_blocks(text, ML_SECTION)]
 
     def running_jobs() -> list:  # convert -> train -> predict -> evaluate, each on the last
-        return [
+        results = [
             _run(_localise(command, jobs_prefix, archive), tmp_path, index)
             for index, command in enumerate(chain)
         ]
+        # The quickstart's closing summary: its "predict with this export" command, as printed.
+        from sparktf.jobs.quickstart import summary
+
+        dataset = f"{jobs_prefix}/datasets/cifar10"
+        export = storage.join(jobs_prefix, "models", "resnet20", "export", "2")
+        text = summary(_train_result(export), "resnet20", dataset)
+        (line,) = [line for line in text.splitlines() if "jobs/predict.py" in line]
+        _run(shlex.split(line), tmp_path, 200)
+        return results
 
     def ml_example(command: list[str]) -> None:
         command = [arg.replace(".local/tabular", str(tmp_path / "tabular")) for arg in command]
@@ -199,14 +208,7 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     assert len(scored) == 60
     assert (scored["prediction"] == scored["label"]).mean() > 0.8  # chance: 1/3
 
-    # The quickstart's closing summary: its "predict with this export" command runs as printed.
-    from sparktf.jobs.quickstart import summary
-
-    dataset = f"{jobs_prefix}/datasets/cifar10"
-    export = storage.join(jobs_prefix, "models", "resnet20", "export", "2")
-    text = summary(_train_result(export), "resnet20", dataset)
-    (line,) = [line for line in text.splitlines() if "jobs/predict.py" in line]
-    _run(shlex.split(line), tmp_path, 200)
+    # The quickstart summary's predict command wrote where it says.
     assert (
         spark.read.parquet(storage.spark_uri(str(ROOT / ".local/predictions/quickstart"))).count()
         == 64

@@ -49,10 +49,6 @@ def needs(tier: str):
     return mark
 
 
-def highest(*tiers: str) -> str:
-    return max(tiers, key=TIERS.index, default="unit")
-
-
 # ----------------------------------------------------------------------------- static
 
 
@@ -118,32 +114,24 @@ def _requested_by_name(fn, item) -> set[str]:
 
 def item_tier(item) -> tuple[str, str]:
     """An item's tier and the reason: its fixtures (the whole closure, and those asked for
-    by name) and its code."""
-    best, why = "unit", "no Spark, HDFS, job or cluster"
+    by name) and its code; the highest of them."""
     info = getattr(item, "_fixtureinfo", None)
-    functions = [getattr(item, "function", None)] + [
-        d.func
-        for n in getattr(item, "fixturenames", ())
-        for d in (info.name2fixturedefs.get(n, ()) if info else ())
-    ]
-    for name in set().union(*(_requested_by_name(f, item) for f in functions if f)):
-        if TIERS.index(FIXTURE_TIERS[name]) > TIERS.index(best):
-            best, why = FIXTURE_TIERS[name], f"fixture {name!r} (by name)"
-    for name in getattr(item, "fixturenames", ()):
-        if name in FIXTURE_TIERS:  # the shared services: their own start-up is exempt
-            if TIERS.index(FIXTURE_TIERS[name]) > TIERS.index(best):
-                best, why = FIXTURE_TIERS[name], f"fixture {name!r}"
-            continue
-        for fixturedef in info.name2fixturedefs.get(name, ()) if info else ():
-            tier, reason = code_tier(fixturedef.func)
-            if TIERS.index(tier) > TIERS.index(best):
-                best, why = tier, f"fixture {name!r}: {reason}"
+    names = getattr(item, "fixturenames", ())
+    defs = [d for n in names for d in (info.name2fixturedefs.get(n, ()) if info else ())]
     function = getattr(item, "function", None)
+    found = [("unit", "no Spark, HDFS, job or cluster")]
+    found += [(FIXTURE_TIERS[n], f"fixture {n!r}") for n in names if n in FIXTURE_TIERS]
+    for fixturedef in defs:
+        if fixturedef.argname not in FIXTURE_TIERS:  # the shared services' start is exempt
+            tier, reason = code_tier(fixturedef.func)
+            found.append((tier, f"fixture {fixturedef.argname!r}: {reason}"))
+    for fn in filter(None, [function, *(d.func for d in defs)]):
+        found += [
+            (FIXTURE_TIERS[n], f"fixture {n!r} (by name)") for n in _requested_by_name(fn, item)
+        ]
     if function is not None:
-        tier, reason = code_tier(function)
-        if TIERS.index(tier) > TIERS.index(best):
-            best, why = tier, reason
-    return best, why
+        found.append(code_tier(function))
+    return max(found, key=lambda pair: TIERS.index(pair[0]))
 
 
 # ----------------------------------------------------------------------------- run time

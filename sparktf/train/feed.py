@@ -307,9 +307,18 @@ def _await_feed_dir(mgr, token: str, key: str, timeout_s: float, flags) -> str |
             return None
         info = _get(mgr, FEED_KEY)
         if info and info.get("token") == token:
+            # The directory first, then the state: a reader that ends sets its state and
+            # then removes its directory, so a directory found missing by a task that starts
+            # just then is a reader that has stopped, not an error.
+            try:
+                found, problem = _check_feed_dir(info["dir"], key), None
+            except FeedError as exc:
+                found, problem = None, exc
             if _get(mgr, STATE_KEY) != RUNNING:
                 return None
-            return _check_feed_dir(info["dir"], key)
+            if problem is not None:
+                raise problem
+            return found
         if time.monotonic() > deadline:
             raise FeedTimeout(
                 f"the TensorFlow process of {key} did not open its feed within "
