@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
 # Idempotent set-up: .venv with the pinned stack and sparktf (editable), and the Hadoop jars
 # of the local HDFS (cached under .local/hadoop/lib; Maven's own cache is ~/.m2).
-#   scripts/setup.sh [--gpu]
+#   scripts/setup.sh [--gpu] [--no-hadoop]
+#   --no-hadoop: the Python environment only (no Java, no Maven): what the unit tests need.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 EXTRAS="test"
-case "${1:-}" in
-  -h|--help) sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  --gpu) EXTRAS="test,gpu" ;;
-  "") ;;
-  *) echo "setup.sh: unknown option $1 (--gpu, --help)" >&2; exit 2 ;;
-esac
+HADOOP=1
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --gpu) EXTRAS="test,gpu" ;;
+    --no-hadoop) HADOOP=0 ;;
+    *) echo "setup.sh: unknown option $arg (--gpu, --no-hadoop, --help)" >&2; exit 2 ;;
+  esac
+done
 
 fail() { echo "setup.sh: $*" >&2; exit 1; }
 "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || fail "Python 3.11 is required (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11"
-command -v java >/dev/null || fail "java not found: install a Java 17 JDK (e.g. apt-get install openjdk-17-jdk-headless)"
-jv=$(java -version 2>&1 | awk -F'"' '/version/{print $2}' | cut -d. -f1)
-[ "${jv:-0}" -ge 17 ] || fail "Java 17 or newer is required for Spark 4 (found $jv)"
-command -v mvn >/dev/null || fail "mvn not found: install Maven (e.g. apt-get install maven); it fetches the Hadoop jars"
+if [ "$HADOOP" = 1 ]; then
+  command -v java >/dev/null || fail "java not found: install a Java 17 JDK (e.g. apt-get install openjdk-17-jdk-headless)"
+  jv=$(java -version 2>&1 | awk -F'"' '/version/{print $2}' | cut -d. -f1)
+  [ "${jv:-0}" -ge 17 ] || fail "Java 17 or newer is required for Spark 4 (found $jv)"
+  command -v mvn >/dev/null || fail "mvn not found: install Maven (e.g. apt-get install maven); it fetches the Hadoop jars"
+fi
 
 stamp=".venv/.sparktf-installed"
 want="$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)-$EXTRAS"
@@ -39,6 +45,10 @@ else
 fi
 
 JARS=".local/hadoop/lib"
+if [ "$HADOOP" = 0 ]; then
+  echo "setup.sh: done (no Hadoop jars: --no-hadoop). Python: $ROOT/.venv/bin/python"
+  exit 0
+fi
 if ! ls "$JARS"/hadoop-minicluster-*.jar >/dev/null 2>&1; then
   echo "setup.sh: fetching the Hadoop jars of the local HDFS from Maven Central"
   mkdir -p "$JARS"

@@ -21,7 +21,7 @@ case "$TIER" in
 esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-scripts/setup.sh || exit 1
+if [ "$TIER" = unit ]; then scripts/setup.sh --no-hadoop || exit 1; else scripts/setup.sh || exit 1; fi
 
 # Cheap checks first (seconds): all three run, then any failure stops the script before pytest.
 failed=()

@@ -112,7 +112,7 @@ def run(dataset: str, args, spark=None) -> int:
             overwrite=args.overwrite,
             seq_len=getattr(args, "seq_len", formats.DEFAULT_SEQ_LEN),
             unk=getattr(args, "unk", None),
-            spark=spark or session,
+            spark=session if spark is None else spark,
         )
     except (SourceError, OptionError, storage.PathExistsError, storage.UnknownSchemeError) as exc:
         raise cli.UsageError(str(exc)) from exc
