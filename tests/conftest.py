@@ -93,13 +93,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     tier, why = item.stash.get(_TIER, ("e2e", ""))
-    found = tiers.violations(tier, item.stash.get(_STARTED, {}).get(call.when, ()))
-    used = getattr(getattr(item, "_request", None), "_fixture_defs", {})
-    found += [
-        f"{tiers.FIXTURE_TIERS[name]} fixture {name!r}"
-        for name in tiers.FIXTURE_TIERS
-        if name in used and tiers.TIERS.index(tiers.FIXTURE_TIERS[name]) > tiers.TIERS.index(tier)
-    ]
+    started = item.stash.get(_STARTED, {}).get(call.when, ())
+    used = getattr(getattr(item, "_request", None), "_fixture_defs", {})  # by name too
+    found = tiers.violations(tier, started, used)
     if found and report.outcome != "failed":
         report.outcome = "failed"
         report.longrepr = tiers.explain(item, tier, why, found)

@@ -1,6 +1,7 @@
 """Helpers the inference and evaluation tests share: SavedModel exports made here, calling
-their signatures directly (the independent reference), running a job as a subprocess, and
-dropping the executors' cached copy of a model."""
+their signatures directly (the independent reference), running a job or a script of the
+repository as its own process (what makes a test e2e: tests/tiers.py), and dropping the
+executors' cached copy of a model."""
 
 from __future__ import annotations
 
@@ -79,16 +80,6 @@ def remove_local_copy(fingerprint: str) -> None:
     shutil.rmtree(copy, ignore_errors=True)
     if os.path.exists(copy + ".lock"):
         os.remove(copy + ".lock")
-
-
-def light_profile(directory: Path) -> str:
-    """conf/spark/local.conf with a ``local[2]`` master: the job's own Spark starts no
-    executor JVMs (the test session's local-cluster covers those)."""
-    text = (REPO / "conf" / "spark" / "local.conf").read_text()
-    lines = [line for line in text.splitlines() if not line.startswith("spark.master")]
-    path = directory / "light.conf"
-    path.write_text("\n".join(["spark.master local[2]", *lines]) + "\n")
-    return str(path)
 
 
 def node_processes() -> list[str]:

@@ -403,8 +403,8 @@ def test_bad_input_is_refused_before_spark_starts(spark, mnist, ptb, tmp_path):
     ]
     jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup()
     for (model, data, *extra), message in cases:
+        argv = ["--model", model, "--data", data, *extra, "--output", str(output)]
         with pytest.raises(cli.UsageError) as refused:
-            argv = ["--model", model, "--data", data, *extra, "--output", str(output)]
             job.main(argv, spark=spark)
         assert message in str(refused.value)
         assert not output.parent.exists()

@@ -59,6 +59,22 @@ def tf_manager():
 
 
 @pytest.fixture
+def one_node_feeder(tf_manager, control, tmp_path, monkeypatch):
+    """A feeding task's function for a run whose one TensorFlow process is ``tf_manager``'s
+    node (executor 0, this process's working directory): (manager, control, feeder)."""
+    mgr, authkey = tf_manager
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "executor_id").write_text("0")
+    feeder = feed.make_feeder(
+        {0: {"addr": mgr.address, "authkey": authkey, "key": "executor-0"}},
+        control.token,
+        control.url,
+        feed_timeout_s=5,
+    )
+    return mgr, control, feeder
+
+
+@pytest.fixture
 def control():
     from sparktf.train.control import ControlServer
 
@@ -137,23 +153,15 @@ def test_feed_dir_and_chunks_written_by_the_feeder_are_private(
     assert feed.feed_dir_names(control.token, key) == []
 
 
-def test_feeder_refuses_a_feed_dir_that_is_not_private(tf_manager, control, tmp_path, monkeypatch):
+def test_feeder_refuses_a_feed_dir_that_is_not_private(one_node_feeder, tmp_path):
     """A feeding task writes rows only into a private directory of its own user, whatever
     the TFManager names."""
-    mgr, authkey = tf_manager
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "executor_id").write_text("0")
+    mgr, control, feeder = one_node_feeder
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o755)
     mgr.set(feed.STATE_KEY, feed.RUNNING)
     mgr.set(feed.FEED_KEY, {"token": control.token, "dir": str(shared)})
-    feeder = feed.make_feeder(
-        {0: {"addr": mgr.address, "authkey": authkey, "key": "executor-0"}},
-        control.token,
-        control.url,
-        feed_timeout_s=5,
-    )
     batch = pa.RecordBatch.from_pydict({"id": np.arange(10)})
     with pytest.raises(feed.FeedError, match=r"not a private directory.*drwxr-xr-x"):
         list(feeder(iter([batch])))
@@ -161,7 +169,7 @@ def test_feeder_refuses_a_feed_dir_that_is_not_private(tf_manager, control, tmp_
 
 
 def test_a_feeding_task_that_starts_as_its_reader_ends_writes_nothing_and_succeeds(
-    tf_manager, control, tmp_path, monkeypatch
+    one_node_feeder, tmp_path, monkeypatch
 ):
     """A reader that ends sets its state, then removes its directory. A feeding task that
     starts just then must end quietly, whatever moment it looks: found in the README test,
@@ -170,16 +178,8 @@ def test_a_feeding_task_that_starts_as_its_reader_ends_writes_nothing_and_succee
     import random
     import threading
 
-    mgr, authkey = tf_manager
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "executor_id").write_text("0")
+    mgr, control, feeder = one_node_feeder
     monkeypatch.setenv("SPARKTF_FEED_DIR", str(tmp_path / "feeds"))
-    feeder = feed.make_feeder(
-        {0: {"addr": mgr.address, "authkey": authkey, "key": "executor-0"}},
-        control.token,
-        control.url,
-        feed_timeout_s=5,
-    )
     batch = pa.RecordBatch.from_pydict({"id": np.arange(10)})
     rng = random.Random(0)
     for _ in range(300):

@@ -36,6 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_TIERS = {"spark": "integration", "hdfs": "integration"}
 
 
+def above(tier: str, than: str) -> bool:
+    """Whether ``tier`` needs more than ``than`` allows."""
+    return TIERS.index(tier) > TIERS.index(than)
+
+
 def needs(tier: str):
     """Marks a helper (or fixture function) as needing ``tier``: every test that calls it,
     directly or through other helpers and fixtures, is of that tier at least."""
@@ -92,7 +97,7 @@ def code_tier(fn, _seen: set | None = None) -> tuple[str, str]:
                 if not isinstance(obj, types.FunctionType) or not _is_ours(obj):
                     continue
                 tier, reason = code_tier(obj, seen)
-                if TIERS.index(tier) > TIERS.index(best):
+                if above(tier, best):
                     best, why = tier, f"{fn.__qualname__} -> {reason}"
     return best, why
 
@@ -207,11 +212,18 @@ class SpawnWatch:
             self._exempt.on = False
 
 
-def violations(tier: str, started) -> list[str]:
-    return [
+def violations(tier: str, started, fixtures=()) -> list[str]:
+    """What a test of ``tier`` used beyond it: the processes it started (tier, argv) and the
+    shared services among the ``fixtures`` it asked for (also by name, at run time)."""
+    found = [
         f"{needed} process: {' '.join(argv)[:300]}"
         for needed, argv in started
-        if TIERS.index(needed) > TIERS.index(tier)
+        if above(needed, tier)
+    ]
+    return found + [
+        f"{FIXTURE_TIERS[name]} fixture {name!r}"
+        for name in FIXTURE_TIERS
+        if name in fixtures and above(FIXTURE_TIERS[name], tier)
     ]
 
 
