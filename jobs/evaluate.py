@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparktf.jobs.evaluate import run_job
+from sparktf.console import run_job
 
 if __name__ == "__main__":
-    run_job(description=__doc__.split("\n")[0])
+    run_job("evaluate")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparktf.jobs.train import run_job
+from sparktf.console import run_job
 
 if __name__ == "__main__":
-    run_job(section="train_resnet", default_model="resnet20", description=__doc__.split("\n")[0])
+    run_job("train_resnet")

@@ -6,9 +6,9 @@
 #
 # --workers (2), --cores per worker (1), --memory per worker (1g, as in spark-submit: 512m, 2g).
 # --port/--webui-port: the master's RPC and web UI ports (default 0: free ports). Everything the
-# cluster writes (logs, pid files, executor work dirs, scratch) stays in DIR (.local/spark-cluster,
-# private). `start` returns once every worker is ALIVE at the master and prints SPARK_MASTER_URL=...
-# (also in DIR/master.env, which scripts/submit.sh --profile standalone reads). `stop` leaves no JVM.
+# cluster writes (logs, pid files, executor work dirs, scratch) stays in DIR (private; default
+# $SPARKTF_HOME/spark-cluster, SPARKTF_HOME defaulting to the checkout's .local). `start` returns once every worker is ALIVE at the master and prints SPARK_MASTER_URL=...
+# (also in DIR/master.env, which sparktf submit --profile standalone reads). `stop` leaves no JVM.
 # Environment equivalents: SPARKTF_SPARK_WORKERS, SPARKTF_SPARK_CORES, SPARKTF_SPARK_MEMORY,
 # SPARKTF_SPARK_CLUSTER_DIR; the Spark is the venv's pyspark (SPARKTF_SPARK_HOME overrides).
 set -euo pipefail
@@ -18,7 +18,7 @@ cmd="${1:-}"; shift || true
 WORKERS="${SPARKTF_SPARK_WORKERS:-2}"
 CORES="${SPARKTF_SPARK_CORES:-1}"
 MEMORY="${SPARKTF_SPARK_MEMORY:-1g}"
-DIR="${SPARKTF_SPARK_CLUSTER_DIR:-$ROOT/.local/spark-cluster}"
+DIR="${SPARKTF_SPARK_CLUSTER_DIR:-${SPARKTF_HOME:-$ROOT/.local}/spark-cluster}"
 PORT=0
 WEBUI_PORT=0
 START_TIMEOUT="${SPARKTF_SPARK_START_TIMEOUT:-180}"

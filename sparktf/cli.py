@@ -24,12 +24,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
+
+from sparktf import paths
 
 log = logging.getLogger("sparktf")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-JOBS_CONF_DIR = REPO_ROOT / "conf" / "jobs"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -45,9 +44,11 @@ def setup_logging(level: str | int | None = None) -> None:
 
 
 def load_config(section: str, path: str | os.PathLike | None = None) -> dict:
-    """Defaults of one job: a JSON object of flag values (``conf/jobs/SECTION.json``)."""
-    default = JOBS_CONF_DIR / f"{section}.json"
-    path = Path(path) if path else default
+    """Defaults of one job: a JSON object of flag values (``jobs/SECTION.json`` of the conf
+    directories, ``sparktf.paths``), or of the file ``path`` (looked up there too when it is
+    not a file as given)."""
+    default = paths.conf_file(f"jobs/{section}.json")
+    path = paths.resolve_config(path) if path else default
     if not path.is_file():
         if path != default:
             raise UsageError(f"config file {path} does not exist")
@@ -77,7 +78,9 @@ def parser(description: str, *, config_section: str | None = None) -> argparse.A
     p.add_argument(
         "--profile",
         default=os.environ.get("SPARKTF_PROFILE", "local"),
-        help="Spark profile in conf/spark/ used when not run through spark-submit",
+        help="Spark profile (spark/PROFILE.conf of the conf directories: "
+        f"{', '.join(paths.conf_names('spark', '.conf'))}) or a spark-defaults file, used "
+        "when not run through spark-submit",
     )
     p.add_argument(
         "--log-level",

@@ -34,7 +34,6 @@ import math
 import os
 import posixpath
 import shutil
-import stat
 import tempfile
 import threading
 from collections import Counter, OrderedDict, defaultdict
@@ -43,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparktf import storage
+from sparktf import paths, storage
 from sparktf.datasets import formats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -721,21 +720,7 @@ def _private_cache_dir() -> str:
     directory owned by this user that no one else can write (another user could otherwise
     plant a model that every later prediction would load)."""
     base = model_cache_dir()
-    os.makedirs(os.path.dirname(base), exist_ok=True)
-    try:
-        os.mkdir(base, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(base)
-    problem = None
-    if stat.S_ISLNK(st.st_mode):
-        problem = "is a symbolic link"
-    elif not stat.S_ISDIR(st.st_mode):
-        problem = "is not a directory"
-    elif st.st_uid != os.geteuid():
-        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    elif st.st_mode & 0o022:
-        problem = f"is writable by other users (mode {stat.filemode(st.st_mode)})"
+    problem = paths.private_dir_problem(base)
     if problem:
         raise ModelCacheError(
             f"model cache directory {base} {problem}: refusing to use it, since a model "

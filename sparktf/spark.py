@@ -1,6 +1,7 @@
 """Spark plumbing: sessions, running a list of tasks, progress, readable Spark errors.
 
-Sessions are configured from ``conf/spark/<profile>.conf`` (spark-defaults style). Under
+Sessions are configured from the profile ``spark/<profile>.conf`` of the conf directories
+(``sparktf.paths``; spark-defaults style). Under
 ``spark-submit`` (``scripts/submit.sh``) the submitted configuration wins and
 ``get_session`` only fills in what is missing; from plain Python (tests, notebooks) it reads
 the profile file and starts the session itself.
@@ -15,6 +16,7 @@ This is a bottom layer: it imports nothing of sparktf, and nothing heavy at impo
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -28,11 +30,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparktf import paths, placement
+
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO_ROOT / "conf" / "spark"
-LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
 PROFILES = ("local", "standalone", "yarn", "k8s")
 # Environment variables that executors need to reach HDFS the way the driver does.
 PROPAGATED_ENV = (
@@ -59,35 +60,124 @@ def read_conf_file(path: str | os.PathLike) -> dict[str, str]:
 
 
 def profile_conf(profile: str) -> dict[str, str]:
-    """The Spark settings of a profile in ``conf/spark/`` (or a path to a conf file)."""
+    """The Spark settings of a profile (``spark/PROFILE.conf`` of the conf directories,
+    ``sparktf.paths``) or of a spark-defaults style file."""
+    return read_conf_file(profile_file(profile))
+
+
+def profile_file(profile: str) -> Path:
+    """The file of a profile: a path as given, else ``spark/PROFILE.conf`` of the conf
+    directories; FileNotFoundError names the profiles there."""
     path = Path(profile)
     if not path.is_file():
-        path = CONF_DIR / f"{profile}.conf"
+        path = paths.conf_file(f"spark/{profile}.conf")
     if not path.is_file():
+        where = ", ".join(str(d / "spark") for d in paths.conf_dirs())
         raise FileNotFoundError(
-            f"no Spark profile {profile!r}: expected one of {', '.join(PROFILES)} "
-            f"(files in {CONF_DIR}) or a path to a spark-defaults style file"
+            f"no Spark profile {profile!r}: expected one of "
+            f"{', '.join(paths.conf_names('spark', '.conf'))} (files in {where}) or a path to a "
+            "spark-defaults style file"
         )
-    return read_conf_file(path)
+    return path
+
+
+def spark_cluster_dir() -> Path:
+    """The local standalone cluster's directory (``scripts/spark-cluster.sh``):
+    ``$SPARKTF_SPARK_CLUSTER_DIR``, else ``spark-cluster`` under sparktf's home."""
+    value = os.environ.get("SPARKTF_SPARK_CLUSTER_DIR")
+    return Path(value) if value else paths.home() / "spark-cluster"
+
+
+def log4j_conf() -> Path:
+    """The log4j2 file that keeps the driver's console to warnings."""
+    return paths.conf_file("log4j2.properties")
 
 
 def cluster_master(profile: str) -> str | None:
-    """The master ``scripts/submit.sh`` would use besides the profile's: ``$SPARKTF_SPARK_MASTER``,
+    """The master ``sparktf submit`` would use besides the profile's: ``$SPARKTF_SPARK_MASTER``,
     else for the standalone profile the cluster ``scripts/spark-cluster.sh start`` runs
     (``SPARK_MASTER_URL`` in its ``master.env``)."""
     if os.environ.get("SPARKTF_SPARK_MASTER"):
         return os.environ["SPARKTF_SPARK_MASTER"]
     if profile != "standalone":
         return None
-    cluster = os.environ.get(
-        "SPARKTF_SPARK_CLUSTER_DIR", str(REPO_ROOT / ".local" / "spark-cluster")
-    )
-    env_file = Path(cluster) / "master.env"
-    if env_file.is_file():
-        for line in env_file.read_text().splitlines():
-            if line.startswith("SPARK_MASTER_URL="):
-                return line.split("=", 1)[1].strip()
+    return local_cluster_env().get("SPARK_MASTER_URL")
+
+
+def local_cluster_env() -> dict[str, str]:
+    """The ``master.env`` of the local standalone cluster (empty when it is not running)."""
+    env_file = spark_cluster_dir() / "master.env"
+    if not env_file.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def cluster_resources(master: str, conf: Mapping[str, str]) -> placement.Cluster | None:
+    """What the cluster of ``master`` has (a standalone master's workers, YARN's
+    NodeManagers), or None where that cannot be read: another kind of master, or no answer
+    within a few seconds. The standalone master's web UI: the local cluster's (its
+    ``master.env``), else ``spark.sparktf.master.webui``, else port 8080 of the master's host;
+    YARN's ResourceManager: ``yarn-site.xml`` of ``$YARN_CONF_DIR`` or ``$HADOOP_CONF_DIR``."""
+    try:
+        if master.startswith("spark://"):
+            return placement.standalone_cluster(_standalone_webui(master, conf))
+        if master == "yarn":
+            site = yarn_site()
+            webapp = placement.yarn_webapp(site)
+            return placement.yarn_cluster(webapp, site) if webapp else None
+    except (OSError, ValueError, KeyError) as exc:
+        log.debug("could not read the cluster's resources (%s): %s", master, exc)
     return None
+
+
+def executor_sizing(
+    master: str, conf: Mapping[str, str], executors: int, *, fixed: bool = False
+) -> dict[str, str]:
+    """Settings that size ``executors`` executors to what the cluster of ``master`` has.
+
+    Empty when the executors ``conf`` asks for fit, or when the cluster cannot be read (not a
+    standalone or YARN master, no answer); else ``conf``'s executors shrunk until they fit
+    (``placement.fit``). With ``fixed`` (the user sized them) nothing is changed and
+    ``placement.PlacementError`` says, in numbers, why they do not fit.
+    """
+    if not master.startswith("spark://") and master != "yarn":
+        return {}
+    cluster = cluster_resources(master, conf)
+    if cluster is None:
+        log.info("the cluster's resources could not be read: executors as configured")
+        return {}
+    ask = placement.ask_from_conf(dict(conf), executors, yarn=master == "yarn")
+    if fixed:
+        placement.check(cluster, ask)
+        return {}
+    fitted = placement.fit(cluster, ask)
+    if fitted == ask:
+        return {}
+    overhead = f" + {placement.mb_text(fitted.overhead_mb)} overhead" if fitted.overhead_mb else ""
+    log.info(
+        "%s; %s: using %s and %s%s per executor",
+        ask.describe(),
+        cluster.describe(),
+        placement.cores_text(fitted.cores),
+        placement.mb_text(fitted.memory_mb),
+        overhead,
+    )
+    return placement.sizing_conf(fitted)
+
+
+def _standalone_webui(master: str, conf: Mapping[str, str]) -> str:
+    local = local_cluster_env()
+    if local.get("SPARK_MASTER_URL") == master and local.get("SPARK_MASTER_WEBUI_URL"):
+        return local["SPARK_MASTER_WEBUI_URL"]
+    host = master[len("spark://") :].split(",")[0].rsplit(":", 1)[0]
+    return conf.get("spark.sparktf.master.webui", f"http://{host}:8080")
+
+
+def yarn_site() -> dict[str, str]:
+    """``yarn-site.xml`` of ``$YARN_CONF_DIR`` or ``$HADOOP_CONF_DIR`` (empty when none)."""
+    conf_dir = os.environ.get("YARN_CONF_DIR") or os.environ.get("HADOOP_CONF_DIR")
+    return placement.yarn_site(conf_dir) if conf_dir else {}
 
 
 def session_conf(
@@ -109,7 +199,7 @@ def session_conf(
         if os.environ.get(name):
             conf.setdefault(f"spark.executorEnv.{name}", os.environ[name])
     if not _debug_logging():  # the driver JVM's console: warnings only (conf/log4j2.properties)
-        quiet = f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}"
+        quiet = f"-Dlog4j2.configurationFile={log4j_conf().resolve().as_uri()}"
         java = conf.get("spark.driver.extraJavaOptions", "")
         conf["spark.driver.extraJavaOptions"] = f"{java} {quiet}".strip()
     conf.update(overrides or {})
@@ -158,7 +248,18 @@ def get_session(
     spark = builder.getOrCreate()
     default = "INFO" if _debug_logging() else "WARN"
     spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", default))
+    # A script that ends without spark.stop() ends quietly: stopped here, before Python exits,
+    # the executors are not relaunched (and reported lost) while the JVM shuts down.
+    atexit.register(_stop_at_exit, spark)
     return spark
+
+
+def _stop_at_exit(spark) -> None:
+    try:
+        if spark.sparkContext._jsc is not None:
+            spark.stop()
+    except Exception as exc:  # the JVM may already be gone: nothing left to stop
+        log.debug("stopping Spark at exit: %s", exc)
 
 
 @contextmanager
@@ -366,7 +467,18 @@ def registered_executors(sc) -> int:
 
 def wait_for_executors(sc, count: int, timeout_s: float) -> None:
     """Waits until exactly ``count`` executors are registered; raises ExecutorCountError when
-    more are, or when fewer are after ``timeout_s``."""
+    more are, when fewer are after ``timeout_s``, and at once on a ``local[N]`` master (it has
+    no executors) or a cluster that can never hold them (``placement_problem``)."""
+    master = sc.master
+    if master == "local" or master.startswith("local["):
+        raise ExecutorCountError(
+            f"the run needs {count} Spark executors and the master {master} has none (its "
+            f"tasks run in the driver); use local-cluster[{count},1,1024] (e.g. "
+            f"--master 'local-cluster[{count},1,1024]', or sparktf submit, which sizes it)"
+        )
+    problem = placement_problem(sc, count)
+    if problem:
+        raise ExecutorCountError(f"the run needs {count} Spark executors: {problem}")
     deadline = time.monotonic() + timeout_s
     while True:
         have = registered_executors(sc)
@@ -385,3 +497,17 @@ def wait_for_executors(sc, count: int, timeout_s: float) -> None:
                 f"registered within {timeout_s:.0f} s"
             )
         time.sleep(0.5)
+
+
+def placement_problem(sc, count: int) -> str | None:
+    """Why the cluster of this application can never hold its ``count`` executors
+    (placement.check's numbers), or None when it can or nothing can be read."""
+    conf = dict(sc.getConf().getAll())
+    cluster = cluster_resources(sc.master, conf)
+    if cluster is None:
+        return None
+    try:
+        placement.check(cluster, placement.ask_from_conf(conf, count, yarn=sc.master == "yarn"))
+    except placement.PlacementError as exc:
+        return str(exc)
+    return None

@@ -7,8 +7,9 @@ natively through its own Hadoop client.
 WebHDFS address of a NameNode, first match wins:
 
 1. ``SPARKTF_WEBHDFS_URL`` (``http://host:port``), for every ``hdfs://`` URI;
-2. ``dfs.namenode.http-address`` in ``$HADOOP_CONF_DIR/hdfs-site.xml`` (or ``conf/hadoop/``
-   of this checkout, which ``scripts/hdfs.sh start`` writes), for the NameNode named by
+2. ``dfs.namenode.http-address`` in ``$HADOOP_CONF_DIR/hdfs-site.xml`` (or ``hadoop/`` of
+   the conf directories, ``sparktf.paths``: a checkout's ``conf/hadoop`` is what
+   ``scripts/hdfs.sh start`` writes), for the NameNode named by
    ``fs.defaultFS`` in the ``core-site.xml`` beside it;
 3. ``http://HOST:9870`` (Hadoop 3's default port) for ``hdfs://HOST:PORT``.
 
@@ -52,6 +53,8 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
+from sparktf import paths
+
 log = logging.getLogger(__name__)
 
 # Seconds to wait for the NameNode to accept a connection and to answer a metadata request.
@@ -59,7 +62,6 @@ HDFS_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_TIMEOUT", "5"))
 # Seconds to wait for data to flow on reads and writes (DataNode transfers).
 HDFS_DATA_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_DATA_TIMEOUT", "120"))
 READ_BLOCK = 4 << 20  # bytes fetched per WebHDFS read request
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class StorageError(OSError):
@@ -154,7 +156,10 @@ def spark_uri(path: str | os.PathLike) -> str:
 
 
 def _conf_dir() -> Path | None:
-    for candidate in (os.environ.get("HADOOP_CONF_DIR"), REPO_ROOT / "conf" / "hadoop"):
+    """$HADOOP_CONF_DIR, else ``hadoop/`` of the conf directories (``sparktf.paths``; in a
+    checkout, what scripts/hdfs.sh start writes)."""
+    local = [d / "hadoop" for d in paths.conf_dirs()]
+    for candidate in (os.environ.get("HADOOP_CONF_DIR"), *local):
         if candidate and (Path(candidate) / "hdfs-site.xml").is_file():
             return Path(candidate)
     return None
@@ -172,6 +177,16 @@ def _xml_props(path: Path) -> dict[str, str]:
         if name and value is not None:
             props[name.strip()] = value.strip()
     return props
+
+
+def default_fs() -> str | None:
+    """``fs.defaultFS`` of the Hadoop client configuration when it is an ``hdfs://`` URI (the
+    cluster's file system), else None."""
+    conf = _conf_dir()
+    if conf is None or not (conf / "core-site.xml").is_file():
+        return None
+    value = _xml_props(conf / "core-site.xml").get("fs.defaultFS", "")
+    return value.rstrip("/") if value.startswith("hdfs://") else None
 
 
 def webhdfs_url(netloc: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -56,6 +57,85 @@ def master_state(webui: str) -> dict:
 
 def parse_env(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def test_the_default_cluster_runs_the_readme_commands_as_written(tmp_path):
+    """``scripts/spark-cluster.sh start`` with its defaults (2 workers of 1 core and 1g), then
+    the README's ``scripts/submit.sh --profile standalone jobs/train_mnist.py ...``: the
+    profile's executors (4 cores, 8g) are sized to what the workers offer. A run the cluster
+    cannot hold fails within seconds with the numbers, through submit.sh and through a plain
+    spark-submit. (First in the module: the module's own cluster is not up yet.)"""
+    env = {
+        **os.environ,
+        "SPARKTF_HOME": str(tmp_path / "home"),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    env.pop("SPARKTF_SPARK_CLUSTER_DIR", None)
+    directory = tmp_path / "home" / "spark-cluster"
+
+    def command(*args, timeout: float = 600):
+        return helpers.run_command(args, cwd=tmp_path, env=env, timeout=timeout)
+
+    try:
+        started = command(CLUSTER_SH, "start", timeout=300)
+        assert started.returncode == 0, started.stderr[-3000:]
+        webui = parse_env(started.stdout)["SPARK_MASTER_WEBUI_URL"]
+        run = command(
+            SUBMIT_SH, "--profile", "standalone", ROOT / "jobs" / "train_mnist.py",
+            "--strategy", "allreduce", "--num-workers", "2", "--steps", "20",
+            "--result-json", tmp_path / "result.json",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-4000:]
+        sized = (
+            "each executor asks 4 cores and 8g; the 2 ALIVE workers offer 1 core and 1g each: "
+            "using 1 core and 1g per executor"
+        )
+        assert sized in run.stderr
+        result = json.loads((tmp_path / "result.json").read_text())
+        assert (result["final_step"], result["strategy"]) == (20, "allreduce")
+        assert (tmp_path / ".local" / "runs" / "mnist_mlp").is_dir()  # the job's default, here
+        apps = master_state(webui)["completedapps"]
+        assert [a["cores"] for a in apps if a["name"] == "sparktf-train-mnist_mlp"] == [2]
+
+        too_many = (
+            "--strategy",
+            "allreduce",
+            "--num-workers",
+            "3",
+            "--batch-size",
+            "30",
+            "--steps",
+            "1",
+        )
+        clock = time.monotonic()
+        refused = command(SUBMIT_SH, "--profile", "standalone", ROOT / "jobs" / "train_mnist.py",
+                          *too_many)  # fmt: skip
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert time.monotonic() - clock < 30
+        assert "the 2 ALIVE workers offer 1 core and 1g each: 2 of the 3 executors" in (
+            refused.stderr
+        )
+        master = parse_env(started.stdout)["SPARK_MASTER_URL"]
+        clock = time.monotonic()
+        plain = command(
+            "spark-submit", "--master", master, "--conf", "spark.driver.host=127.0.0.1",
+            "--executor-memory", "1g", ROOT / "jobs" / "train_mnist.py", *too_many,
+            "--model-dir", tmp_path / "refused",
+        )  # fmt: skip
+        assert plain.returncode != 0
+        assert time.monotonic() - clock < 90  # not the 120 s registration wait
+        said = plain.stdout + plain.stderr
+        error = [line for line in said.splitlines() if "ERROR sparktf" in line]
+        assert error, said[-3000:]
+        assert error[-1].endswith(
+            "the run needs 3 Spark executors: each executor asks 1 core and 1g; the 2 ALIVE "
+            "workers offer 1 core and 1g each: 2 of the 3 executors the run needs fit"
+        ), error[-1]
+    finally:
+        stopped = command(CLUSTER_SH, "stop", timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        assert cluster_jvms(directory) == []
 
 
 @pytest.fixture(scope="module")

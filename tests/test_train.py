@@ -848,7 +848,7 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
     tf = pytest.importorskip("tensorflow")
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("no GPU on this machine")
-    out = helpers.run_command([ROOT / "scripts/gpu_discovery.sh"])
+    out = helpers.run_command([ROOT / "conf/spark/gpu_discovery.sh"])
     assert '"name": "gpu"' in out.stdout and '"0"' in out.stdout
     mnist = request.getfixturevalue("mnist")
     result_file = tmp_path / "result.json"

@@ -1,7 +1,8 @@
 """A real YARN next to the real HDFS: scripts/yarn.sh (Hadoop's MiniYARNCluster, a
 ResourceManager and one NodeManager), and jobs submitted to it with
-``scripts/submit.sh --profile yarn`` as a user submits them: client mode, the executors in YARN
-containers running the venv's python.
+``scripts/submit.sh --profile yarn`` as a user submits them, with no sizing flags: client mode,
+executors sized by sparktf submit to what the NodeManager offers (the profile asks more than
+this YARN holds), running the venv's python or, with ``--ship-env``, the packed environment.
 
 What a user checks: the job's exit code, the export and the predictions on HDFS, the
 application's final status in the ResourceManager's REST API, one YARN container per executor
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,37 +31,6 @@ from tests.conftest import ROOT
 
 YARN_SH = ROOT / "scripts" / "yarn.sh"
 N_TRAIN, N_TEST = 100, 10
-
-
-def _spark_jars() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent / "jars"
-
-
-# What this 2-core machine adds to conf/spark/yarn.conf (sized for a real cluster): small
-# executors, Spark's jars from the local disk instead of a 440 MB upload per run, and a
-# driver on loopback like the cluster. No Spark UI: in one CI run (1 of 5 YARN submits that
-# day) the driver's SparkContext failed while attaching the UI's handlers, the AM then found
-# no driver; the UI plays no part in what these tests check.
-MACHINE = [
-    "--conf",
-    f"spark.yarn.jars=local:{_spark_jars()}/*",
-    "--conf",
-    "spark.executor.cores=1",
-    "--conf",
-    "spark.executor.memory=1g",
-    "--conf",
-    "spark.executor.memoryOverhead=512m",
-    "--conf",
-    "spark.yarn.am.memory=512m",
-    "--conf",
-    "spark.driver.host=127.0.0.1",
-    "--conf",
-    "spark.driver.bindAddress=127.0.0.1",
-    "--conf",
-    "spark.ui.enabled=false",
-]
 
 
 @dataclass
@@ -76,10 +48,12 @@ class Yarn:
             listed = json.load(r).get("apps") or {}
         return {app["id"]: app for app in listed.get("app", [])}
 
-    def containers(self, app_id: str) -> list[str]:
+    def container_logs(self, app_id: str) -> list[Path]:
         """Container log directories the NodeManager kept for an application."""
-        found = sorted((self.base / "yarn" / "cluster").glob(f"*/*/*logDir*/{app_id}/container_*"))
-        return [p.name for p in found]
+        return sorted((self.base / "yarn" / "cluster").glob(f"*/*/*logDir*/{app_id}/container_*"))
+
+    def containers(self, app_id: str) -> list[str]:
+        return [p.name for p in self.container_logs(app_id)]
 
     def submit(
         self, job: str, *args: str, spark_options=()
@@ -89,7 +63,7 @@ class Yarn:
         before = set(self.apps())
         env = dict(os.environ, HADOOP_CONF_DIR=str(self.conf_dir), TF_CPP_MIN_LOG_LEVEL="2")
         run = helpers.run_command(
-            ["./scripts/submit.sh", "--profile", "yarn", *MACHINE, *spark_options, job, *args],
+            ["./scripts/submit.sh", "--profile", "yarn", *spark_options, job, *args],
             cwd=ROOT,
             env=env,
             timeout=540,
@@ -223,6 +197,70 @@ def test_ps_files_feed_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):
     assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
     # chief + 2 workers in executors (conf/jobs/train_mnist.json keeps the ps on the driver)
     assert len(yarn.containers(app["id"])) == 1 + 3
+
+
+def test_an_executor_yarn_cannot_hold_fails_at_once_with_the_numbers(yarn, mnist_hdfs):
+    before = set(yarn.apps())
+    env = dict(os.environ, HADOOP_CONF_DIR=str(yarn.conf_dir))
+    started = time.monotonic()
+    run = helpers.run_command(
+        ["./scripts/submit.sh", "--profile", "yarn", "--executor-memory", "9g"]
+        + ["jobs/train_mnist.py", "--strategy", "allreduce", "--num-workers", "2"]
+        + ["--data", mnist_hdfs, "--steps", "1"],
+        cwd=ROOT, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, explain(run)
+    assert time.monotonic() - started < 30
+    assert "each executor asks 4 cores and 9g (+4g overhead)" in run.stderr
+    assert "over YARN's maximum allocation of 8g" in run.stderr
+    assert set(yarn.apps()) == before  # nothing was submitted
+
+
+@pytest.mark.timeout(1200)  # packing the whole stack once takes minutes on 2 cores
+def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, tmp_path):
+    """--ship-env: the executors' Python is the packed venv unpacked in each container
+    (spark.pyspark.python=./environment/bin/python), for training and then prediction; the
+    archive goes to HDFS once and YARN localizes it from there."""
+    model_dir = hdfs.fresh("yarn-ship-env")
+    result_file = tmp_path / "result.json"
+    run, app = yarn.submit(
+        "jobs/train_mnist.py",
+        *("--strategy", "allreduce", "--num-workers", "2", "--input-mode", "files"),
+        *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "3"),
+        *("--batch-size", "20", "--result-json", str(result_file)),
+        spark_options=("--ship-env",),
+    )
+    assert run.returncode == 0, explain(run)
+    assert json.loads(result_file.read_text())["final_step"] == 3
+    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
+    # Each TensorFlow process logged its interpreter: the environment inside its container.
+    pythons = re.findall(
+        r"role \S+ in .* \(python (\S+)\)",
+        "".join(
+            f.read_text(errors="replace")
+            for d in yarn.container_logs(app["id"])
+            for f in d.glob("stderr*")
+        ),
+    )
+    assert len(pythons) == 2, pythons
+    for python in pythons:
+        assert re.search(r"/container_[^/]+/environment/bin/python3?(\.\d+)?$", python), python
+        assert not python.startswith(str(ROOT / ".venv"))
+    # (sparktf submit's own log is on stderr; the driver's, through spark-submit, on stdout)
+    shared = [line for line in run.stderr.splitlines() if "copying the environment to" in line]
+    assert len(shared) == 1 and f"{hdfs.uri}/user/" in shared[0], run.stderr[-2000:]
+
+    output = hdfs.fresh("yarn-ship-env-predictions")
+    run, app = yarn.submit(
+        "jobs/predict.py",
+        *("--model", model_dir, "--input", storage.join(mnist_hdfs, "test", "parquet")),
+        *("--output", output),
+        spark_options=("--ship-env", "--num-executors", "1"),
+    )
+    assert run.returncode == 0, explain(run)
+    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
+    assert storage.exists(storage.join(output, "_SUCCESS"))
+    assert "copying the environment" not in run.stdout + run.stderr  # already there
 
 
 def test_stop_leaves_no_jvm_and_no_container(yarn):

@@ -10,7 +10,6 @@ record); 1 other failures. Nothing is published unless the whole conversion succ
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from sparktf import cli, storage
@@ -133,8 +132,3 @@ def main(
     )
     add_job_flags(parser, dataset)
     return run(dataset, cli.parse(parser, argv, own_logging=spark is None), spark)
-
-
-def run_job(dataset: str, *, description: str = "") -> None:
-    """The entry point of jobs/convert_<dataset>.py: ``main`` with exit codes."""
-    cli.run(lambda: main(dataset, sys.argv[1:], description=description))

@@ -36,7 +36,6 @@ import dataclasses
 import json
 import logging
 import posixpath
-import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -485,8 +484,3 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, s
     log.info("wrote %s", " and ".join(written))
     print(summary(result), flush=True)
     return 0
-
-
-def run_job(*, description: str = DESCRIPTION) -> None:
-    """The entry point of jobs/evaluate.py: ``main`` with exit codes."""
-    cli.run(lambda: main(sys.argv[1:], description=description))

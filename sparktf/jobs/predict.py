@@ -15,7 +15,6 @@ failures.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Sequence
 
@@ -158,8 +157,3 @@ def input_error(exc: BaseException) -> str | None:
         if marker in line:
             return line.split(marker, 1)[1].strip()
     return None
-
-
-def run_job(*, description: str = DESCRIPTION) -> None:
-    """The entry point of jobs/predict.py: ``main`` with exit codes."""
-    cli.run(lambda: main(sys.argv[1:], description=description))

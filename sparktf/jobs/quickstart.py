@@ -23,11 +23,12 @@ SECTION = "train_resnet"
 
 
 def _shown(path: str) -> str:
-    """A path as the user types it from the checkout: relative when inside it."""
+    """A path as the user types it from the current directory (scripts/quickstart.sh runs
+    from the checkout): relative when inside it."""
     if storage.is_hdfs(path):
         return path
     full = os.path.abspath(path)
-    root = str(cli.REPO_ROOT)
+    root = os.getcwd()
     return os.path.relpath(full, root) if full.startswith(root + os.sep) else full
 
 
@@ -38,7 +39,7 @@ def _metrics(values: Mapping[str, float]) -> str:
 def summary(result: Mapping, model: str, data: str) -> str:
     """The text printed at the end of the quickstart."""
     synthetic = data == "demo"
-    dataset = str(demo.DEMO_DIR / demo.dataset_for(model)) if synthetic else data
+    dataset = str(demo.demo_dir() / demo.dataset_for(model)) if synthetic else data
     export = result.get("export_path") or ""
     export_root = os.path.dirname(export.rstrip("/")) if export else ""
     lines = [

@@ -16,11 +16,11 @@ import json
 import logging
 import os
 import re
-import sys
 from collections.abc import Sequence
 
 from sparktf import cli
-from sparktf.spark import job_session, session_conf
+from sparktf.placement import PlacementError
+from sparktf.spark import executor_sizing, job_session, session_conf
 from sparktf.train import (
     ConfigError,
     RunConfig,
@@ -433,10 +433,23 @@ def configs(args):
     return train, scaling, run
 
 
+def _fitted(master: str, conf: dict[str, str], n: int) -> dict[str, str]:
+    """Executors sized to the cluster from plain Python (``sparktf.spark.executor_sizing``);
+    under spark-submit its sizes stand (``sparktf submit`` fitted them; a run that cannot be
+    placed fails within seconds at the executors' registration)."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return {}
+    try:
+        return executor_sizing(master, conf, n)
+    except PlacementError as exc:
+        raise cli.UsageError(f"the run cannot be placed: {exc}") from None
+
+
 def session_overrides(conf: dict[str, str], scaling) -> dict[str, str]:
     """Spark settings the run needs: GPUs, and executors sized to the run (one per TensorFlow
     process): a local-cluster master's count, a standalone master's ``spark.cores.max``, YARN's
-    and Kubernetes' ``spark.executor.instances`` (what ``scripts/submit.sh`` does too)."""
+    and Kubernetes' ``spark.executor.instances``; standalone and YARN executors that do not
+    fit the cluster shrunk to fit (what ``sparktf submit`` does too)."""
     overrides = dict(gpu_spark_conf(scaling))
     master = conf.get("spark.master", "")
     n = scaling.num_executors
@@ -444,9 +457,18 @@ def session_overrides(conf: dict[str, str], scaling) -> dict[str, str]:
     if match and int(match.group(1)) != n:
         overrides["spark.master"] = f"local-cluster[{n},{match.group(2)},{match.group(3)}]"
     elif master.startswith("spark://"):
-        overrides["spark.cores.max"] = str(n * int(conf.get("spark.executor.cores", "1")))
+        overrides.update(_fitted(master, conf, n))
+        cores = overrides.get("spark.executor.cores", conf.get("spark.executor.cores", "1"))
+        overrides["spark.cores.max"] = str(n * int(cores))
     elif master == "yarn" or master.startswith("k8s://"):
+        overrides.update(_fitted(master, conf, n))
         overrides["spark.executor.instances"] = str(n)
+    elif master == "local" or master.startswith("local["):
+        # local[N] runs tasks in the driver: no executors, no TensorFlow processes (plain
+        # spark-submit's default master). The same machine with executors instead:
+        overrides["spark.master"] = f"local-cluster[{n},1,1024]"
+        overrides["spark.driver.host"] = overrides["spark.driver.bindAddress"] = "127.0.0.1"
+        log.info("master %s has no executors: using local-cluster[%d,1,1024]", master, n)
     return overrides
 
 
@@ -471,8 +493,9 @@ def main(
     except ConfigError as exc:
         raise cli.UsageError(str(exc)) from None
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit: its own configuration counts
-        from pyspark import SparkConf
+        from pyspark import SparkConf, SparkContext
 
+        SparkContext._ensure_initialized()  # the JVM's settings, spark-submit's master among them
         conf = dict(SparkConf().getAll())
     else:
         conf = session_conf(args.profile)
@@ -503,10 +526,6 @@ def executors_needed(section: str, argv: Sequence[str]) -> int | None:
         return scaling_config(cli.parse(parser("", section, None), argv)).num_executors
     except (cli.UsageError, ConfigError, SystemExit):
         return None
-
-
-def run_job(**kwargs) -> None:
-    cli.run(lambda: main(sys.argv[1:], **kwargs))
 
 
 def finetune_and_augment_options(args) -> dict:

@@ -6,7 +6,8 @@ conversion (:func:`sparktf.datasets.convert.convert`), so the demo exercises the
 The data is learnable: each class has its own image pattern plus noise, and the words follow
 a Markov chain, so accuracy rises within an epoch.
 
-The converted dataset is cached under ``.local/demo/<dataset>`` of the checkout.
+The converted dataset is cached under ``demo/<dataset>`` of sparktf's home
+(:func:`sparktf.paths.home`: ``.local/`` of a checkout, ``$SPARKTF_HOME``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from sparktf import storage
+from sparktf import paths, storage
 
 log = logging.getLogger(__name__)
 
-DEMO_DIR = Path(__file__).resolve().parents[2] / ".local" / "demo"
 # Records (images) or tokens (PTB) of train and of test (and of valid) per demo dataset.
 SIZES = {"cifar10": (2048, 256), "mnist": (2048, 256), "ptb": (20000, 2000)}
+
+
+def demo_dir() -> Path:
+    """Where the demo datasets are kept: ``demo`` under sparktf's home."""
+    return paths.home() / "demo"
 
 
 def dataset_for(model: str) -> str:
@@ -44,10 +49,10 @@ def ensure_dataset(model: str, spark=None) -> str:
     from sparktf.datasets.synthetic import write_raw
 
     dataset = dataset_for(model)
-    target = DEMO_DIR / dataset
+    target = demo_dir() / dataset
     if (target / "manifest.json").is_file():
         return str(target)
-    raw = DEMO_DIR / f"raw-{dataset}"
+    raw = demo_dir() / f"raw-{dataset}"
     n_train, n_test = SIZES[dataset]
     write_raw(dataset, raw, n_train=n_train, n_test=n_test, learnable=True)
     log.info("preparing the demo %s dataset in %s", dataset, target)

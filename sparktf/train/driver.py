@@ -8,9 +8,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from pathlib import Path
 
-from sparktf import storage
+from sparktf import paths, storage
 from sparktf.train import artifacts, tracking
 from sparktf.train.cluster import ClusterRun
 from sparktf.train.config import (
@@ -24,22 +23,20 @@ from sparktf.train.config import (
 from sparktf.train.plan import RunPlan, plan_run
 
 log = logging.getLogger("sparktf.train")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-GPU_DISCOVERY_SCRIPT = REPO_ROOT / "scripts" / "gpu_discovery.sh"
 
 
 def gpu_spark_conf(scaling: ScalingConfig) -> dict[str, str]:
     """Spark settings that give each executor (and each TensorFlow task) its GPUs.
 
-    Spark's resource scheduling assigns GPU addresses found by ``scripts/gpu_discovery.sh``;
-    TensorFlowOnSpark reads them from the task's resources and sets
-    ``CUDA_VISIBLE_DEVICES``, so every TensorFlow process sees only its own GPUs. Empty
-    when ``gpus_per_worker`` is 0. These must be set when the Spark application starts.
+    Spark's resource scheduling assigns GPU addresses found by ``spark/gpu_discovery.sh`` of
+    the conf directories (``sparktf.paths``); TensorFlowOnSpark reads them from the task's
+    resources and sets ``CUDA_VISIBLE_DEVICES``, so every TensorFlow process sees only its own
+    GPUs. Empty when ``gpus_per_worker`` is 0. These must be set when the Spark application starts.
     """
     if not scaling.gpus_per_worker:
         return {}
     n = str(scaling.gpus_per_worker)
-    script = str(GPU_DISCOVERY_SCRIPT)
+    script = str(paths.conf_file("spark/gpu_discovery.sh"))
     return {
         "spark.executor.resource.gpu.amount": n,
         "spark.executor.resource.gpu.discoveryScript": script,

@@ -252,7 +252,7 @@ def main(argv: list[str]) -> None:
 
     try:
         role = Role.from_dict(control.hello(spec.startup_timeout_s))
-        log.info("role %s in %s", role.name, json.dumps(role.cluster))
+        log.info("role %s in %s (python %s)", role.name, json.dumps(role.cluster), sys.executable)
         _set_process_name(role.name)
         control.start_heartbeat(on_abort)
         _configure_process(spec, role)

@@ -1,0 +1,89 @@
+"""The jobs of ``jobs/`` by name: what ``sparktf COMMAND``, ``sparktf submit NAME`` and the
+files ``jobs/NAME.py`` run (``run_job``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparktf import cli
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job of ``jobs/``: its module in ``sparktf.jobs`` and the keyword arguments of its
+    ``main`` (the convert dataset, the training section and default model)."""
+
+    module: str
+    description: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    def main(self, argv: Sequence[str]) -> int | None:
+        from importlib import import_module
+
+        module = import_module(f"sparktf.jobs.{self.module}")
+        options = dict(self.options)
+        if self.module == "convert":
+            return module.main(options.pop("dataset"), argv, description=self.description)
+        return module.main(argv, description=self.description, **options)
+
+
+JOBS = {
+    "convert_cifar10": Job(
+        "convert",
+        "Convert CIFAR-10 (binary version, plain files or cifar-10-binary.tar.gz) to TFRecord "
+        "and Parquet.",
+        (("dataset", "cifar10"),),
+    ),
+    "convert_mnist": Job(
+        "convert",
+        "Convert MNIST (IDX files, gzipped or not) to TFRecord and Parquet.",
+        (("dataset", "mnist"),),
+    ),
+    "convert_ptb": Job(
+        "convert",
+        "Convert PTB (simple-examples ptb.{train,valid,test}.txt) to TFRecord and Parquet.",
+        (("dataset", "ptb"),),
+    ),
+    "train": Job(
+        "train",
+        "Train any model of the registry on Spark executors (TensorFlowOnSpark).",
+        (("section", "train"),),
+    ),
+    "train_resnet": Job(
+        "train",
+        "Train ResNet on CIFAR-10 (book chapter 9): all-reduce on two local executors by default.",
+        (("section", "train_resnet"), ("default_model", "resnet20")),
+    ),
+    "train_mnist": Job(
+        "train",
+        "Train the book's 5.2 MNIST network, ps/worker (asynchronous) by default.",
+        (("section", "train_mnist"), ("default_model", "mnist_mlp")),
+    ),
+    "train_ptb": Job(
+        "train",
+        "Train the PTB LSTM language model (book 11.2).",
+        (("section", "train_ptb"), ("default_model", "ptb_small")),
+    ),
+    "train_dcgan": Job(
+        "train",
+        "Train the label-conditioned DCGAN on MNIST (book 10.3).",
+        (("section", "train_dcgan"), ("default_model", "dcgan")),
+    ),
+    "evaluate": Job(
+        "evaluate",
+        "Evaluate an exported model on a dataset split and write the metrics as JSON.",
+    ),
+    "predict": Job(
+        "predict",
+        "Batch prediction: apply an exported model to a Parquet table, write the predictions.",
+    ),
+}
+CONVERT_DATASETS = ("cifar10", "mnist", "ptb")
+
+
+def run_job(name: str) -> None:
+    """The entry point of ``jobs/NAME.py`` and of ``sparktf submit NAME``: the job on
+    ``sys.argv[1:]`` with exit codes (``sparktf.cli.run``)."""
+    cli.run(lambda: JOBS[name].main(sys.argv[1:]))

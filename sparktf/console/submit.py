@@ -1,0 +1,407 @@
+"""``sparktf submit``: spark-submit with sparktf's configuration.
+
+    sparktf submit [--profile P] [--ship-env] [--dry-run] [SPARK-SUBMIT-OPTIONS] JOB [ARGS]
+
+JOB is a job name (``train_resnet``, ``convert_mnist``, ``predict`` ...; ``sparktf --help``
+lists them) or a Python file (``jobs/train_resnet.py``). What it adds to spark-submit:
+
+- the profile's settings (``spark/P.conf`` of the conf directories; ``--profile`` defaults to
+  ``$SPARKTF_PROFILE`` or ``local``); any spark-submit option before JOB overrides them;
+- the master: ``--master``, else ``$SPARKTF_SPARK_MASTER``, else for ``--profile standalone``
+  the cluster ``scripts/spark-cluster.sh start`` runs (its ``master.env``), else the profile's;
+- this Python for the driver and the executors, worker reuse, the HDFS settings;
+- a training job gets one executor (one task slot) per TensorFlow process: the count comes
+  from the job's flags (``local-cluster[N,1,1024]``, ``spark.cores.max`` on standalone,
+  ``spark.executor.instances`` on YARN and Kubernetes);
+- executors sized to the cluster: on a standalone master or YARN whose resources can be
+  read, executors the profile sizes too large for it are shrunk to fit (cores to what a node
+  has, memory and overhead in the profile's proportion); sizes given on the command line are
+  kept, and a run whose executors cannot all be placed fails at once, with the numbers;
+- off the local profile, the library travels with the job (``--py-files``), and with
+  ``--ship-env`` (or ``spark.sparktf.shipEnv true`` in the profile) the whole Python
+  environment too: packed once per set of installed packages under sparktf's home and passed
+  as ``--archives ENV#environment``, ``spark.pyspark.python=./environment/bin/python``;
+- the driver's console shows warnings and sparktf's progress (``log4j2.properties``);
+  ``--log-level DEBUG`` brings Spark's INFO lines back.
+
+``--dry-run`` prints the spark-submit command instead of running it. The exit code is the
+job's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparktf import cli, paths, placement, spark
+from sparktf.console.jobs import JOBS
+
+log = logging.getLogger("sparktf.submit")
+
+# spark-submit options that take no value.
+FLAGS = ("--verbose", "-v", "--supervise")
+PROPAGATED_ENV = ("SPARKTF_WEBHDFS_URL", "SPARKTF_HDFS_USER", "HADOOP_CONF_DIR", "HADOOP_USER_NAME")
+SHIP_ENV_CONF = "spark.sparktf.shipEnv"
+
+
+@dataclass
+class Command:
+    """A parsed ``sparktf submit`` command line."""
+
+    profile: str
+    ship_env: bool = False
+    dry_run: bool = False
+    before: list[str] = field(default_factory=list)  # spark-submit options
+    job: str = ""
+    job_args: list[str] = field(default_factory=list)
+
+    def option(self, flag: str, key: str) -> str | None:
+        """The value of spark-submit option ``flag`` or of ``--conf key=...``, if given."""
+        found = None
+        args = self.before
+        for i, arg in enumerate(args):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if arg == flag:
+                found = nxt
+            elif arg.startswith(flag + "="):
+                found = arg.split("=", 1)[1]
+            elif arg == "--conf" and nxt and nxt.startswith(key + "="):
+                found = nxt.split("=", 1)[1]
+            elif arg.startswith(f"--conf={key}="):
+                found = arg.split("=", 2)[2]
+        return found
+
+    def confs(self) -> dict[str, str]:
+        """The ``--conf key=value`` settings given."""
+        found = {}
+        for i, arg in enumerate(self.before):
+            pair = self.before[i + 1] if arg == "--conf" and i + 1 < len(self.before) else None
+            if arg.startswith("--conf="):
+                pair = arg[len("--conf=") :]
+            if pair and "=" in pair:
+                key, value = pair.split("=", 1)
+                found[key] = value
+        return found
+
+    def gives(self, flag: str, key: str) -> bool:
+        return self.option(flag, key) is not None
+
+
+def parse(argv: Sequence[str]) -> Command:
+    """Splits ``argv`` into sparktf's options, spark-submit's options, the job and its args."""
+    args = list(argv)
+    command = Command(profile=os.environ.get("SPARKTF_PROFILE", "local"))
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if command.job:
+            command.job_args.append(arg)
+        elif arg == "--profile" or arg.startswith("--profile="):
+            if "=" in arg:
+                command.profile = arg.split("=", 1)[1]
+            elif i + 1 < len(args):
+                i += 1
+                command.profile = args[i]
+            else:
+                raise cli.UsageError("--profile needs a value")
+        elif arg == "--ship-env":
+            command.ship_env = True
+        elif arg == "--dry-run":
+            command.dry_run = True
+        elif arg in FLAGS or "=" in arg and arg.startswith("--"):
+            command.before.append(arg)
+        elif arg.startswith("-"):
+            command.before.append(arg)
+            if i + 1 < len(args):  # an option without '=' takes the next word as its value
+                i += 1
+                command.before.append(args[i])
+        else:
+            command.job = arg
+        i += 1
+    return command
+
+
+def job_name(job: str) -> str:
+    """The job's name: ``jobs/train_resnet.py`` and ``train_resnet`` are ``train_resnet``."""
+    return Path(job).name.removesuffix(".py").replace("-", "_")
+
+
+def _launcher(name: str, scratch: Path) -> Path:
+    """A file spark-submit can run for the job ``name`` (a name is not a file)."""
+    path = scratch / f"sparktf_{name}.py"
+    path.write_text(f"from sparktf.console import run_job\n\nrun_job({name!r})\n")
+    return path
+
+
+def _executors_needed(name: str, job_args: Sequence[str]) -> int | None:
+    if not name.startswith("train"):
+        return None
+    from sparktf.jobs.train import executors_needed
+
+    return executors_needed(name, list(job_args))
+
+
+def _library_zip(scratch: Path) -> Path:
+    """sparktf as a zip for ``--py-files`` (executors that do not have it installed)."""
+    import sparktf
+
+    package = Path(sparktf.__file__).resolve().parent
+    archive = shutil.make_archive(
+        str(scratch / "sparktf"), "zip", str(package.parent), package.name
+    )
+    return Path(archive)
+
+
+def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
+    """The spark-submit command line and the environment to run it in."""
+    profile_file = spark.profile_file(command.profile)
+    profile = spark.read_conf_file(profile_file)
+    if not os.environ.get("HADOOP_CONF_DIR"):
+        # the Hadoop client configuration of the conf directories (scripts/hdfs.sh's): for
+        # spark-submit, and for reading the YARN it names (sizing, loopback)
+        local = next((d / "hadoop" for d in paths.conf_dirs() if (d / "hadoop").is_dir()), None)
+        if local is not None and (local / "core-site.xml").is_file():
+            os.environ["HADOOP_CONF_DIR"] = str(local)
+    env = dict(os.environ)
+    python = env.get("SPARKTF_PYTHON", sys.executable)
+    submit = env.get("SPARKTF_SPARK_SUBMIT") or _spark_submit(python)
+    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = python
+    extra: list[str] = []
+    level = command.option("--log-level", "") or env.get("SPARKTF_LOG_LEVEL", "INFO")
+    for i, arg in enumerate(command.job_args):
+        if arg == "--log-level" and i + 1 < len(command.job_args):
+            level = command.job_args[i + 1]
+        elif arg.startswith("--log-level="):
+            level = arg.split("=", 1)[1]
+    if level.upper() != "DEBUG":
+        log4j = spark.log4j_conf().resolve().as_uri()
+        extra += ["--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={log4j}"]
+
+    master = command.option("--master", "spark.master")
+    master_given = master is not None
+    if not master:
+        master = spark.cluster_master(command.profile)
+        if master:
+            extra += ["--master", master]
+            master_given = True
+            log.info(
+                "master %s (%s)",
+                master,
+                "SPARKTF_SPARK_MASTER"
+                if os.environ.get("SPARKTF_SPARK_MASTER")
+                else "scripts/spark-cluster.sh",
+            )
+        else:
+            master = profile.get("spark.master", "")
+    if master == "yarn":
+        extra += _yarn_here(command, profile, env)
+    if master.startswith(("local", "spark://127.0.0.1:", "spark://localhost:")):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        extra += ["--conf", "spark.driver.host=127.0.0.1"]
+        extra += ["--conf", "spark.driver.bindAddress=127.0.0.1"]
+
+    name = job_name(command.job)
+    n = _executors_needed(name, command.job_args)
+    cores_given = command.option("--executor-cores", "spark.executor.cores")
+    if cores_given and command.option("", "spark.task.cpus") is None:
+        extra += ["--conf", f"spark.task.cpus={cores_given}"]
+
+    if n:
+        sized, cores = _sized(command, profile, master, n)
+        extra += sized + _count(command, master, master_given, n, cores)
+    else:  # other jobs run on what they get: executors that fit, as many as asked or one
+        asked = command.option("--num-executors", "spark.executor.instances")
+        wanted = int(asked or profile.get("spark.executor.instances", "1"))
+        try:
+            extra += _sized(command, profile, master, wanted)[0]
+        except placement.PlacementError:
+            extra += _sized(command, profile, master, 1)[0]
+
+    ship_env = command.ship_env or profile.get(SHIP_ENV_CONF, "false").lower() == "true"
+    if ship_env:
+        from sparktf.console import shipenv
+
+        archive = shipenv.pack(paths.state_dir("envs"), prefix=Path(python).parent.parent)
+        extra += shipenv.submit_args(_shared(archive) if master == "yarn" else archive)
+    if ship_env or command.profile != "local" and not master.startswith("local"):
+        py_files = str(_library_zip(scratch))
+        user = command.option("--py-files", "spark.submit.pyFiles")
+        if user:  # one --py-files for both
+            py_files += "," + user
+            command.before = _without_option(command.before, "--py-files")
+        extra += ["--py-files", py_files]
+    elif paths.source_checkout() is not None:
+        extra += ["--conf", f"spark.executorEnv.PYTHONPATH={paths.source_checkout()}"]
+    for var in PROPAGATED_ENV:
+        if env.get(var):
+            extra += ["--conf", f"spark.executorEnv.{var}={env[var]}"]
+
+    job_file = command.job if command.job.endswith(".py") else str(_launcher(name, scratch))
+    argv = [
+        submit,
+        "--properties-file",
+        str(profile_file),
+        "--conf",
+        f"spark.pyspark.python={python}",
+        "--conf",
+        f"spark.pyspark.driver.python={python}",
+        "--conf",
+        "spark.python.worker.reuse=true",
+        *extra,
+        *command.before,
+        job_file,
+        *command.job_args,
+    ]
+    return argv, env
+
+
+def _yarn_here(command: Command, profile: dict, env: dict[str, str]) -> list[str]:
+    """For a YARN on this machine (its ResourceManager on loopback, as ``scripts/yarn.sh``
+    starts it): the driver on loopback too, and Spark's jars from this pyspark
+    (``spark.yarn.jars=local:...``) instead of a 440 MB upload per submit, unless set."""
+    conf_dir = env.get("YARN_CONF_DIR") or env.get("HADOOP_CONF_DIR")
+    site = placement.yarn_site(conf_dir) if conf_dir else {}
+    host = site.get("yarn.resourcemanager.address", "").rsplit(":", 1)[0]
+    if host not in ("127.0.0.1", "localhost"):
+        return []
+    extra = []
+    if command.option("", "spark.driver.host") is None:
+        extra += ["--conf", "spark.driver.host=127.0.0.1"]
+        extra += ["--conf", "spark.driver.bindAddress=127.0.0.1"]
+    jars = ("spark.yarn.jars", "spark.yarn.archive")
+    if not any(command.option("", key) or profile.get(key) for key in jars):
+        import pyspark
+
+        local = Path(env.get("SPARK_HOME") or Path(pyspark.__file__).parent) / "jars"
+        extra += ["--conf", f"spark.yarn.jars=local:{local}/*"]
+        log.info("YARN on this machine: Spark's jars from %s", local)
+    return extra
+
+
+def _shared(archive: Path) -> str | Path:
+    """The packed environment on the cluster's HDFS (copied there once, published whole):
+    YARN localizes an archive it reads from HDFS once per node and keeps it for later
+    applications, where a local file would be uploaded to each application's staging
+    directory and unpacked again. The local archive where there is no HDFS."""
+    from sparktf import storage
+
+    fs = storage.default_fs()
+    if fs is None:
+        return archive
+    target = f"{fs}/user/{storage.hdfs_user()}/.sparktf/envs/{archive.name}"
+    if not storage.exists(target):
+        log.info("copying the environment to %s (once)", target)
+        storage.makedirs(target.rsplit("/", 1)[0])
+        tmp = storage.temp_sibling(target)
+        try:
+            storage.copy_file(str(archive), tmp)
+            storage.rename(tmp, target)
+        finally:
+            storage.delete(tmp)  # nothing left when the copy failed
+    return target
+
+
+def _spark_submit(python: str) -> str:
+    beside = Path(python).parent / "spark-submit"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("spark-submit")
+    if not found:
+        raise cli.UsageError(
+            "spark-submit not found: install pyspark into this environment or set "
+            "SPARKTF_SPARK_SUBMIT"
+        )
+    return found
+
+
+def _without_option(args: list[str], flag: str) -> list[str]:
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            kept.append(arg)
+    return kept
+
+
+def _count(command: Command, master: str, master_given: bool, n: int, cores: int) -> list[str]:
+    """The options that give a training job ``n`` executors of ``cores`` on ``master``."""
+    if master.startswith("local"):
+        # the profile's local-cluster[2,...] fits only two; a given --master is left alone
+        return [] if master_given else ["--master", f"local-cluster[{n},1,1024]"]
+    if master.startswith("spark://"):
+        if command.gives("--total-executor-cores", "spark.cores.max"):
+            return []
+        log.info("%d TensorFlow processes: spark.cores.max=%d", n, n * cores)
+        return ["--conf", f"spark.cores.max={n * cores}"]
+    if master == "yarn" or master.startswith("k8s://"):
+        if command.gives("--num-executors", "spark.executor.instances"):
+            return []
+        log.info("%d TensorFlow processes: spark.executor.instances=%d", n, n)
+        return ["--conf", f"spark.executor.instances={n}"]
+    return []
+
+
+def _sized(command: Command, profile: dict, master: str, n: int) -> tuple[list[str], int]:
+    """The options that size the executors to the cluster (none when the profile's or the
+    command line's fit) and the executors' cores (``sparktf.spark.executor_sizing``; sizes
+    given on the command line are kept, or fail with the numbers)."""
+    keys = {
+        "spark.executor.cores": "--executor-cores",
+        "spark.executor.memory": "--executor-memory",
+        "spark.executor.memoryOverhead": "",
+        "spark.yarn.am.memory": "",
+    }
+    given = {}
+    for key, flag in keys.items():
+        value = command.option(flag or key, key)
+        if value is not None:
+            given[key] = value
+    conf = {**profile, **command.confs(), **given}
+    fixed = bool(given.keys() & {"spark.executor.cores", "spark.executor.memory"})
+    sized = spark.executor_sizing(master, conf, n, fixed=fixed)
+    cores = int(sized.get("spark.executor.cores", conf.get("spark.executor.cores", "1")))
+    return [arg for k, v in sized.items() for arg in ("--conf", f"{k}={v}")], cores
+
+
+def main(argv: Sequence[str]) -> int:
+    """``sparktf submit ARGS``: runs spark-submit; returns its exit code."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    if not logging.getLogger().handlers:
+        cli.setup_logging()
+    command = parse(argv)
+    if not command.job:
+        raise cli.UsageError("sparktf submit: no job given (a job name or a .py file)")
+    if not command.job.endswith(".py"):
+        if job_name(command.job) not in JOBS:
+            raise cli.UsageError(
+                f"unknown job {command.job!r}: one of {', '.join(JOBS)} or a .py file"
+            )
+    elif not os.path.isfile(command.job):
+        raise cli.UsageError(f"no such job file: {command.job}")
+    try:
+        spark.profile_file(command.profile)
+    except FileNotFoundError as exc:
+        raise cli.UsageError(str(exc)) from None
+    paths.home().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="submit-", dir=paths.state_dir("submit")) as tmp:
+        try:
+            argv_, env = build(command, Path(tmp))
+        except placement.PlacementError as exc:
+            raise cli.UsageError(f"the run cannot be placed: {exc}") from None
+        if command.dry_run:
+            print(shlex.join(argv_))
+            return 0
+        return subprocess.call(argv_, env=env)
