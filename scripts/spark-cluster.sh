@@ -64,11 +64,20 @@ running_pid() {
   [ -f "$1" ] || return 1
   local pid; pid="$(cat "$1")"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
-  # the JVM, or the spark-class launcher that becomes it (exec) while it starts
-  tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qE -- "$TAG_RE |bin/spark-class org\.apache\.spark\.deploy\." \
-    || return 1
-  echo "$pid"
+  # the JVM, or the setsid/spark-class launcher that becomes it (exec) while it starts. Just
+  # after the fork it is still this script, and during an exec /proc/PID/cmdline reads empty:
+  # on a busy machine these moments last, so look again for up to 2 s.
+  local try
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    kill -0 "$pid" 2>/dev/null || return 1
+    if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null \
+        | grep -qE -- "$TAG_RE |bin/spark-class org\.apache\.spark\.deploy\."; then
+      echo "$pid"
+      return 0
+    fi
+    sleep 0.2
+  done
+  return 1
 }
 
 tagged_pids() {  # every live process of this cluster (daemons and, by group, their executors)
