@@ -234,7 +234,7 @@ def get_session(
         # .venv/bin/python would not be found there.
         os.environ["PYSPARK_PYTHON"] = os.path.abspath(python)
     builder = SparkSession.builder.appName(app_name)
-    if _launched_by_spark_submit():
+    if launched_by_spark_submit():
         for key, value in (overrides or {}).items():
             builder = builder.config(key, value)
     else:
@@ -282,7 +282,8 @@ def job_session(
         session.stop()
 
 
-def _launched_by_spark_submit() -> bool:
+def launched_by_spark_submit() -> bool:
+    """Whether this Python driver was started by spark-submit."""
     # spark-submit starts the Python driver with PYSPARK_GATEWAY_PORT set to its own JVM.
     return "PYSPARK_GATEWAY_PORT" in os.environ
 

@@ -48,7 +48,6 @@ log = logging.getLogger("sparktf.submit")
 
 # spark-submit options that take no value.
 FLAGS = ("--verbose", "-v", "--supervise")
-PROPAGATED_ENV = ("SPARKTF_WEBHDFS_URL", "SPARKTF_HDFS_USER", "HADOOP_CONF_DIR", "HADOOP_USER_NAME")
 SHIP_ENV_CONF = "spark.sparktf.shipEnv"
 
 
@@ -64,23 +63,18 @@ class Command:
     job_args: list[str] = field(default_factory=list)
 
     def option(self, flag: str, key: str) -> str | None:
-        """The value of spark-submit option ``flag`` or of ``--conf key=...``, if given."""
+        """The value of spark-submit option ``flag`` (as spark-submit, it wins), else of
+        ``--conf key=...``, if given."""
         found = None
-        args = self.before
-        for i, arg in enumerate(args):
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            if arg == flag:
-                found = nxt
+        for i, arg in enumerate(self.before):
+            if arg == flag and i + 1 < len(self.before):
+                found = self.before[i + 1]
             elif arg.startswith(flag + "="):
                 found = arg.split("=", 1)[1]
-            elif arg == "--conf" and nxt and nxt.startswith(key + "="):
-                found = nxt.split("=", 1)[1]
-            elif arg.startswith(f"--conf={key}="):
-                found = arg.split("=", 2)[2]
-        return found
+        return found if found is not None else self.confs().get(key)
 
     def confs(self) -> dict[str, str]:
-        """The ``--conf key=value`` settings given."""
+        """The ``--conf key=value`` settings given (the last of a key wins)."""
         found = {}
         for i, arg in enumerate(self.before):
             pair = self.before[i + 1] if arg == "--conf" and i + 1 < len(self.before) else None
@@ -175,7 +169,7 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
     submit = env.get("SPARKTF_SPARK_SUBMIT") or _spark_submit(python)
     env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = python
     extra: list[str] = []
-    level = command.option("--log-level", "") or env.get("SPARKTF_LOG_LEVEL", "INFO")
+    level = env.get("SPARKTF_LOG_LEVEL", "INFO")
     for i, arg in enumerate(command.job_args):
         if arg == "--log-level" and i + 1 < len(command.job_args):
             level = command.job_args[i + 1]
@@ -211,7 +205,7 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
     name = job_name(command.job)
     n = _executors_needed(name, command.job_args)
     cores_given = command.option("--executor-cores", "spark.executor.cores")
-    if cores_given and command.option("", "spark.task.cpus") is None:
+    if cores_given and "spark.task.cpus" not in command.confs():
         extra += ["--conf", f"spark.task.cpus={cores_given}"]
 
     if n:
@@ -240,7 +234,7 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         extra += ["--py-files", py_files]
     elif paths.source_checkout() is not None:
         extra += ["--conf", f"spark.executorEnv.PYTHONPATH={paths.source_checkout()}"]
-    for var in PROPAGATED_ENV:
+    for var in spark.PROPAGATED_ENV:
         if env.get(var):
             extra += ["--conf", f"spark.executorEnv.{var}={env[var]}"]
 
@@ -267,17 +261,15 @@ def _yarn_here(command: Command, profile: dict, env: dict[str, str]) -> list[str
     """For a YARN on this machine (its ResourceManager on loopback, as ``scripts/yarn.sh``
     starts it): the driver on loopback too, and Spark's jars from this pyspark
     (``spark.yarn.jars=local:...``) instead of a 440 MB upload per submit, unless set."""
-    conf_dir = env.get("YARN_CONF_DIR") or env.get("HADOOP_CONF_DIR")
-    site = placement.yarn_site(conf_dir) if conf_dir else {}
-    host = site.get("yarn.resourcemanager.address", "").rsplit(":", 1)[0]
+    host = spark.yarn_site().get("yarn.resourcemanager.address", "").rsplit(":", 1)[0]
     if host not in ("127.0.0.1", "localhost"):
         return []
     extra = []
-    if command.option("", "spark.driver.host") is None:
+    if "spark.driver.host" not in command.confs():
         extra += ["--conf", "spark.driver.host=127.0.0.1"]
         extra += ["--conf", "spark.driver.bindAddress=127.0.0.1"]
     jars = ("spark.yarn.jars", "spark.yarn.archive")
-    if not any(command.option("", key) or profile.get(key) for key in jars):
+    if not any(key in command.confs() or profile.get(key) for key in jars):
         import pyspark
 
         local = Path(env.get("SPARK_HOME") or Path(pyspark.__file__).parent) / "jars"

@@ -14,13 +14,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 from collections.abc import Sequence
 
 from sparktf import cli
 from sparktf.placement import PlacementError
-from sparktf.spark import executor_sizing, job_session, session_conf
+from sparktf.spark import (
+    executor_sizing,
+    job_session,
+    launched_by_spark_submit,
+    session_conf,
+)
 from sparktf.train import (
     ConfigError,
     RunConfig,
@@ -437,7 +441,7 @@ def _fitted(master: str, conf: dict[str, str], n: int) -> dict[str, str]:
     """Executors sized to the cluster from plain Python (``sparktf.spark.executor_sizing``);
     under spark-submit its sizes stand (``sparktf submit`` fitted them; a run that cannot be
     placed fails within seconds at the executors' registration)."""
-    if "PYSPARK_GATEWAY_PORT" in os.environ:
+    if launched_by_spark_submit():
         return {}
     try:
         return executor_sizing(master, conf, n)
@@ -492,7 +496,7 @@ def main(
         tracking.check(run)  # MLflow's store answers: before Spark starts
     except ConfigError as exc:
         raise cli.UsageError(str(exc)) from None
-    if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit: its own configuration counts
+    if launched_by_spark_submit():  # its own configuration counts
         from pyspark import SparkConf, SparkContext
 
         SparkContext._ensure_initialized()  # the JVM's settings, spark-submit's master among them
