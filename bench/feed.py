@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
 from sparktf import cli
+from sparktf.datasets import petastorm_io
 
 log = logging.getLogger("bench.feed")
 SHAPE = (32, 32, 3)
@@ -220,9 +221,13 @@ def main(argv=None) -> int:
         "--petastorm",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also measure petastorm's make_spark_converter",
+        help="also measure petastorm's make_spark_converter (where petastorm is installed: "
+        "the second stack, scripts/setup.sh --stack petastorm)",
     )
     args = p.parse_args(argv)
+    if args.petastorm and not petastorm_io.available():
+        print("bench/feed.py: petastorm is not installed here: its converter is not measured")
+        args.petastorm = False
     cli.setup_logging("WARNING")
     logging.getLogger("bench").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

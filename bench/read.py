@@ -224,6 +224,10 @@ def main(argv=None) -> int:
             "parquet_hdfs": formats.PARQUET,
             "petastorm_batch_reader_hdfs": formats.PARQUET,
         }
+        petastorm = petastorm_io.available()
+        if not petastorm:  # the default stack: petastorm is on the second one
+            result["petastorm"] = "not installed (scripts/setup.sh --stack petastorm has it)"
+            del cases["petastorm_batch_reader_hdfs"], fmt_of["petastorm_batch_reader_hdfs"]
         rows_per_s, mb_per_s = common.Rounds(), common.Rounds()
         cpu_per_gb, own_per_gb, hdfs_per_gb = common.Rounds(), common.Rounds(), common.Rounds()
         cores_busy = common.Rounds()
@@ -258,9 +262,10 @@ def main(argv=None) -> int:
                     assert rows == args.records, (name, rows)
                     rows_per_s.add(name, rows / seconds)
             limit = min(args.rowwise_limit, args.records)
-            result["petastorm_make_reader_rowwise_local_rows_per_s"] = round(
-                petastorm_rowwise(f"{local}/train/parquet", limit)
-            )
+            if petastorm:
+                result["petastorm_make_reader_rowwise_local_rows_per_s"] = round(
+                    petastorm_rowwise(f"{local}/train/parquet", limit)
+                )
         result["rows_per_s"] = rows_per_s.report(0)
         result["mb_per_s"] = mb_per_s.report(1)
         rates = rows_per_s.medians()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Idempotent set-up: .venv with the pinned stack and sparktf (editable), and the Hadoop jars
-# of the local HDFS (cached under .local/hadoop/lib; Maven's own cache is ~/.m2).
-#   scripts/setup.sh [--gpu] [--no-hadoop]
+# Idempotent set-up: a virtual environment with a tested stack and sparktf (editable), and the
+# Hadoop jars of the local HDFS (cached under .local/hadoop/lib; Maven's own cache is ~/.m2).
+#   scripts/setup.sh [--stack default|petastorm] [--gpu] [--no-hadoop]
+#   --stack default (.venv, requirements.lock): the current Spark line, pyarrow and numpy 2;
+#   --stack petastorm (.venv-petastorm, requirements-petastorm.lock): Spark 4.0 and petastorm.
 #   --no-hadoop: the Python environment only (no Java, no Maven): what the unit tests need.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,14 +12,24 @@ PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 EXTRAS="test"
 HADOOP=1
-for arg in "$@"; do
-  case "$arg" in
-    -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    --gpu) EXTRAS="test,gpu" ;;
+STACK=default
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --stack) [ $# -ge 2 ] || { echo "setup.sh: --stack needs a value (default, petastorm)" >&2; exit 2; }
+             STACK="$2"; shift ;;
+    --stack=*) STACK="${1#--stack=}" ;;
+    --gpu) EXTRAS="$EXTRAS,gpu" ;;
     --no-hadoop) HADOOP=0 ;;
-    *) echo "setup.sh: unknown option $arg (--gpu, --no-hadoop, --help)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option $1 (--stack, --gpu, --no-hadoop, --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+case "$STACK" in
+  default) VENV=.venv LOCK=requirements.lock ;;
+  petastorm) VENV=.venv-petastorm LOCK=requirements-petastorm.lock EXTRAS="$EXTRAS,petastorm" ;;
+  *) echo "setup.sh: unknown stack '$STACK' (default, petastorm)" >&2; exit 2 ;;
+esac
 
 fail() { echo "setup.sh: $*" >&2; exit 1; }
 "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
@@ -29,24 +41,24 @@ if [ "$HADOOP" = 1 ]; then
   command -v mvn >/dev/null || fail "mvn not found: install Maven (e.g. apt-get install maven); it fetches the Hadoop jars"
 fi
 
-stamp=".venv/.sparktf-installed"
-want="$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)-$EXTRAS"
-if [ ! -x .venv/bin/python ]; then
-  echo "setup.sh: creating .venv"
-  "$PY" -m venv .venv
+stamp="$VENV/.sparktf-installed"
+want="$(cat pyproject.toml "$LOCK" | sha256sum | cut -c1-16)-$EXTRAS"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup.sh: creating $VENV ($STACK stack)"
+  "$PY" -m venv "$VENV"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup.sh: installing the pinned stack into .venv (a few minutes the first time)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check "pip<25"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c requirements.lock -e ".[$EXTRAS]"
+  echo "setup.sh: installing the $STACK stack ($LOCK) into $VENV (a few minutes the first time)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "pip<25"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$LOCK" -e ".[$EXTRAS]"
   echo "$want" > "$stamp"
 else
-  echo "setup.sh: .venv is up to date"
+  echo "setup.sh: $VENV is up to date ($STACK stack)"
 fi
 
 JARS=".local/hadoop/lib"
 if [ "$HADOOP" = 0 ]; then
-  echo "setup.sh: done (no Hadoop jars: --no-hadoop). Python: $ROOT/.venv/bin/python"
+  echo "setup.sh: done (no Hadoop jars: --no-hadoop). Python: $ROOT/$VENV/bin/python"
   exit 0
 fi
 if ! ls "$JARS"/hadoop-minicluster-*.jar >/dev/null 2>&1; then
@@ -58,4 +70,4 @@ if ! ls "$JARS"/hadoop-minicluster-*.jar >/dev/null 2>&1; then
 else
   echo "setup.sh: Hadoop jars present in $JARS"
 fi
-echo "setup.sh: done. Python: $ROOT/.venv/bin/python"
+echo "setup.sh: done. Python: $ROOT/$VENV/bin/python"

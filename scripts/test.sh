@@ -1,34 +1,46 @@
 #!/usr/bin/env bash
 # The test command: set-up, the style and architecture checks (ruff, import-linter), a real HDFS
 # on free ports (not for the unit tier), pytest, HDFS stopped whatever happens.
-#   scripts/test.sh [--tier unit|integration|e2e|all] [PYTEST-ARGS]   (e.g. --tier unit -x)
+#   scripts/test.sh [--stack default|petastorm] [--tier unit|integration|e2e|all] [PYTEST-ARGS]
 #   unit: no JVM, minutes; integration: the session's Spark and HDFS; e2e: jobs, scripts and
 #   clusters as separate applications; all (the default, what CI runs): the three.
+#   --stack petastorm: the second stack (.venv-petastorm); by default its unit tier plus the
+#   petastorm interop tests (what CI runs there), any --tier on request.
 set -uo pipefail
-TIER=all
+TIER=
+STACK=default
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --tier) [ $# -ge 2 ] || { echo "test.sh: --tier needs a value" >&2; exit 2; }; TIER="$2"; shift 2 ;;
     --tier=*) TIER="${1#--tier=}"; shift ;;
+    --stack) [ $# -ge 2 ] || { echo "test.sh: --stack needs a value" >&2; exit 2; }; STACK="$2"; shift 2 ;;
+    --stack=*) STACK="${1#--stack=}"; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
+case "$STACK" in
+  default) VENV=.venv; TIER="${TIER:-all}" ;;
+  petastorm) VENV=.venv-petastorm ;;
+  *) echo "test.sh: unknown stack '$STACK' (default, petastorm)" >&2; exit 2 ;;
+esac
 case "$TIER" in
-  unit|integration|e2e|all) ;;
+  unit|integration|e2e|all) select=(--tier "$TIER") ;;
+  "") TIER=interop; select=(--tier all -m "unit or petastorm") ;;  # the petastorm stack's default
   *) echo "test.sh: unknown tier '$TIER' (unit, integration, e2e, all)" >&2; exit 2 ;;
 esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-if [ "$TIER" = unit ]; then scripts/setup.sh --no-hadoop || exit 1; else scripts/setup.sh || exit 1; fi
+if [ "$TIER" = unit ]; then hadoop=(--no-hadoop); else hadoop=(); fi
+scripts/setup.sh --stack "$STACK" ${hadoop[@]+"${hadoop[@]}"} || exit 1
 
 # Cheap checks first (seconds): all three run, then any failure stops the script before pytest.
 failed=()
-.venv/bin/ruff check . || failed+=("ruff check (lint; '.venv/bin/ruff check --fix .' fixes most)")
-.venv/bin/ruff format --check --output-format concise . \
-  || failed+=("ruff format --check (see the diff with '.venv/bin/ruff format --diff .')")
-.venv/bin/lint-imports --no-logo \
+"$VENV"/bin/ruff check . || failed+=("ruff check (lint; '$VENV/bin/ruff check --fix .' fixes most)")
+"$VENV"/bin/ruff format --check --output-format concise . \
+  || failed+=("ruff format --check (see the diff with '$VENV/bin/ruff format --diff .')")
+"$VENV"/bin/lint-imports --no-logo \
   || failed+=("lint-imports (the import contracts in pyproject.toml [tool.importlinter])")
 if [ "${#failed[@]}" -gt 0 ]; then
   printf 'test.sh: failed: %s\n' "${failed[@]}" >&2
@@ -42,10 +54,10 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 # without it; every JVM prints it once ("Picked up JAVA_TOOL_OPTIONS").
 export JAVA_TOOL_OPTIONS="${SPARKTF_TEST_JAVA_OPTIONS--XX:TieredStopAtLevel=1}"
 if [ "$TIER" = unit ]; then  # no HDFS, no Spark: nothing to start or stop
-  exec .venv/bin/python -m pytest --tier unit ${args[@]+"${args[@]}"}
+  exec "$VENV"/bin/python -m pytest "${select[@]}" ${args[@]+"${args[@]}"}
 fi
 
-free_port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { "$VENV"/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/sparktf-test.XXXXXX")"
 HDFS_ARGS=(--port "$(free_port)" --http-port "$(free_port)" --dir "$RUN_DIR/hdfs" --conf-dir "$RUN_DIR/hadoop-conf")
 cleanup() {
@@ -60,6 +72,6 @@ echo "$out"
 export SPARKTF_TEST_HDFS_URI="$(echo "$out" | sed -n 's/^HDFS_URI=//p')"
 export SPARKTF_WEBHDFS_URL="$(echo "$out" | sed -n 's/^WEBHDFS_URL=//p')"
 export HADOOP_CONF_DIR="$RUN_DIR/hadoop-conf"
-export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$ROOT/.venv/bin/python"
+export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$ROOT/$VENV/bin/python"
 
-.venv/bin/python -m pytest --tier "$TIER" ${args[@]+"${args[@]}"}
+"$VENV"/bin/python -m pytest "${select[@]}" ${args[@]+"${args[@]}"}

@@ -49,6 +49,7 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the tier markers set here
 def pytest_collection_modifyitems(config, items):
     """Marks every test with its tier (unit, integration or e2e) and keeps those of --tier."""
     chosen = config.getoption("tier")

@@ -2,7 +2,8 @@
 
 Tiny inputs in exactly the raw formats (sparktf.datasets.synthetic), converted through the shared
 local-cluster Spark session to local disk and to the real HDFS, then read back with plain
-``tf.data.TFRecordDataset`` and the documented feature spec, and with petastorm.
+``tf.data.TFRecordDataset`` and the documented feature spec, and with plain pyarrow and
+``np.load`` (petastorm's readers: tests/test_petastorm.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 from sparktf import storage
-from sparktf.datasets import convert, formats, petastorm_io, tfrecord
+from sparktf.datasets import convert, formats, tfrecord
 from sparktf.datasets.sources import SourceError
 from sparktf.datasets.synthetic import write_cifar10, write_mnist, write_ptb
 from tests import helpers
@@ -58,16 +59,38 @@ def read_tfrecords(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
     return got
 
 
-def read_petastorm(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
-    """All rows of a split through petastorm.make_reader (decoded by the Unischema), by id."""
-    rows = []
-    with petastorm_io.make_reader(
-        storage.join(dataset_dir, split, "parquet"),
-        num_epochs=1,
-        shuffle_row_groups=False,
-        reader_pool_type="dummy",
-    ) as reader:
-        rows = [row._asdict() for row in reader]
+def read_parquet(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
+    """All rows of a split through plain pyarrow, each ndarray value with ``np.load`` (the
+    documented contract: ``numpy.save`` bytes), by id; every file and ``_common_metadata``
+    must carry the manifest's columns as sparktf's JSON schema."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    with storage.local_copy(dataset_dir) as local:
+        manifest = formats.load_manifest(local)
+        fields = formats.manifest_fields(manifest)
+        common = pq.read_schema(f"{local}/{split}/parquet/_common_metadata").metadata
+        assert json.loads(common[b"sparktf.schema"]) == {
+            "format_version": 1,
+            "fields": [
+                {"name": f.name, "dtype": f.dtype, "shape": f.shape and list(f.shape)}
+                for f in fields
+            ],
+        }
+        files = formats.split_files(manifest, local, split, formats.PARQUET)
+        rows: list[dict] = []
+        for file in files:
+            assert pq.read_schema(file).metadata[b"sparktf.schema"] == common[b"sparktf.schema"]
+            for row in pq.read_table(file).to_pylist():
+                rows.append(
+                    {
+                        f.name: np.load(io.BytesIO(row[f.name])) if f.shape else row[f.name]
+                        for f in fields
+                    }
+                )
+        row_groups = {os.path.basename(f): pq.ParquetFile(f).metadata.num_row_groups for f in files}
+        assert json.loads(common[b"sparktf.row_groups"]) == row_groups
     rows.sort(key=lambda r: r["id"])
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
@@ -135,7 +158,7 @@ def test_cifar10_local(spark, tmp_path):
         assert_images(got, data[split])
         assert set(got["height"]) == {32} and set(got["width"]) == {32}
         assert set(got["channels"]) == {3}
-        assert_images(read_petastorm(out, split), data[split])
+        assert_images(read_parquet(out, split), data[split])
 
     # The Parquet files are plain Parquet to Spark SQL: image is the numpy.save bytes.
     frame = spark.read.parquet(storage.spark_uri(f"{out}/train/parquet"))
@@ -178,7 +201,7 @@ def test_cifar10_archive_on_hdfs(spark, hdfs, tmp_path):
     ]  # no _staging left
     for split in ("train", "test"):
         assert_images(read_tfrecords(out, split), data[split])
-        assert_images(read_petastorm(out, split), data[split])
+        assert_images(read_parquet(out, split), data[split])
     assert leftovers(out) == []
 
 
@@ -222,7 +245,7 @@ def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
     assert manifest["splits"]["train"]["parquet"]["records"] == [8, 8, 9]
     assert not storage.exists(f"{base}/out/train/tfrecord")
     for split in ("train", "test"):
-        assert_images(read_petastorm(f"{base}/out", split), data[split])
+        assert_images(read_parquet(f"{base}/out", split), data[split])
 
 
 # ----------------------------------------------------------------------------- PTB
@@ -248,7 +271,7 @@ def test_ptb_local(spark, tmp_path):
         got = read_tfrecords(out, split)
         assert got["tokens"].tolist() == data["chunks"][split].tolist()
         assert got["id"].tolist() == data["chunk_ids"][split].tolist()
-        parquet = read_petastorm(out, split)
+        parquet = read_parquet(out, split)
         assert parquet["tokens"].dtype == np.int64
         assert parquet["tokens"].tolist() == data["chunks"][split].tolist()
         assert parquet["id"].tolist() == data["chunk_ids"][split].tolist()

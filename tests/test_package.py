@@ -215,3 +215,47 @@ def test_memory_sizes_read_as_spark_writes_them():
     assert [placement.mb_text(v) for v in (512, 1024, 1536)] == ["512m", "1g", "1536m"]
     with pytest.raises(ValueError, match="not a memory size"):
         placement.parse_mb("lots")
+
+
+def locked(lock: str) -> dict[str, str]:
+    """``{normalized name: version}`` of a lock file's ``name==version`` lines."""
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / lock).read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+@pytest.mark.parametrize(
+    ("lock", "extras", "stack"),
+    [
+        ("requirements.lock", ("test",), {"pyspark": "4.3", "pyarrow": "26.", "numpy": "2."}),
+        (
+            "requirements-petastorm.lock",
+            ("test", "petastorm"),
+            {"pyspark": "4.0", "pyarrow": "14.", "numpy": "1.26", "petastorm": "0.13"},
+        ),
+    ],
+)
+def test_each_lock_pins_a_stack_inside_the_declared_ranges(lock, extras, stack):
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in extras:
+        wanted += project["optional-dependencies"][extra]
+    pins = locked(lock)
+    for spec in map(Requirement, wanted):
+        name = canonicalize_name(spec.name)
+        assert name in pins, f"{lock} does not pin {spec.name}"
+        assert spec.specifier.contains(pins[name], prereleases=True), (lock, str(spec), pins[name])
+    for name, prefix in stack.items():
+        assert pins[name].startswith(prefix), (lock, name, pins[name])
+    if "petastorm" not in extras:
+        assert "petastorm" not in pins  # the default stack goes without it

@@ -6,6 +6,7 @@ copied to HDFS; every reader variant must give back exactly the records written.
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -257,3 +258,61 @@ def test_hdfs_reader_stopped_early_leaves_no_threads(cifar, fmt):
     while readers_threads() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert readers_threads() == []
+
+
+def test_parquet_files_carry_sparktf_schema_and_a_disagreeing_one_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fields = formats.parquet_fields("image", image_shape=(2, 2, 1))
+    meta = formats.schema_metadata(fields)
+    assert formats.schema_fields(meta, "x") == fields  # plain JSON, read back as written
+    assert json.loads(meta[formats.SCHEMA_KEY])["fields"][0] == {
+        "name": "image",
+        "dtype": "uint8",
+        "shape": [2, 2, 1],
+    }
+
+    def dataset(name: str, written: list[formats.Field]) -> str:
+        """A one-file MNIST-like dataset whose file was written with the schema ``written``."""
+        root = tmp_path / name
+        (root / "train" / "parquet").mkdir(parents=True)
+        images = np.arange(12, dtype=np.uint8).reshape(3, 2, 2, 1)
+        table = pa.Table.from_arrays(
+            [formats.encode_ndarray_column(images), pa.array([0, 1, 0]), pa.array([7, 8, 9])],
+            schema=formats.arrow_schema(written),
+        )
+        pq.write_table(table, root / "train" / "parquet" / "part-00000.parquet")
+        formats.write_common_metadata(
+            str(root / "train" / "parquet"), written, {"part-00000.parquet": 1}
+        )
+        parquet = {"files": ["train/parquet/part-00000.parquet"], "records": [3]}
+        manifest = {
+            "format_version": formats.FORMAT_VERSION,
+            "dataset": "mnist",
+            "kind": "image",
+            "formats": ["parquet"],
+            "sources": [],
+            "schema": {"image": {"dtype": "uint8", "shape": [2, 2, 1], "order": "HWC"}},
+            "splits": {"train": {"records": 3, "shards": 1, "parquet": parquet}},
+        }
+        (root / "manifest.json").write_text(json.dumps(manifest))
+        return str(root / "train")
+
+    good = collect(readers.parquet_dataset(dataset("good", fields), batch_size=3))
+    assert good["id"].tolist() == [7, 8, 9] and good["image"].shape == (3, 2, 2, 1)
+    common = formats.read_common_metadata(f"{tmp_path}/good/train/parquet")
+    assert formats.schema_fields(common, "common") == fields
+    assert json.loads(common[formats.ROW_GROUPS_KEY]) == {"part-00000.parquet": 1}
+
+    # A file whose own schema says (4, 1, 1): not the manifest's (2, 2, 1). The error reaches
+    # the caller through tf.data, which keeps its text.
+    other = formats.parquet_fields("image", image_shape=(4, 1, 1))
+    with pytest.raises(
+        tf.errors.OpError,
+        match=r"ParquetSchemaError: .*part-00000.parquet: column 'image' is uint8 \(4, 1, 1\) "
+        r"in the file's sparktf schema; its dataset expects uint8 \(2, 2, 1\)",
+    ):
+        collect(readers.parquet_dataset(dataset("bad", other), batch_size=3))
+    with pytest.raises(formats.ParquetSchemaError, match="f.parquet: the sparktf schema"):
+        formats.schema_fields({formats.SCHEMA_KEY: b"{not json"}, "f.parquet")

@@ -10,8 +10,9 @@ units; executors do the reading, parsing, validating and writing, each task one 
    the shard's TFRecord part file and its Parquet file (whichever formats were asked for);
    text (PTB): one task per byte range (line aligned) counts tokens and, for train, words;
    the driver builds the vocabulary; then one task per shard writes its chunks the same way;
-3. the driver writes each split's petastorm metadata (``_common_metadata``: the Unischema
-   and the row groups per file, as the tasks reported them: no pass reads the files back).
+3. the driver writes each split's ``_common_metadata`` (sparktf's schema and the row groups
+   per file, as the tasks reported them: no pass reads the files back; petastorm's Unischema
+   too where petastorm is installed).
 
 Everything is written below a temporary sibling of the output and published with a rename
 (``storage.publish``); on any error the temporary is deleted and nothing is published.
@@ -719,16 +720,19 @@ class _Job:
             ),
         }
 
-    def _write_petastorm_metadata(self, tmp: str, split: str, units, results, fields) -> None:
-        """The split's ``_common_metadata`` (Unischema, row groups per file): petastorm's."""
+    def _write_common_metadata(self, tmp: str, split: str, units, results, fields) -> None:
+        """The split's ``_common_metadata``: sparktf's schema and the row groups per file, as
+        the tasks reported them, plus petastorm's Unischema where petastorm is installed."""
         from sparktf.datasets import petastorm_io
 
-        petastorm_io.write_metadata(
-            storage.join(tmp, split, PARQUET),
-            f"sparktf_{self.spec.name}",
-            fields,
-            {u["parquet_file"].rsplit("/", 1)[-1]: r["row_groups"] for u, r in zip(units, results)},
-        )
+        path = storage.join(tmp, split, PARQUET)
+        row_groups = {
+            u["parquet_file"].rsplit("/", 1)[-1]: r["row_groups"] for u, r in zip(units, results)
+        }
+        extra = None
+        if petastorm_io.available():
+            extra = petastorm_io.unischema_metadata(f"sparktf_{self.spec.name}", fields, row_groups)
+        formats.write_common_metadata(path, fields, row_groups, extra)
 
     def _split_entry(self, tmp, split, units, results, fields) -> dict:
         entry: dict = {"records": sum(r["records"] for r in results), "shards": len(units)}
@@ -739,7 +743,7 @@ class _Job:
                 "bytes": [r["bytes"] for r in results],
             }
         if PARQUET in self.formats:
-            self._write_petastorm_metadata(tmp, split, units, results, fields)
+            self._write_common_metadata(tmp, split, units, results, fields)
             entry[PARQUET] = {
                 "dir": f"{split}/{PARQUET}",
                 "files": [u["parquet_file"] for u in units],

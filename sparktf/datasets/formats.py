@@ -5,7 +5,8 @@ A dataset directory ``OUT`` holds::
     OUT/manifest.json                         what is in it (see ``load_manifest``)
     OUT/vocab.txt                             PTB only: one word per line, id = line number
     OUT/<split>/tfrecord/part-00000.tfrecord  one tf.train.Example per record
-    OUT/<split>/parquet/part-00000.parquet    a petastorm dataset (Unischema in _common_metadata)
+    OUT/<split>/parquet/part-00000.parquet    Parquet, sparktf's schema in its footer
+    OUT/<split>/parquet/_common_metadata      the split's schema and row groups (see below)
 
 Splits are ``train`` and ``test`` for images, ``train``, ``valid`` and ``test`` for PTB.
 
@@ -23,6 +24,13 @@ TFRecord features (``feature_spec``):
 Parquet columns (``parquet_fields``): ``image`` an ndarray field (petastorm ``NdarrayCodec``:
 the bytes of ``numpy.save``) of shape (H, W, C) uint8, ``label`` int64, ``id`` int64; PTB
 ``tokens`` an ndarray field of shape (seq_len,) int64, ``id`` int64.
+
+Every Parquet file carries sparktf's own schema as plain JSON in its key-value metadata
+(``SCHEMA_KEY``: the columns with their dtype and shape, see ``schema_metadata``), and each
+split's ``_common_metadata`` holds it too, with the row groups per file (``ROW_GROUPS_KEY``).
+Readers parse it as JSON, never unpickle it. Written where petastorm is installed (the second
+stack), ``_common_metadata`` also holds petastorm's Unischema, so ``petastorm.make_reader``
+opens the split; elsewhere ``sparktf.datasets.petastorm_io.add_unischema`` adds it later.
 
 Ids are stable and unique within a dataset: ``id = file_index << 32 | record_index``, where
 ``file_index`` is the position of the record's source file in the manifest's ``sources``
@@ -48,6 +56,9 @@ VOCAB_FILE = "vocab.txt"
 TFRECORD = "tfrecord"
 PARQUET = "parquet"
 FORMATS = (TFRECORD, PARQUET)
+COMMON_METADATA = "_common_metadata"
+SCHEMA_KEY = b"sparktf.schema"  # Parquet key-value metadata: the columns, as JSON
+ROW_GROUPS_KEY = b"sparktf.row_groups"  # in _common_metadata: {file name: row groups}
 TABLE = "table"  # the dataset kind of a DataFrame's columns (sparktf.ml)
 TFRECORD_PART = "part-{:05d}.tfrecord"
 PARQUET_PART = "part-{:05d}.parquet"
@@ -130,15 +141,110 @@ def feature_spec(kind: str = "image", *, seq_len: int | None = None) -> dict:
 def arrow_schema(fields: Sequence[Field]):
     """The Arrow schema of the Parquet files of ``fields``: ndarray fields ``binary`` (the
     ``numpy.save`` bytes), scalars ``int64``, none nullable (as Spark writes a petastorm
-    Unischema's columns)."""
+    Unischema's columns), with sparktf's schema as metadata (``schema_metadata``)."""
     import pyarrow as pa
 
     return pa.schema(
         [
             pa.field(f.name, pa.int64() if f.shape is None else pa.binary(), nullable=False)
             for f in fields
-        ]
+        ],
+        metadata=schema_metadata(fields),
     )
+
+
+class ParquetSchemaError(ValueError):
+    """A Parquet file whose sparktf schema is unreadable or disagrees with its dataset."""
+
+
+def schema_metadata(fields: Sequence[Field]) -> dict[bytes, bytes]:
+    """sparktf's schema of ``fields`` as Parquet key-value metadata: ``{SCHEMA_KEY: JSON}``,
+    the JSON ``{"format_version": 1, "fields": [{"name", "dtype", "shape"}]}`` with ``shape``
+    null for an int64 scalar and a list for an ndarray column of ``numpy.save`` bytes."""
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "fields": [
+            {"name": f.name, "dtype": f.dtype, "shape": None if f.shape is None else list(f.shape)}
+            for f in fields
+        ],
+    }
+    return {SCHEMA_KEY: json.dumps(doc, separators=(",", ":")).encode()}
+
+
+def schema_fields(metadata: dict | None, where: str) -> list[Field] | None:
+    """The fields of sparktf's schema in Parquet key-value ``metadata`` (None when the file has
+    none, e.g. one Spark wrote); ``where`` names the file in errors."""
+    raw = (metadata or {}).get(SCHEMA_KEY)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+        if doc.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"format_version {doc.get('format_version')!r}")
+        return [
+            Field(
+                str(f["name"]),
+                str(np.dtype(f["dtype"])),
+                None if f["shape"] is None else tuple(int(d) for d in f["shape"]),
+            )
+            for f in doc["fields"]
+        ]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ParquetSchemaError(
+            f"{where}: the sparktf schema in its Parquet metadata ({SCHEMA_KEY.decode()}) is "
+            f"not readable ({exc}); expected JSON "
+            '{"format_version": 1, "fields": [{"name", "dtype", "shape"}]}'
+        ) from exc
+
+
+def check_schema(metadata: dict | None, fields: Sequence[Field], where: str) -> None:
+    """Raises ParquetSchemaError when the sparktf schema in ``metadata`` (if any) lacks one of
+    ``fields`` or gives it another dtype or shape."""
+    found = schema_fields(metadata, where)
+    if found is None:
+        return
+    have = {f.name: f for f in found}
+    for want in fields:
+        got = have.get(want.name)
+        if got != want:
+            raise ParquetSchemaError(
+                f"{where}: column {want.name!r} is "
+                f"{'missing' if got is None else describe_field(got)} in the file's sparktf "
+                f"schema; its dataset expects {describe_field(want)}"
+            )
+
+
+def describe_field(f: Field) -> str:
+    return "int64 scalar" if f.shape is None else describe_layout(f.dtype, f.shape)
+
+
+def write_common_metadata(
+    path: str, fields: Sequence[Field], row_groups: dict[str, int], extra: dict | None = None
+) -> None:
+    """Writes ``path/_common_metadata``: the Arrow schema of ``fields`` with sparktf's schema,
+    ``ROW_GROUPS_KEY`` (``{file name: row groups}``) and ``extra`` key-value metadata."""
+    import pyarrow.parquet as pq
+
+    schema = arrow_schema(fields)
+    metadata = {
+        **schema.metadata,
+        ROW_GROUPS_KEY: json.dumps(row_groups, sort_keys=True).encode(),
+        **(extra or {}),
+    }
+    buffer = io.BytesIO()  # write_metadata seeks: a WebHDFS file cannot
+    pq.write_metadata(schema.with_metadata(metadata), buffer)
+    with storage.open_file(storage.join(path, COMMON_METADATA), "wb") as f:
+        f.write(buffer.getvalue())
+
+
+def read_common_metadata(path: str) -> dict[bytes, bytes]:
+    """The key-value metadata of ``path/_common_metadata`` ({} when there is none)."""
+    import pyarrow.parquet as pq
+
+    file = storage.join(path, COMMON_METADATA)
+    if not storage.exists(file):
+        return {}
+    return dict(pq.read_schema(io.BytesIO(storage.read_bytes(file))).metadata or {})
 
 
 # ----------------------------------------------------------------------------- Parquet

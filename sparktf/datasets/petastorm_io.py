@@ -1,5 +1,12 @@
 """Everything sparktf does with petastorm, in one place (petastorm 0.13.1 is unmaintained).
 
+petastorm is the ``petastorm`` extra of the second stack (Spark 4.0, pyarrow 14, numpy 1.26:
+its import fails from pyarrow 16 on); nothing else in sparktf needs it. sparktf's datasets
+carry their own schema (JSON, ``sparktf.datasets.formats``); where petastorm is installed, a
+conversion adds petastorm's Unischema to ``_common_metadata`` (``unischema_metadata``), and
+``add_unischema`` adds it to a dataset written without petastorm, so that ``make_reader``
+opens it. ``make_batch_reader`` reads any sparktf Parquet split as it is.
+
 petastorm opens ``hdfs://`` through libhdfs (JNI), which sparktf does not have. Its readers
 and ``materialize_dataset`` accept a legacy ``pyarrow.filesystem`` object instead; here that is
 the fsspec file system of ``sparktf.storage`` (WebHDFS for ``hdfs://``, the local one else)
@@ -14,7 +21,6 @@ Data contract of the Parquet files: an ndarray column (NdarrayCodec) holds the b
 from __future__ import annotations
 
 import functools
-import io
 import json
 import warnings
 from collections.abc import Sequence
@@ -22,7 +28,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from sparktf import storage
-from sparktf.datasets.formats import Field, arrow_schema, manifest_fields
+from sparktf.datasets import formats
+from sparktf.datasets.formats import Field, manifest_fields
 
 
 @functools.cache
@@ -90,32 +97,68 @@ def spark_schema(schema):
     return schema.as_spark_schema()
 
 
-def write_metadata(path: str, name: str, fields: Sequence[Field], row_groups: dict) -> None:
-    """Makes the Parquet files of ``fields`` in ``path`` a petastorm dataset named ``name``:
-    writes ``_common_metadata`` as petastorm's ``materialize_dataset`` does (the files' Arrow
-    schema with the pickled Unischema and ``row_groups``, ``{file name: row groups}``), from
-    what the writers reported, without reading the files back."""
+def available() -> bool:
+    """Whether petastorm imports here (the second stack)."""
+    try:
+        import petastorm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def unischema_metadata(name: str, fields: Sequence[Field], row_groups: dict) -> dict:
+    """The key-value metadata petastorm's ``materialize_dataset`` adds to ``_common_metadata``:
+    the pickled Unischema of ``fields`` named ``name`` and ``row_groups`` (``{file name: row
+    groups}``). Only petastorm's readers unpickle it; sparktf reads its own JSON schema."""
     import pickle
 
-    import pyarrow.parquet as pq
     from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
 
-    schema = arrow_schema(fields).with_metadata(
-        {
-            # Written here; only petastorm's readers unpickle it, from the dataset's owner.
-            UNISCHEMA_KEY: pickle.dumps(unischema(name, fields)),
-            ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups).encode(),
-        }
+    return {
+        UNISCHEMA_KEY: pickle.dumps(unischema(name, fields)),
+        ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups).encode(),
+    }
+
+
+def add_unischema(path: str, name: str | None = None) -> None:
+    """Adds petastorm's Unischema to the Parquet split ``path`` (a dataset's
+    ``<split>/parquet``) written where petastorm was not installed, from the sparktf schema and
+    row groups of its ``_common_metadata``; ``name`` defaults to ``sparktf_<dataset>``.
+    Rewrites that one small file; a split that has a Unischema already is left as it is."""
+    from petastorm.etl.dataset_metadata import UNISCHEMA_KEY
+
+    metadata = formats.read_common_metadata(path)
+    where = storage.join(path, formats.COMMON_METADATA)
+    if UNISCHEMA_KEY in metadata:
+        return
+    fields = formats.schema_fields(metadata, where)
+    if fields is None or formats.ROW_GROUPS_KEY not in metadata:
+        raise formats.ParquetSchemaError(
+            f"{where}: no sparktf schema and row groups to build a Unischema from "
+            "(is this the parquet directory of a split sparktf converted?)"
+        )
+    row_groups = json.loads(metadata[formats.ROW_GROUPS_KEY])
+    if name is None:
+        manifest = formats.load_manifest(path.rstrip("/").rsplit("/", 2)[0])
+        name = f"sparktf_{manifest['dataset']}"
+    formats.write_common_metadata(
+        path, fields, row_groups, unischema_metadata(name, fields, row_groups)
     )
-    buffer = io.BytesIO()  # write_metadata seeks: a WebHDFS file cannot
-    pq.write_metadata(schema, buffer)
-    with storage.open_file(storage.join(path, "_common_metadata"), "wb") as f:
-        f.write(buffer.getvalue())
 
 
 def make_reader(path: str, **kwargs):
-    """``petastorm.make_reader`` (decoded rows, one by one) on a sparktf path."""
+    """``petastorm.make_reader`` (decoded rows, one by one) on a sparktf path (a split's
+    ``parquet`` directory with petastorm's Unischema: see ``add_unischema``)."""
     import petastorm
+    from petastorm.etl.dataset_metadata import UNISCHEMA_KEY
+
+    if UNISCHEMA_KEY not in formats.read_common_metadata(path):
+        raise formats.ParquetSchemaError(
+            f"{storage.join(path, formats.COMMON_METADATA)}: no petastorm Unischema (the "
+            "dataset was written where petastorm is not installed); add it with "
+            f"sparktf.datasets.petastorm_io.add_unischema({path!r}), or read the split with "
+            "make_batch_reader or sparktf.datasets.readers"
+        )
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

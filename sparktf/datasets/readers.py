@@ -32,10 +32,10 @@ by a thread of its own with the next files already opened, and one generator int
 their records exactly as ``tf.data``'s interleave does for local files and hands over whole
 batches. Parquet goes with pyarrow, row group by row group, ``workers`` at once; on HDFS a
 row group's column chunks come with one ranged request (``storage.read_range``) and the
-footers are read once, concurrently (the files are petastorm datasets:
-``petastorm_io.make_reader`` reads them too; petastorm's own thread-pool readers are not used
-here: in 0.13.1 they can end an epoch early, a race between their ventilator and
-``get_results``). Figures: docs/hdfs-client.md.
+footers are read once, concurrently, and each file's sparktf schema is checked against the
+manifest (petastorm's readers read the files too, see ``petastorm_io``; its thread-pool
+readers are not used here: in 0.13.1 they can end an epoch early, a race between their
+ventilator and ``get_results``). Figures: docs/hdfs-client.md.
 """
 
 from __future__ import annotations
@@ -544,6 +544,7 @@ class _ParquetBatches:
         """(file, row group, file metadata) of every row group, footers read concurrently."""
         units = []
         for path, metadata in zip(self.files, pool.map(self._metadata, self.files)):
+            formats.check_schema(metadata.metadata, self.fields, path)
             units += [(path, i, metadata) for i in range(metadata.num_row_groups)]
         return units
 

@@ -52,7 +52,7 @@ def add_job_flags(parser, dataset: str) -> None:
         default=",".join(FORMATS),
         help="comma-separated output formats: tfrecord (OUT/<split>/tfrecord/"
         "part-*.tfrecord, tf.train.Example) and/or parquet (OUT/<split>/"
-        "parquet/, a petastorm dataset)",
+        "parquet/part-*.parquet with sparktf's schema; petastorm reads it too)",
     )
     parser.add_argument(
         "--shards",
