@@ -14,4 +14,4 @@ trap 'rm -rf "$RUN_DIR"' EXIT
 # The result goes to a file for the summary (the job prints it otherwise).
 "$ROOT/scripts/submit.sh" "$ROOT/jobs/train_resnet.py" "$@" --result-json "$RUN_DIR/result.json"
 cd "$ROOT"
-"$ROOT/.venv/bin/python" -m sparktf.jobs.quickstart "$RUN_DIR/result.json" "$@"
+"${SPARKTF_PYTHON:-$ROOT/.venv/bin/python}" -m sparktf.jobs.quickstart "$RUN_DIR/result.json" "$@"

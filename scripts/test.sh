@@ -5,14 +5,15 @@
 #   unit: no JVM, minutes; integration: the session's Spark and HDFS; e2e: jobs, scripts and
 #   clusters as separate applications; all (the default, what CI runs): the three.
 #   --stack petastorm: the second stack (.venv-petastorm); by default its unit tier plus the
-#   petastorm interop tests (what CI runs there), any --tier on request.
+#   petastorm interop tests (what CI runs there, pytest -m "unit or petastorm"; a -m of yours
+#   replaces it), any --tier on request.
 set -uo pipefail
 TIER=
 STACK=default
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --tier) [ $# -ge 2 ] || { echo "test.sh: --tier needs a value" >&2; exit 2; }; TIER="$2"; shift 2 ;;
     --tier=*) TIER="${1#--tier=}"; shift ;;
     --stack) [ $# -ge 2 ] || { echo "test.sh: --stack needs a value" >&2; exit 2; }; STACK="$2"; shift 2 ;;

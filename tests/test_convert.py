@@ -72,7 +72,7 @@ def read_parquet(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
         fields = formats.manifest_fields(manifest)
         common = pq.read_schema(f"{local}/{split}/parquet/_common_metadata").metadata
         assert json.loads(common[b"sparktf.schema"]) == {
-            "format_version": 1,
+            "schema_version": 1,
             "fields": [
                 {"name": f.name, "dtype": f.dtype, "shape": f.shape and list(f.shape)}
                 for f in fields
@@ -90,7 +90,8 @@ def read_parquet(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
                     }
                 )
         row_groups = {os.path.basename(f): pq.ParquetFile(f).metadata.num_row_groups for f in files}
-        assert json.loads(common[b"sparktf.row_groups"]) == row_groups
+        # under the key petastorm's readers take them from
+        assert json.loads(common[b"dataset-toolkit.num_row_groups_per_file.v1"]) == row_groups
     rows.sort(key=lambda r: r["id"])
     return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 

@@ -224,7 +224,8 @@ def locked(lock: str) -> dict[str, str]:
     pins = {}
     for line in (ROOT / lock).read_text().splitlines():
         if line and not line.startswith("#"):
-            name, version = line.split("==")
+            name, sep, version = line.partition("==")
+            assert sep and version, f"{lock}: {line!r} is not name==version"
             pins[canonicalize_name(name)] = version
     return pins
 

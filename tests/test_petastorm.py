@@ -175,7 +175,13 @@ def test_a_dataset_written_on_the_default_stack_reads_here(spark, converted, tmp
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("4.3")
     split = storage.join(out, "train", "parquet")
-    # Written without petastorm: sparktf's schema only, which petastorm's batch reader needs not.
+    # Written without petastorm: no Unischema, which petastorm's batch reader needs not (the
+    # split's directory, as petastorm users open it: row groups from _common_metadata).
+    with petastorm_io.make_batch_reader(
+        split, num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy"
+    ) as reader:
+        ids = sorted(i for batch in reader for i in np.asarray(batch.id).tolist())
+    assert ids == converted["data"]["train"]["ids"].tolist()
     with pytest.raises(formats.ParquetSchemaError, match="add_unischema"):
         petastorm_io.make_reader(split)
     petastorm_io.add_unischema(split)

@@ -731,7 +731,7 @@ class _Job:
         }
         extra = None
         if petastorm_io.available():
-            extra = petastorm_io.unischema_metadata(f"sparktf_{self.spec.name}", fields, row_groups)
+            extra = petastorm_io.unischema_metadata(f"sparktf_{self.spec.name}", fields)
         formats.write_common_metadata(path, fields, row_groups, extra)
 
     def _split_entry(self, tmp, split, units, results, fields) -> dict:

@@ -27,7 +27,8 @@ the bytes of ``numpy.save``) of shape (H, W, C) uint8, ``label`` int64, ``id`` i
 
 Every Parquet file carries sparktf's own schema as plain JSON in its key-value metadata
 (``SCHEMA_KEY``: the columns with their dtype and shape, see ``schema_metadata``), and each
-split's ``_common_metadata`` holds it too, with the row groups per file (``ROW_GROUPS_KEY``).
+split's ``_common_metadata`` holds it too, with the row groups per file (``ROW_GROUPS_KEY``,
+the key petastorm's readers look for).
 Readers parse it as JSON, never unpickle it. Written where petastorm is installed (the second
 stack), ``_common_metadata`` also holds petastorm's Unischema, so ``petastorm.make_reader``
 opens the split; elsewhere ``sparktf.datasets.petastorm_io.add_unischema`` adds it later.
@@ -58,7 +59,10 @@ PARQUET = "parquet"
 FORMATS = (TFRECORD, PARQUET)
 COMMON_METADATA = "_common_metadata"
 SCHEMA_KEY = b"sparktf.schema"  # Parquet key-value metadata: the columns, as JSON
-ROW_GROUPS_KEY = b"sparktf.row_groups"  # in _common_metadata: {file name: row groups}
+SCHEMA_VERSION = 1  # of that JSON (the manifest has its own FORMAT_VERSION)
+# In _common_metadata: {file name: row groups}, as JSON, under the key petastorm reads them from
+# (its readers need it; sparktf writes it with or without petastorm).
+ROW_GROUPS_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
 TABLE = "table"  # the dataset kind of a DataFrame's columns (sparktf.ml)
 TFRECORD_PART = "part-{:05d}.tfrecord"
 PARQUET_PART = "part-{:05d}.parquet"
@@ -159,10 +163,10 @@ class ParquetSchemaError(ValueError):
 
 def schema_metadata(fields: Sequence[Field]) -> dict[bytes, bytes]:
     """sparktf's schema of ``fields`` as Parquet key-value metadata: ``{SCHEMA_KEY: JSON}``,
-    the JSON ``{"format_version": 1, "fields": [{"name", "dtype", "shape"}]}`` with ``shape``
+    the JSON ``{"schema_version": 1, "fields": [{"name", "dtype", "shape"}]}`` with ``shape``
     null for an int64 scalar and a list for an ndarray column of ``numpy.save`` bytes."""
     doc = {
-        "format_version": FORMAT_VERSION,
+        "schema_version": SCHEMA_VERSION,
         "fields": [
             {"name": f.name, "dtype": f.dtype, "shape": None if f.shape is None else list(f.shape)}
             for f in fields
@@ -179,8 +183,10 @@ def schema_fields(metadata: dict | None, where: str) -> list[Field] | None:
         return None
     try:
         doc = json.loads(raw)
-        if doc.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"format_version {doc.get('format_version')!r}")
+        if doc.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {doc.get('schema_version')!r}, this sparktf reads {SCHEMA_VERSION}"
+            )
         return [
             Field(
                 str(f["name"]),
@@ -193,7 +199,7 @@ def schema_fields(metadata: dict | None, where: str) -> list[Field] | None:
         raise ParquetSchemaError(
             f"{where}: the sparktf schema in its Parquet metadata ({SCHEMA_KEY.decode()}) is "
             f"not readable ({exc}); expected JSON "
-            '{"format_version": 1, "fields": [{"name", "dtype", "shape"}]}'
+            '{"schema_version": 1, "fields": [{"name", "dtype", "shape"}]}'
         ) from exc
 
 
@@ -244,7 +250,13 @@ def read_common_metadata(path: str) -> dict[bytes, bytes]:
     file = storage.join(path, COMMON_METADATA)
     if not storage.exists(file):
         return {}
-    return dict(pq.read_schema(io.BytesIO(storage.read_bytes(file))).metadata or {})
+    try:
+        return dict(pq.read_schema(io.BytesIO(storage.read_bytes(file))).metadata or {})
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ParquetSchemaError(
+            f"{file}: not a Parquet metadata file ({exc}); expected the schema footer "
+            "that sparktf (or petastorm) writes"
+        ) from exc
 
 
 # ----------------------------------------------------------------------------- Parquet

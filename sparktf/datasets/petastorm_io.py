@@ -5,7 +5,8 @@ its import fails from pyarrow 16 on); nothing else in sparktf needs it. sparktf'
 carry their own schema (JSON, ``sparktf.datasets.formats``); where petastorm is installed, a
 conversion adds petastorm's Unischema to ``_common_metadata`` (``unischema_metadata``), and
 ``add_unischema`` adds it to a dataset written without petastorm, so that ``make_reader``
-opens it. ``make_batch_reader`` reads any sparktf Parquet split as it is.
+opens it. ``make_batch_reader`` reads any sparktf Parquet split as it is (the row groups per
+file are always written under petastorm's key).
 
 petastorm opens ``hdfs://`` through libhdfs (JNI), which sparktf does not have. Its readers
 and ``materialize_dataset`` accept a legacy ``pyarrow.filesystem`` object instead; here that is
@@ -98,26 +99,26 @@ def spark_schema(schema):
 
 
 def available() -> bool:
-    """Whether petastorm imports here (the second stack)."""
+    """Whether petastorm imports here (the second stack). A broken install counts as absent
+    (petastorm imports pyarrow modules that newer pyarrow lacks, and may fail otherwise)."""
     try:
         import petastorm  # noqa: F401
-    except ImportError:
+    except Exception:
         return False
     return True
 
 
-def unischema_metadata(name: str, fields: Sequence[Field], row_groups: dict) -> dict:
-    """The key-value metadata petastorm's ``materialize_dataset`` adds to ``_common_metadata``:
-    the pickled Unischema of ``fields`` named ``name`` and ``row_groups`` (``{file name: row
-    groups}``). Only petastorm's readers unpickle it; sparktf reads its own JSON schema."""
+def unischema_metadata(name: str, fields: Sequence[Field]) -> dict:
+    """What petastorm's ``materialize_dataset`` adds to ``_common_metadata`` besides the row
+    groups (which ``formats.write_common_metadata`` always writes): the pickled Unischema of
+    ``fields`` named ``name``. Only petastorm's readers unpickle it; sparktf reads its own JSON
+    schema."""
     import pickle
 
     from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
 
-    return {
-        UNISCHEMA_KEY: pickle.dumps(unischema(name, fields)),
-        ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups).encode(),
-    }
+    assert ROW_GROUPS_PER_FILE_KEY == formats.ROW_GROUPS_KEY  # the key sparktf writes
+    return {UNISCHEMA_KEY: pickle.dumps(unischema(name, fields))}
 
 
 def add_unischema(path: str, name: str | None = None) -> None:
@@ -141,9 +142,7 @@ def add_unischema(path: str, name: str | None = None) -> None:
     if name is None:
         manifest = formats.load_manifest(path.rstrip("/").rsplit("/", 2)[0])
         name = f"sparktf_{manifest['dataset']}"
-    formats.write_common_metadata(
-        path, fields, row_groups, unischema_metadata(name, fields, row_groups)
-    )
+    formats.write_common_metadata(path, fields, row_groups, unischema_metadata(name, fields))
 
 
 def make_reader(path: str, **kwargs):

@@ -671,7 +671,7 @@ def parquet_dataset(
     drop_remainder: bool = False,
     workers: int | None = None,
 ) -> tf.data.Dataset:
-    """Batches of the Parquet (petastorm) files of one split (local or HDFS); see the module doc.
+    """Batches of the Parquet files of one split (local or HDFS); see the module doc.
 
     Same arguments and batches as ``tfrecord_dataset``; ``workers``: row groups read ahead
     in parallel threads (default 2 on local disk, 4 on HDFS: each one streams its row group
