@@ -19,6 +19,21 @@ from tests.tiers import needs
 REPO = Path(__file__).resolve().parents[1]
 
 
+def columns_by_id(rows: list[dict]) -> dict[str, np.ndarray]:
+    """Rows (dicts of one record each) as stacked columns, in ``id`` order."""
+    rows = sorted(rows, key=lambda r: r["id"])
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def assert_images(got: dict, expected: dict) -> None:
+    """Image records read back (``id``, ``label``, ``image`` columns in id order) are those
+    ``sparktf.datasets.synthetic`` wrote (``ids``, ``labels``, ``images``)."""
+    assert got["id"].tolist() == expected["ids"].tolist()
+    assert got["label"].tolist() == expected["labels"].tolist()
+    assert got["image"].dtype == np.uint8 and got["image"].shape == expected["images"].shape
+    assert got["image"].tobytes() == expected["images"].tobytes()
+
+
 def export(name: str, export_dir: Path, seed: int, train=None, **overrides) -> str:
     """Exports a fresh ``name`` model; ``train=(images, labels)`` fits it for 3 epochs."""
     import keras

@@ -92,15 +92,7 @@ def read_parquet(dataset_dir: str, split: str) -> dict[str, np.ndarray]:
         row_groups = {os.path.basename(f): pq.ParquetFile(f).metadata.num_row_groups for f in files}
         # under the key petastorm's readers take them from
         assert json.loads(common[b"dataset-toolkit.num_row_groups_per_file.v1"]) == row_groups
-    rows.sort(key=lambda r: r["id"])
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-
-def assert_images(got: dict, expected: dict) -> None:
-    assert got["id"].tolist() == expected["ids"].tolist()
-    assert got["label"].tolist() == expected["labels"].tolist()
-    assert got["image"].dtype == np.uint8
-    assert got["image"].tobytes() == expected["images"].tobytes()
+    return helpers.columns_by_id(rows)
 
 
 def sha256(path) -> str:
@@ -156,10 +148,10 @@ def test_cifar10_local(spark, tmp_path):
 
     for split in ("train", "test"):
         got = read_tfrecords(out, split)  # file order is record order
-        assert_images(got, data[split])
+        helpers.assert_images(got, data[split])
         assert set(got["height"]) == {32} and set(got["width"]) == {32}
         assert set(got["channels"]) == {3}
-        assert_images(read_parquet(out, split), data[split])
+        helpers.assert_images(read_parquet(out, split), data[split])
 
     # The Parquet files are plain Parquet to Spark SQL: image is the numpy.save bytes.
     frame = spark.read.parquet(storage.spark_uri(f"{out}/train/parquet"))
@@ -201,8 +193,8 @@ def test_cifar10_archive_on_hdfs(spark, hdfs, tmp_path):
         f"{out}/train",
     ]  # no _staging left
     for split in ("train", "test"):
-        assert_images(read_tfrecords(out, split), data[split])
-        assert_images(read_parquet(out, split), data[split])
+        helpers.assert_images(read_tfrecords(out, split), data[split])
+        helpers.assert_images(read_parquet(out, split), data[split])
     assert leftovers(out) == []
 
 
@@ -232,7 +224,7 @@ def test_mnist_gzip_local(spark, tmp_path):
         p: sha256(p) for p in data["files"]
     }
     for split in ("train", "test"):
-        assert_images(read_tfrecords(out, split), data[split])
+        helpers.assert_images(read_tfrecords(out, split), data[split])
 
 
 def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
@@ -246,7 +238,7 @@ def test_mnist_plain_hdfs_to_hdfs_parquet_only(spark, hdfs, tmp_path):
     assert manifest["splits"]["train"]["parquet"]["records"] == [8, 8, 9]
     assert not storage.exists(f"{base}/out/train/tfrecord")
     for split in ("train", "test"):
-        assert_images(read_parquet(f"{base}/out", split), data[split])
+        helpers.assert_images(read_parquet(f"{base}/out", split), data[split])
 
 
 # ----------------------------------------------------------------------------- PTB

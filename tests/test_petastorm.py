@@ -34,23 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 
-def by_id(rows: list[dict]) -> dict[str, np.ndarray]:
-    rows = sorted(rows, key=lambda r: r["id"])
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-
-def assert_mnist(got: dict, expected: dict) -> None:
-    assert got["id"].tolist() == expected["ids"].tolist()
-    assert got["label"].tolist() == expected["labels"].tolist()
-    assert got["image"].dtype == np.uint8 and got["image"].shape[1:] == (28, 28, 1)
-    assert got["image"].tobytes() == expected["images"].tobytes()
-
-
 def make_reader_rows(split_dir: str) -> dict:
     with petastorm_io.make_reader(
         split_dir, num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy"
     ) as reader:
-        return by_id([row._asdict() for row in reader])
+        return helpers.columns_by_id([row._asdict() for row in reader])
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +54,7 @@ def converted(spark, hdfs, tmp_path_factory):
 def test_make_reader_decodes_a_converted_split_on_hdfs(converted):
     for split in ("train", "test"):
         got = make_reader_rows(storage.join(converted["out"], split, "parquet"))
-        assert_mnist(got, converted["data"][split])
+        helpers.assert_images(got, converted["data"][split])
 
 
 def test_make_batch_reader_reads_the_columns(converted):
@@ -87,7 +75,7 @@ def test_make_batch_reader_reads_the_columns(converted):
             )
     got = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
     order = np.argsort(got["id"])
-    assert_mnist({k: v[order] for k, v in got.items()}, converted["data"]["train"])
+    helpers.assert_images({k: v[order] for k, v in got.items()}, converted["data"]["train"])
 
 
 def test_make_spark_converter_feeds_tf_data(spark, converted, tmp_path):
@@ -107,13 +95,13 @@ def test_make_spark_converter_feeds_tf_data(spark, converted, tmp_path):
                 images += list(batch.image.numpy())
     finally:
         converter.delete()
-    got = by_id(
+    got = helpers.columns_by_id(
         [
             {"id": i, "label": label, "image": np.load(io.BytesIO(image))}
             for i, label, image in zip(ids, labels, images)
         ]
     )
-    assert_mnist(got, converted["data"]["train"])
+    helpers.assert_images(got, converted["data"]["train"])
 
 
 def other_stack(code: str, *args: str) -> subprocess.CompletedProcess:
@@ -185,7 +173,7 @@ def test_a_dataset_written_on_the_default_stack_reads_here(spark, converted, tmp
     with pytest.raises(formats.ParquetSchemaError, match="add_unischema"):
         petastorm_io.make_reader(split)
     petastorm_io.add_unischema(split)
-    assert_mnist(make_reader_rows(split), converted["data"]["train"])
+    helpers.assert_images(make_reader_rows(split), converted["data"]["train"])
     # sparktf.predict on this stack over the same rows: the table it writes is plain Parquet.
     model = helpers.export("mnist_mlp", tmp_path / "export" / "1", seed=1, hidden_units=8)
     rows = sparktf.predict(
@@ -195,6 +183,12 @@ def test_a_dataset_written_on_the_default_stack_reads_here(spark, converted, tmp
         "classes"
     ]
     assert [r["prediction"] for r in sorted(rows, key=lambda r: r["id"])] == direct.tolist()
+
+
+def test_sparktf_writes_the_row_groups_where_petastorm_reads_them():
+    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY
+
+    assert formats.ROW_GROUPS_KEY == ROW_GROUPS_PER_FILE_KEY
 
 
 def test_this_is_the_second_stack():

@@ -167,10 +167,7 @@ def schema_metadata(fields: Sequence[Field]) -> dict[bytes, bytes]:
     null for an int64 scalar and a list for an ndarray column of ``numpy.save`` bytes."""
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "fields": [
-            {"name": f.name, "dtype": f.dtype, "shape": None if f.shape is None else list(f.shape)}
-            for f in fields
-        ],
+        "fields": [{"name": f.name, **f.spec()} for f in fields],
     }
     return {SCHEMA_KEY: json.dumps(doc, separators=(",", ":")).encode()}
 
@@ -187,14 +184,7 @@ def schema_fields(metadata: dict | None, where: str) -> list[Field] | None:
             raise ValueError(
                 f"schema_version {doc.get('schema_version')!r}, this sparktf reads {SCHEMA_VERSION}"
             )
-        return [
-            Field(
-                str(f["name"]),
-                str(np.dtype(f["dtype"])),
-                None if f["shape"] is None else tuple(int(d) for d in f["shape"]),
-            )
-            for f in doc["fields"]
-        ]
+        return [Field.from_spec(f["name"], f) for f in doc["fields"]]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ParquetSchemaError(
             f"{where}: the sparktf schema in its Parquet metadata ({SCHEMA_KEY.decode()}) is "
@@ -274,6 +264,21 @@ class Field:
     dtype: str
     shape: tuple[int, ...] | None = None
 
+    def spec(self) -> dict:
+        """Its JSON form in a manifest's and a Parquet file's schema: ``{"dtype", "shape"}``,
+        ``shape`` null for an int64 scalar."""
+        return {"dtype": self.dtype, "shape": None if self.shape is None else list(self.shape)}
+
+    @classmethod
+    def from_spec(cls, name: str, spec: dict) -> Field:
+        """The field ``name`` described by ``spec`` (see ``spec``)."""
+        shape = spec.get("shape")
+        return cls(
+            str(name),
+            str(np.dtype(spec["dtype"])),
+            None if shape is None else tuple(map(int, shape)),
+        )
+
 
 def parquet_fields(kind: str, *, image_shape=None, seq_len: int | None = None) -> list[Field]:
     """The Parquet columns of a dataset, in order."""
@@ -293,14 +298,7 @@ def manifest_fields(manifest: dict) -> list[Field]:
     if manifest["kind"] == "image":
         return parquet_fields("image", image_shape=manifest["schema"]["image"]["shape"])
     if manifest["kind"] == TABLE:
-        return [
-            Field(
-                name,
-                str(spec["dtype"]),
-                None if spec.get("shape") is None else tuple(int(d) for d in spec["shape"]),
-            )
-            for name, spec in manifest["schema"].items()
-        ]
+        return [Field.from_spec(name, spec) for name, spec in manifest["schema"].items()]
     return parquet_fields("text", seq_len=manifest["schema"]["tokens"]["shape"][0])
 
 
@@ -321,7 +319,7 @@ def table_manifest(
     """
     schema: dict[str, dict] = {}
     for f in fields:
-        spec: dict = {"dtype": f.dtype, "shape": None if f.shape is None else list(f.shape)}
+        spec = f.spec()
         if f.name == label and num_classes is not None:
             spec["num_classes"] = int(num_classes)
         schema[f.name] = spec

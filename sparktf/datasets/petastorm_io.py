@@ -30,7 +30,7 @@ import numpy as np
 
 from sparktf import storage
 from sparktf.datasets import formats
-from sparktf.datasets.formats import Field, manifest_fields
+from sparktf.datasets.formats import Field
 
 
 @functools.cache
@@ -67,11 +67,6 @@ def legacy_filesystem(path: str):
     return fs
 
 
-def filesystem_factory(path: str):
-    """A picklable function that makes ``legacy_filesystem(path)`` (runs on executors too)."""
-    return functools.partial(legacy_filesystem, path)
-
-
 def unischema(name: str, fields: Sequence[Field]):
     """A petastorm Unischema: NdarrayCodec for ndarray fields, int64 scalars else."""
     from petastorm.codecs import NdarrayCodec, ScalarCodec
@@ -86,16 +81,6 @@ def unischema(name: str, fields: Sequence[Field]):
         else:
             out.append(UnischemaField(f.name, dtype, (), ScalarCodec(LongType()), False))
     return Unischema(name, out)
-
-
-def dataset_unischema(manifest: dict):
-    """The petastorm Unischema of a converted dataset's Parquet files (from its manifest)."""
-    return unischema(f"sparktf_{manifest['dataset']}", manifest_fields(manifest))
-
-
-def spark_schema(schema):
-    """The Spark SQL schema of a Unischema (binary for ndarray fields, bigint for scalars)."""
-    return schema.as_spark_schema()
 
 
 def available() -> bool:
@@ -115,9 +100,8 @@ def unischema_metadata(name: str, fields: Sequence[Field]) -> dict:
     schema."""
     import pickle
 
-    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
+    from petastorm.etl.dataset_metadata import UNISCHEMA_KEY
 
-    assert ROW_GROUPS_PER_FILE_KEY == formats.ROW_GROUPS_KEY  # the key sparktf writes
     return {UNISCHEMA_KEY: pickle.dumps(unischema(name, fields))}
 
 
