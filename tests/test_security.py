@@ -99,6 +99,17 @@ def refused(addr: tuple[str, int]) -> bool:
     return False
 
 
+def listened_on(ip: str, port: int) -> bool:
+    """Whether some socket of this machine listens on ``ip:port`` (another service may hold the
+    loopback port of the same number as a server bound to the external address)."""
+    import psutil
+
+    return any(
+        c.status == psutil.CONN_LISTEN and (c.laddr.ip, c.laddr.port) == (ip, port)
+        for c in psutil.net_connections("tcp")
+    )
+
+
 def rejections(caplog, what: str) -> list[str]:
     return [
         r.getMessage()
@@ -211,8 +222,12 @@ def test_reservation_forged_pickle_from_the_external_address(tmp_path, caplog):
     """A cluster profile: the server bound to the machine's address rejects the forgery."""
     external = external_address()
     marker = tmp_path / "pwned"
-    srv = reservation.AuthServer(1, secret=secrets.token_bytes(32), bind_host=external)
-    addr = srv.start()
+    for _ in range(5):  # a port whose loopback twin no other service holds
+        srv = reservation.AuthServer(1, secret=secrets.token_bytes(32), bind_host=external)
+        addr = srv.start()
+        if not listened_on(LOOPBACK, addr[1]):
+            break
+        srv.stop()
     try:
         assert addr[0] == external and refused((LOOPBACK, addr[1]))
         with socket.create_connection(addr, timeout=5.0, source_address=(external, 0)) as sock:
