@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from sparktf import _zipimport
+from sparktf.errors import SparktfError
 
-__all__ = ["predict"]
+__all__ = ["SparktfError", "predict"]
 
 _zipimport.install_in_spark_worker()
 

@@ -26,13 +26,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from sparktf import paths
+from sparktf.errors import SparktfError
 
 log = logging.getLogger("sparktf")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-class UsageError(Exception):
+class UsageError(SparktfError, Exception):
     """A problem with the command line or the input that the user must fix (exit code 2)."""
 
 

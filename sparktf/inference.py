@@ -44,6 +44,7 @@ import numpy as np
 
 from sparktf import paths, storage
 from sparktf.datasets import formats
+from sparktf.errors import SparktfError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
@@ -69,7 +70,7 @@ _TF_DTYPES = {
 }
 
 
-class PredictInputError(ValueError):
+class PredictInputError(SparktfError, ValueError):
     """The input DataFrame does not match what the model's signature expects.
 
     Raised on the driver when the schema shows it (a missing column, a wrong Spark type),
@@ -79,11 +80,11 @@ class PredictInputError(ValueError):
     """
 
 
-class ModelCacheError(PermissionError):
+class ModelCacheError(SparktfError, PermissionError):
     """The executors' model cache cannot be used safely (the message names the path)."""
 
 
-class ModelCacheMismatchError(RuntimeError):
+class ModelCacheMismatchError(SparktfError, RuntimeError):
     """A fresh copy of a model does not match the fingerprint the driver computed (the model
     changed after ``predict`` read it, or the copy was corrupted)."""
 

@@ -21,6 +21,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparktf.errors import SparktfError
+
 HTTP_TIMEOUT_S = 3.0
 # Spark's executor memory overhead on YARN and Kubernetes when none is set: 10%, at least 384 MB.
 MIN_OVERHEAD_MB = 384
@@ -30,7 +32,7 @@ STEP_MB = 128
 SMALLEST_MB = 512
 
 
-class PlacementError(RuntimeError):
+class PlacementError(SparktfError, RuntimeError):
     """The executors a run asks for cannot all be placed on the cluster (the message says why,
     in numbers)."""
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktf import paths, placement
+from sparktf.errors import SparktfError
 
 log = logging.getLogger(__name__)
 
@@ -456,7 +457,7 @@ def spark_error_text(text: str, limit: int = 3000) -> str:
 # ----------------------------------------------------------------------------- executors
 
 
-class ExecutorCountError(RuntimeError):
+class ExecutorCountError(SparktfError, RuntimeError):
     """The application does not have the number of executors a run needs."""
 
 

@@ -54,6 +54,7 @@ from typing import IO
 from urllib.parse import urlparse
 
 from sparktf import paths
+from sparktf.errors import SparktfError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ HDFS_DATA_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_DATA_TIMEOUT", "120"))
 READ_BLOCK = 4 << 20  # bytes fetched per WebHDFS read request
 
 
-class StorageError(OSError):
+class StorageError(SparktfError, OSError):
     """Base class of the errors raised by this module."""
 
 

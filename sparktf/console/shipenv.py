@@ -53,6 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sparktf import paths
+from sparktf.errors import SparktfError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ _TMP_SUFFIX = ".tmp"
 _LOCK_NAME = ".lock"
 
 
-class ShipEnvError(RuntimeError):
+class ShipEnvError(SparktfError, RuntimeError):
     """The environment cannot be packed (not a virtual environment, an unsafe cache directory,
     venv-pack missing or refusing it)."""
 

@@ -42,6 +42,7 @@ from sparktf import storage
 from sparktf.datasets import formats, sources, tfrecord
 from sparktf.datasets.formats import DATASETS, FORMATS, PARQUET, TFRECORD
 from sparktf.datasets.sources import SourceError
+from sparktf.errors import SparktfError
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,11 @@ TEXT_RANGE_BYTES = 4 << 20  # PTB counting pass: bytes per task
 BLOCK_RECORDS = 1024  # records parsed, encoded and written at once by a task
 
 
-class ConversionError(RuntimeError):
+class ConversionError(SparktfError, RuntimeError):
     """A conversion that failed for a reason other than its input (the message says why)."""
 
 
-class OptionError(ValueError):
+class OptionError(SparktfError, ValueError):
     """Conversion options that cannot work (a usage error)."""
 
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparktf import storage
+from sparktf.errors import SparktfError
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -96,7 +97,7 @@ DATASETS = {
 }
 
 
-class ManifestError(ValueError):
+class ManifestError(SparktfError, ValueError):
     """A dataset directory without a usable manifest."""
 
 
@@ -157,7 +158,7 @@ def arrow_schema(fields: Sequence[Field]):
     )
 
 
-class ParquetSchemaError(ValueError):
+class ParquetSchemaError(SparktfError, ValueError):
     """A Parquet file whose sparktf schema is unreadable or disagrees with its dataset."""
 
 
@@ -355,7 +356,7 @@ NPY_MAGIC = b"\x93NUMPY"
 _HEADER_LIMIT = 1 << 16  # bytes of a value read to parse its header
 
 
-class NdarrayColumnError(ValueError):
+class NdarrayColumnError(SparktfError, ValueError):
     """A column that does not hold ``numpy.save`` bytes of the expected dtype and shape."""
 
 

@@ -52,6 +52,7 @@ import tensorflow as tf
 from sparktf import storage
 from sparktf.datasets import formats, tfrecord
 from sparktf.datasets.formats import PARQUET, TFRECORD
+from sparktf.errors import SparktfError
 
 AUTOTUNE = tf.data.AUTOTUNE
 DEFAULT_SHUFFLE_BUFFER = 4096
@@ -465,7 +466,7 @@ def _column_span(metadata, group: int, columns: list[str]) -> tuple[int, int] | 
     return start, end - start
 
 
-class _OutsideRange(OSError):
+class _OutsideRange(SparktfError, OSError):
     """pyarrow read outside the fetched range of a ``_RangeFile``."""
 
 

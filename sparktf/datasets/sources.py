@@ -34,6 +34,7 @@ import numpy as np
 
 from sparktf import storage
 from sparktf.datasets.formats import EOS
+from sparktf.errors import SparktfError
 
 COPY_CHUNK = 4 << 20
 
@@ -61,7 +62,7 @@ MNIST_FILES = {  # canonical name -> (split, role)
 PTB_FILES = {"ptb.train.txt": "train", "ptb.valid.txt": "valid", "ptb.test.txt": "test"}
 
 
-class SourceError(ValueError):
+class SourceError(SparktfError, ValueError):
     """A raw input that cannot be converted; the message names the file and the place."""
 
     def __init__(

@@ -21,6 +21,8 @@ from typing import IO
 
 import numpy as np
 
+from sparktf.errors import SparktfError
+
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
 _MASK_DELTA = 0xA282EAD8
 HEADER_BYTES = 12  # length + its crc
@@ -28,7 +30,7 @@ FOOTER_BYTES = 4  # crc of the data
 READ_BLOCK = 4 << 20
 
 
-class TFRecordError(ValueError):
+class TFRecordError(SparktfError, ValueError):
     """A TFRecord file whose framing or checksums are wrong."""
 
 

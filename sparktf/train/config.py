@@ -20,16 +20,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktf.errors import SparktfError
+
 STRATEGIES = ("allreduce", "ps")
 INPUT_MODES = ("spark", "files")
 FILE_FORMATS = ("tfrecord", "parquet")
 
 
-class ConfigError(ValueError):
+class ConfigError(SparktfError, ValueError):
     """A configuration that cannot run (the message says which setting and why)."""
 
 
-class TrainingError(RuntimeError):
+class TrainingError(SparktfError, RuntimeError):
     """The run failed; the message names the process and its error."""
 
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sparktf.errors import SparktfError
+
 log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_S = 1.0
@@ -278,7 +280,7 @@ class ControlServer:
         self._httpd.server_close()
 
 
-class DriverLost(RuntimeError):
+class DriverLost(SparktfError, RuntimeError):
     pass
 
 

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from sparktf.datasets.formats import Field, NdarrayColumnError, decode_ndarray_column
+from sparktf.errors import SparktfError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ STATE_POLL_S = 1.0
 SUMMARY_SCHEMA = "executor string, chunks long, rows long, skipped long"
 
 
-class FeedError(RuntimeError):
+class FeedError(SparktfError, RuntimeError):
     """The spark input mode cannot continue (the message says where and why)."""
 
 

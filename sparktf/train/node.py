@@ -39,6 +39,7 @@ import threading
 import time
 import traceback
 
+from sparktf.errors import SparktfError
 from sparktf.train import exit_hooks
 from sparktf.train.control import ControlClient
 from sparktf.train.feed import remove_feed_dirs
@@ -49,7 +50,7 @@ log = logging.getLogger("sparktf.train.node")
 EXIT_ABORTED = 3
 
 
-class NodeFailed(RuntimeError):
+class NodeFailed(SparktfError, RuntimeError):
     """A TensorFlow process of the run failed; the message carries its error."""
 
 

@@ -61,6 +61,7 @@ from typing import Any
 
 from tensorflowonspark import reservation as tfos_reservation
 
+from sparktf.errors import SparktfError
 from sparktf.train.control import RejectLog
 
 log = logging.getLogger(__name__)
@@ -78,11 +79,11 @@ AWAIT_POLL_S = 0.1  # how often the driver and the nodes check that every node r
 _ASK, _ANSWER = b"Q", b"A"  # directions: a request cannot be reflected as an answer
 
 
-class Rejected(Exception):
+class Rejected(SparktfError, Exception):
     """A frame that failed a check; the message says which."""
 
 
-class ReservationError(RuntimeError):
+class ReservationError(SparktfError, RuntimeError):
     """The client side: the reservation server's answer could not be used."""
 
 

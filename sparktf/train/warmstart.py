@@ -42,6 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from sparktf import storage
+from sparktf.errors import SparktfError
 from sparktf.train.artifacts import CHECKPOINTS, EXPORT, STATE_FILE, latest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ _STATE_RE = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
 _RNG_STATE = "seed_generator"
 
 
-class WarmStartError(ValueError):
+class WarmStartError(SparktfError, ValueError):
     """The source cannot be found or read, or its weights do not fit the model."""
 
 

@@ -1,0 +1,20 @@
+"""The root of sparktf's exceptions.
+
+Every error sparktf raises on purpose derives from :class:`SparktfError`, and also from the
+built-in exception a Python caller would expect (``ValueError`` for bad input, ``OSError`` for
+storage, ``RuntimeError`` for a failed run), so both ``except SparktfError`` and the usual
+``except ValueError`` work::
+
+    try:
+        sparktf.predict(df, "hdfs:///models/mnist")
+    except sparktf.SparktfError as err:
+        log.error("sparktf failed: %s", err)
+"""
+
+from __future__ import annotations
+
+__all__ = ["SparktfError"]
+
+
+class SparktfError(Exception):
+    """Base class of every exception sparktf defines."""
