@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs every benchmark (convert, read, feed, train, predict) under one measuring contract
-# (bench/common.py), at sizes that took 11 minutes on one 2-core machine and 25 on a slower one
-# (its plain Keras ResNet-20 trains at 130 images/s, not 340; training is most of it), then prints
-# one goals table (benchmark, goal, value, target, met) and writes it to
-# bench/results/goals.md (a markdown table with the date and the machine).
+# (bench/common.py), at sizes meant for a run of 10-25 minutes on 2 cores (training takes most
+# of it), then prints one goals table (benchmark, goal, value, target, met) and writes the
+# results page bench/RESULTS.md (bench/results.py: the table, the machine, the stack, the
+# sizes). A run with --only writes bench/results/RESULTS-partial.md instead.
 #
 # Usage: bench/all.sh [--only "NAME ..."] [--rounds N] [--timeout SECONDS] [-h|--help]
 #
@@ -40,7 +40,7 @@ PYTHON="${PYTHON:-.venv/bin/python}"
 RESULTS=bench/results
 mkdir -p "$RESULTS"
 
-# Sizes for 11-25 minutes on 2 cores (the defaults of each script are larger).
+# Sizes for a run of 10-25 minutes on 2 cores (the defaults of each script are larger).
 declare -A ARGS=(
   [convert]="--sizes 12500 50000 --shards 4"
   [read]="--records 12000 --shards 4 --rowwise-limit 500"
@@ -86,12 +86,14 @@ done
 wall=$((SECONDS - started))
 
 sizes=""
-for name in $ONLY; do sizes+="${sizes:+; }$name: ${ARGS[$name]} --rounds $ROUNDS"; done
+for name in $ONLY; do sizes+="${sizes:+; }$name: \`${ARGS[$name]} --rounds $ROUNDS\`"; done
+page=bench/RESULTS.md
+[[ "$ONLY" == "convert read feed train predict" ]] || page="$RESULTS/RESULTS-partial.md"
 echo
 # shellcheck disable=SC2086
-"$PYTHON" bench/goals.py --since "$since" --markdown "$RESULTS/goals.md" --expect $ONLY \
-  --note "Wall time of bench/all.sh: ${wall} s. Sizes: ${sizes}." || failed+=("goals")
-echo "bench/all.sh: ${wall} s; table in $RESULTS/goals.md"
+"$PYTHON" bench/results.py --since "$since" --output "$page" --expect $ONLY \
+  --note "bench/all.sh took ${wall} s. Sizes: ${sizes}." || failed+=("results")
+echo "bench/all.sh: ${wall} s; results page: $page"
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "bench/all.sh: failed: ${failed[*]}" >&2
   exit 1

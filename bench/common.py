@@ -1,7 +1,7 @@
 """What the benchmarks share: the measuring contract, a throwaway HDFS, a process-tree
 memory sampler, results files.
 
-The contract every ``bench/*.py`` follows (issue 13, item 1):
+The contract every ``bench/*.py`` follows:
 
 * **Same window.** The baseline and sparktf are timed over the same window: the whole job,
   from submitting it (or starting it) to its last row. Start-up that only one side has --
@@ -14,11 +14,11 @@ The contract every ``bench/*.py`` follows (issue 13, item 1):
   it (see each script's docstring).
 * **Peak memory.** :class:`PeakMemory` samples the whole process tree.
 * **Goals.** The JSON has a top-level ``"goals"`` object, ``{name: {"value": x, "goal": y,
-  "op": ">=" | "<=", "met": bool}}``, with the goals issue 13 sets for that script
-  (:func:`goal`); :func:`write_results` refuses a result without one.
+  "op": ">=" | "<=", "met": bool}}``, with the goals its docstring states (:func:`goal`);
+  :func:`write_results` refuses a result without one.
 
-``bench/goals.py`` collects the goals of the latest results into one table;
-``bench/all.sh`` runs every script and prints it.
+``bench/results.py`` collects the goals of the latest results into one table and writes
+``bench/RESULTS.md``; ``bench/all.sh`` runs every script, then it.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ DEFAULT_ROUNDS = 3
 CONTRACT = (
     "baseline and sparktf timed over the same window (whole job, submit/start to last row; "
     "start-up apart in startup_s); --rounds rounds each, round robin, median counts, all "
-    "rounds kept; peak memory of the process tree; goals from issue 13"
+    "rounds kept; peak memory of the process tree; goals as each script states them"
 )
 
 

@@ -12,13 +12,14 @@ every time the whole job from its start to the last file written:
 - ``spark_tfrecord_small_dataset`` / ``spark_parquet_small_dataset``: one format alone for a
   2k-record dataset (``--overhead-records``): the fixed overhead;
 - ``book_both``: one process doing the book's way from one pass over the input: numpy
-  parse, ``tf.train.Example`` + ``tf.io.TFRecordWriter`` (as in the book's 4.1 writer),
+  parse, ``tf.train.Example`` + ``tf.io.TFRecordWriter`` (one Example per record,
+  written in order, as the reference writer does),
   plus pyarrow for the Parquet (``pq.write_table``), at the larger size;
 - ``numpy_sparktf_tfrecord``: numpy parsing plus sparktf's vectorised Example/TFRecord
   encoder, no Spark (byte-identical TFRecord output: checked), at the larger size.
 
 The Spark session is started and warmed up before and reported apart (``startup_s``).
-Goals (issue 13, item 2): Parquet alone <= 1.3x the TFRecord alone's time; both formats
+Goals: Parquet alone <= 1.3x the TFRecord alone's time; both formats
 >= 1.0x the book's way (speed); <= 3 s per format for the 2k-record dataset; peak memory
 flat (<= 1.2x) from the smaller to the larger size. Prints a JSON result and writes it to
 bench/results/.

@@ -24,7 +24,7 @@ contract in bench/common.py):
 * ``tfos_datafeed`` (``--tfos``): TensorFlowOnSpark's own feed (``TFCluster.train`` +
   ``DataFeed.next_batch``) for scale, once, after the last round.
 
-Goals (issue 13, item 4): sparktf_feed >= 0.7x the Arrow pass, and >= 1.0x petastorm's
+Goals: sparktf_feed >= 0.7x the Arrow pass, and >= 1.0x petastorm's
 converter. Peak memory of the whole process tree is sampled. Prints JSON and writes it to
 bench/results/.
 """
@@ -94,7 +94,7 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
     """The spark input mode into two TensorFlow processes that only read."""
     from sparktf.datasets.formats import Field
     from sparktf.train import RunConfig, RunPlan, ScalingConfig, TrainConfig
-    from sparktf.train.cluster import ClusterRun
+    from sparktf.train.cluster import BenchOptions, ClusterRun
     from sparktf.train.plan import DataInfo
 
     train = TrainConfig(model="bench", data="bench", input_mode="spark", shuffle=False)
@@ -118,10 +118,10 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
         ),
     )
     submitted = time.time()
-    with ClusterRun(spark, plan, feed_df=df, consume_only=True) as cluster:
+    with ClusterRun(spark, plan, bench=BenchOptions(feed_df=df, consume_only=True)) as cluster:
         cluster.start()
         done = cluster.wait(all_nodes=True)
-        feed_started = cluster.feed_started_wall
+        feed_started = cluster.feed.started_wall
     read = sum(d["rows"] for d in done.values())
     ended = max(d["ended"] for d in done.values())
     first = min(d["first_batch"] for d in done.values())
@@ -130,7 +130,7 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
     return {
         "rows_per_s": read / (ended - feed_started),
         "rows_read": read,
-        "rows_fed": cluster.fed_rows,
+        "rows_fed": cluster.feed.rows,
         "seconds_from_feed_job_submit": round(ended - feed_started, 2),
         "cluster_startup_s": round(feed_started - submitted, 2),
         "seconds_feed_job_submit_to_processes_ready": round(ready - feed_started, 2),

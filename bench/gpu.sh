@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU readiness in one run (issue 13, item 7), on a machine with an NVIDIA GPU:
+# GPU readiness in one run, on a machine with an NVIDIA GPU:
 #   1. sets up the `gpu` extra (scripts/setup.sh --gpu: tensorflow[and-cuda]) unless
 #      --no-setup, and checks that TensorFlow sees the GPU;
 #   2. ResNet-20 training, fp32 then bf16: one plain Keras `fit` process on the GPU against
@@ -19,8 +19,8 @@
 #
 # The benchmarks themselves are limited to 5 minutes in all (set-up apart: the first
 # `setup.sh --gpu` downloads the CUDA wheels). Results: bench/results/train-gpu-fp32-*.json,
-# train-gpu-bf16-*.json, predict-gpu-*.json, logs bench/results/gpu-*.log; the table also
-# goes to bench/results/goals-gpu.md. Exits 2 without a GPU, 1 if a benchmark failed.
+# train-gpu-bf16-*.json, predict-gpu-*.json, logs bench/results/gpu-*.log; the results page
+# goes to bench/results/RESULTS-gpu.md. Exits 2 without a GPU, 1 if a benchmark failed.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -95,8 +95,8 @@ run train-fp32 bench/train.py "${common[@]}" --precision fp32 --tag gpu-fp32
 run train-bf16 bench/train.py "${common[@]}" --precision bf16 --tag gpu-bf16
 run predict bench/predict.py --gpus "$GPUS" --rounds 1 --tag gpu
 
-"$PYTHON" bench/goals.py --since "$since" --names train-gpu-fp32 train-gpu-bf16 predict-gpu \
-  --markdown "$RESULTS/goals-gpu.md" --note "bench/gpu.sh: $GPUS GPU(s), batch $BATCH, $STEPS steps." || true
+"$PYTHON" bench/results.py --since "$since" --names train-gpu-fp32 train-gpu-bf16 predict-gpu \
+  --output "$RESULTS/RESULTS-gpu.md" --note "bench/gpu.sh: $GPUS GPU(s), batch $BATCH, $STEPS steps." || true
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "gpu.sh: failed or not run: ${failed[*]}" >&2
   exit 1

@@ -23,7 +23,7 @@ used).
   sparktf's file system, a worker thread per part file up to 4); for scale, petastorm's
   row-by-row ``make_reader`` on a slice, once.
 
-Goals (issue 13, item 3): each HDFS reader >= 0.8x the raw stream of its format, in MB/s of
+Goals: each HDFS reader >= 0.8x the raw stream of its format, in MB/s of
 the same bytes. Peak memory is sampled while reading. CPU seconds per GB (this process plus
 the HDFS JVM: NameNode and DataNodes) and the cores kept busy are recorded for every case;
 ``ratio_ceiling_if_cpu_bound`` is raw stream CPU/GB over reader CPU/GB, the most a reader's

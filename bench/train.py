@@ -3,8 +3,8 @@ measured in the same run.
 
     .venv/bin/python bench/train.py [--steps 80] [--batch-size 64] [--configs all] [--rounds 3]
 
-Data: the synthetic CIFAR-format demo dataset (``sparktf.train.demo``, 2045 training rows,
-both formats, local disk; converted once and cached under .local/demo).
+Data: the synthetic CIFAR-format demo dataset (``sparktf.train.demo``, both formats, local
+disk; converted once and cached under .local/demo).
 
 Baseline: the best plain TensorFlow a user would write -- one process (a subprocess) running
 Keras ``model.fit`` on a ``tf.data`` pipeline (``TFRecordDataset`` with parallel reads,
@@ -22,13 +22,13 @@ strategy x input mode:
   default ``threads_per_worker=0``).
 
 Neither side evaluates: sparktf runs with ``eval_split="none"`` (its default evaluates the test
-split once per epoch on the chief, which the Keras ``fit`` baseline does not do; over 80 steps
-of 64 on the 2,045-row demo that put two evaluations inside sparktf's window).
+split once per epoch on the chief, which the Keras ``fit`` baseline does not do, and which
+would fall inside sparktf's window).
 
 Same window for both (bench/common.py): examples/s from the end of the first step to the
 end of the last; what comes before the first step (process or cluster start, model build,
 first trace) is start-up, reported apart as ``time_to_first_step_s``. ``--rounds`` rounds,
-round robin (baseline, then each configuration), medians count. Goals (issue 13, item 5):
+round robin (baseline, then each configuration), medians count. Goals:
 allreduce/files >= 0.9x, allreduce/spark >= 0.8x, ps/files >= 0.8x, ps/spark >= 0.7x the
 baseline; first step <= 15 s after the driver starts the cluster. Peak memory of the whole
 process tree is sampled. Prints JSON and writes it to bench/results/.
@@ -187,7 +187,7 @@ def sparktf_run(
 
 
 def gpu_goals(med: dict, precision: str) -> dict:
-    """GPU goals (issue 13, item 7): every configuration run >= 0.9x the single process;
+    """GPU goals: every configuration run >= 0.9x the single process;
     bf16: >= 30k training images/s through sparktf (an H200-class GPU)."""
     base_rate = med["baseline_keras_fit"]
     goals = {
@@ -210,8 +210,8 @@ def main(argv=None) -> int:
         "--steps",
         type=int,
         default=80,
-        help="steps per run (default 80: a window of 10 s or more on 2 cores, so that a "
-        "run's first seconds do not decide the ratio)",
+        help="steps per run (default 80: a window long enough that a run's first seconds "
+        "do not decide the ratio)",
     )
     p.add_argument("--batch-size", type=int, default=64, help="global batch")
     p.add_argument(

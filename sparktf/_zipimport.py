@@ -1,8 +1,8 @@
 """Python 3.11's ``zipimport`` re-reads every zip archive on ``sys.path`` whenever
 ``importlib.invalidate_caches()`` runs (CPython gh-103200, fixed in 3.12 only). PySpark's
 worker calls it before every task, and its workers have ``pyspark.zip`` and the
-``spark-core`` jar on ``sys.path``: measured here, 100 ms of CPU per task, most of a tiny
-task's cost (200 one-row tasks: 27 s on one executor core).
+``spark-core`` jar on ``sys.path``, so every task pays for re-reading them, which is most
+of a tiny task's cost (docs/performance.md has the figures).
 
 :func:`install` makes ``zipimporter.invalidate_caches`` re-read an archive only when its
 file changed (size, mtime or inode), which is what the cache exists for. ``import sparktf``

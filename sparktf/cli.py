@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from sparktf import paths
 from sparktf.errors import SparktfError
 
+__all__ = ["LOG_FORMAT", "UsageError", "load_config", "parse", "parser", "run", "setup_logging"]
+
 log = logging.getLogger("sparktf")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -13,8 +13,20 @@ storage, ``RuntimeError`` for a failed run), so both ``except SparktfError`` and
 
 from __future__ import annotations
 
-__all__ = ["SparktfError"]
+__all__ = ["SparktfError", "SparktfRuntimeError", "SparktfTypeError", "SparktfValueError"]
 
 
 class SparktfError(Exception):
     """Base class of every exception sparktf defines."""
+
+
+class SparktfValueError(SparktfError, ValueError):
+    """A bad argument or bad input data, where no more specific sparktf error applies."""
+
+
+class SparktfTypeError(SparktfError, TypeError):
+    """An argument of the wrong type."""
+
+
+class SparktfRuntimeError(SparktfError, RuntimeError):
+    """A failure while running, where no more specific sparktf error applies."""

@@ -30,6 +30,18 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from sparktf.errors import SparktfValueError
+
+__all__ = [
+    "ANNOTATE_MAX_CLASSES",
+    "PNG_MAGIC",
+    "classification_metrics",
+    "confusion_matrix",
+    "confusion_matrix_png",
+    "corpus_perplexity",
+    "per_class_scores",
+]
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Up to this many classes every cell of the PNG shows its count; above, only the colours.
 ANNOTATE_MAX_CLASSES = 30
@@ -52,7 +64,7 @@ def confusion_matrix(
         list(predictions) if not isinstance(predictions, np.ndarray) else predictions
     )
     if labels.shape != predictions.shape or labels.ndim != 1:
-        raise ValueError(
+        raise SparktfValueError(
             f"labels and predictions must be 1-D and of one length, got shapes "
             f"{labels.shape} and {predictions.shape}"
         )
@@ -61,15 +73,15 @@ def confusion_matrix(
     else:
         weights = np.asarray(list(counts) if not isinstance(counts, np.ndarray) else counts)
         if weights.shape != labels.shape:
-            raise ValueError(f"counts has shape {weights.shape}, labels {labels.shape}")
+            raise SparktfValueError(f"counts has shape {weights.shape}, labels {labels.shape}")
     if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        raise SparktfValueError(f"num_classes must be >= 1, got {num_classes}")
     for name, values in (("label", labels), ("prediction", predictions)):
         if len(values) and values.dtype.kind not in "iu":
-            raise ValueError(f"{name}s must be integers, got dtype {values.dtype}")
+            raise SparktfValueError(f"{name}s must be integers, got dtype {values.dtype}")
         bad = (values < 0) | (values >= num_classes)
         if bad.any():
-            raise ValueError(
+            raise SparktfValueError(
                 f"{name} {int(values[np.flatnonzero(bad)[0]])} is outside [0, {num_classes})"
             )
     matrix = np.zeros((num_classes, num_classes), np.int64)
@@ -119,18 +131,18 @@ def classification_metrics(
     confusion = _square(confusion)
     examples = int(confusion.sum())
     if examples == 0:
-        raise ValueError("the confusion matrix holds no examples: nothing to evaluate")
+        raise SparktfValueError("the confusion matrix holds no examples: nothing to evaluate")
     scores = per_class_scores(confusion)
     present = (scores["support"] > 0) | (scores["predicted"] > 0)
     if class_names is not None and len(class_names) != len(confusion):
-        raise ValueError(f"{len(class_names)} class names for {len(confusion)} classes")
+        raise SparktfValueError(f"{len(class_names)} class names for {len(confusion)} classes")
     out: dict = {
         "examples": examples,
         "accuracy": float(np.trace(confusion) / examples),
     }
     if top_k_correct is not None:
         if not 0 <= top_k_correct <= examples:
-            raise ValueError(f"top_k_correct {top_k_correct} is outside [0, {examples}]")
+            raise SparktfValueError(f"top_k_correct {top_k_correct} is outside [0, {examples}]")
         out[f"top_{top_k}_accuracy"] = float(top_k_correct / examples)
     for name in ("precision", "recall", "f1"):
         out[f"macro_{name}"] = float(scores[name][present].mean())
@@ -156,10 +168,12 @@ def corpus_perplexity(total_nll: float, total_tokens: int) -> float:
     so this is not the mean of per-sequence perplexities (which weighs sequences and is
     pulled up by the worst ones); ``inf`` when the mean NLL overflows ``exp``."""
     if total_tokens <= 0:
-        raise ValueError(f"no predicted tokens (total_tokens={total_tokens}): nothing to evaluate")
+        raise SparktfValueError(
+            f"no predicted tokens (total_tokens={total_tokens}): nothing to evaluate"
+        )
     mean = float(total_nll) / int(total_tokens)
     if math.isnan(mean):
-        raise ValueError("the total negative log-likelihood is NaN")
+        raise SparktfValueError("the total negative log-likelihood is NaN")
     try:
         return math.exp(mean)
     except OverflowError:
@@ -223,7 +237,9 @@ def confusion_matrix_png(
 def _square(confusion: np.ndarray) -> np.ndarray:
     matrix = np.asarray(confusion)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] == 0:
-        raise ValueError(f"a confusion matrix is square and non-empty, got shape {matrix.shape}")
+        raise SparktfValueError(
+            f"a confusion matrix is square and non-empty, got shape {matrix.shape}"
+        )
     if matrix.dtype.kind not in "iu" or (matrix < 0).any():
-        raise ValueError("a confusion matrix holds non-negative integer counts")
+        raise SparktfValueError("a confusion matrix holds non-negative integer counts")
     return matrix

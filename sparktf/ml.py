@@ -9,35 +9,21 @@
 ...                 epochs=5, batchSize=32),
 ... ])
 >>> fitted = pipeline.fit(train_df)            # trains on the executors (sparktf.train.fit)
->>> fitted.transform(test_df)                  # + prediction, probability (sparktf.predict)
+>>> scored = fitted.transform(test_df)         # + prediction, probability, rawPrediction
+>>> MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+>>> fitted.stages[-1].summary.final_step       # the fit's TrainResult, saved with the model
 >>> fitted.save("hdfs://nn:8020/pipelines/mlp"); PipelineModel.load(...)
 
 ``TFEstimator.fit(df)`` writes the DataFrame's feature, label and id columns as a ``table``
-dataset (Parquet with a manifest, :func:`sparktf.datasets.formats.table_manifest`) under
-``modelDir/_fit_data-<random>``, trains on it with the ``spark`` input mode (its rows are fed
-to the TensorFlow processes by Spark tasks), removes it, and returns a :class:`TFModel` of
-the run's export. The model (``model`` Param) is a registry name, a name entered by
-:func:`sparktf.models.register`, or ``"package.module:build"`` (see
-:mod:`sparktf.models.custom`); ``modelConfig`` overrides its config. A custom model's input
-shape, dtype and class count are read from the data unless ``modelConfig`` sets them.
-
-The feature column (``inputCol``) may hold a Spark ML ``Vector`` (dense or sparse, e.g.
-``VectorAssembler``'s output), an ``array<float|double|int>`` (nested arrays are flattened),
-or ``numpy.save`` bytes (``binary``, the dataset format's ndarray column, e.g. images). Every
-row must have the model's input size: a row that does not fails ``fit`` (or ``transform``)
-with a :class:`ValueError` naming the column, the row (by ``idCol`` when the DataFrame has
-it) and the expected shape. Labels (``labelCol``) are integers in ``[0, num_classes)``
-(integral doubles, as ``StringIndexer`` gives, are accepted).
-
-The Spark session must have exactly the executors the run needs (``numWorkers`` for
-``allreduce``; chief + workers + parameter servers for ``ps``), see
-:class:`sparktf.train.ScalingConfig`. A ``modelDir`` that already holds a checkpoint is
-resumed (``steps`` count across runs): use a fresh one per fit.
-
-Persistence: both stages are ``MLWritable``/``MLReadable`` and work inside ``Pipeline`` and
-``PipelineModel`` ``save``/``load``. ``TFEstimator`` saves its Params; ``TFModel`` saves its
-Params and a copy of the SavedModel (``PATH/savedmodel``), so a saved model does not depend
-on the training run's model directory.
+dataset (:func:`sparktf.datasets.tables.write_table`) under ``modelDir/_fit_data-<random>``,
+trains on it with the ``spark`` input mode (Spark tasks feed its rows to the TensorFlow
+processes), removes it, and returns a :class:`TFModel` of the run's export. ``TFModel``
+adds the columns of a Spark ML classifier (``prediction`` double, ``probability`` and
+``rawPrediction`` Vectors), so Spark's evaluators, ``CrossValidator`` and
+``TrainValidationSplit`` work on it unchanged. Both stages save and load with Spark ML, also
+inside ``Pipeline`` and ``PipelineModel``. The column contract, what ``rawPrediction``
+holds, the model directories of a ``CrossValidator`` and what a saved model contains are in
+docs/ml.md.
 """
 
 # pyspark.ml names its Params, their getters and setters in mixedCase: so do these stages.
@@ -45,17 +31,23 @@ on the training run's model directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import math
-import posixpath
+import threading
 import uuid
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasProbabilityCol
+from pyspark.ml.param.shared import (
+    HasLabelCol,
+    HasPredictionCol,
+    HasProbabilityCol,
+    HasRawPredictionCol,
+)
 from pyspark.ml.util import (
     DefaultParamsReadable,
     DefaultParamsReader,
@@ -68,28 +60,57 @@ from pyspark.ml.util import (
 )
 
 from sparktf import storage
-from sparktf.datasets import formats
+from sparktf.datasets.tables import FEATURE, TableInputError, write_table
+from sparktf.errors import SparktfError, SparktfTypeError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pyspark.ml.param import ParamMap
+    from pyspark.sql import DataFrame
+
+    from sparktf.train import TrainResult
+
+__all__ = [
+    "FEATURE",
+    "SAVED_MODEL",
+    "NoSummaryError",
+    "TFEstimator",
+    "TFModel",
+    "write_table",
+]
 
 log = logging.getLogger(__name__)
 
-FEATURE = "features"  # the feature column of the written dataset (custom models)
 SAVED_MODEL = "savedmodel"  # TFModel.save: the SavedModel's copy under the path
+# The smallest normal float32: a probability the model rounded to 0 gets this log instead of
+# -inf, so rawPrediction stays finite.
+_SMALLEST_PROBABILITY = 1.1754943508222875e-38
+
+
+class NoSummaryError(SparktfError, RuntimeError):
+    """``TFModel.summary`` of a model that was not made by ``TFEstimator.fit`` (nor loaded
+    from one that was)."""
 
 
 def _to_dict(value: Any) -> dict:
-    """A JSON object (a dict, or its JSON text) -> dict; anything else is an error."""
+    """A JSON object (a dict, or its JSON text) -> dict; anything else is a TypeError, which
+    Spark ML reports as an invalid value of the Param."""
     if isinstance(value, str):
-        value = json.loads(value) if value.strip() else {}
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as exc:
+            raise SparktfTypeError(
+                f"expected a dict or its JSON text, got {value!r}: {exc}"
+            ) from None
     if not isinstance(value, dict):
-        raise TypeError(f"expected a dict (or its JSON text), got {value!r}")
+        raise SparktfTypeError(f"expected a dict (or its JSON text), got {value!r}")
     return json.loads(json.dumps(value))  # JSON-able, as Spark ML saves it
 
 
-def _param(name: str, doc: str, converter) -> Param:
+def _param(name: str, doc: str, converter: Callable[[Any], Any]) -> Param:
     return Param(Params._dummy(), name, doc, typeConverter=converter)
 
 
-class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol):
+class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol):
     inputCol = _param(
         "inputCol",
         "feature column: a Vector, array<number> or numpy.save bytes",
@@ -103,7 +124,7 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol):
         super().__init__()
         self._setDefault(inputCol="features", idCol="id")
 
-    def _set_given(self):
+    def _set_given(self) -> Any:
         """Sets the Params a ``@keyword_only`` method was given (None: left as is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -113,19 +134,22 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol):
     def getIdCol(self) -> str:
         return self.getOrDefault(self.idCol)
 
-    def setInputCol(self, value: str):
+    def setInputCol(self, value: str) -> Any:
         return self._set(inputCol=value)
 
-    def setLabelCol(self, value: str):
+    def setLabelCol(self, value: str) -> Any:
         return self._set(labelCol=value)
 
-    def setPredictionCol(self, value: str):
+    def setPredictionCol(self, value: str) -> Any:
         return self._set(predictionCol=value)
 
-    def setProbabilityCol(self, value: str):
+    def setProbabilityCol(self, value: str) -> Any:
         return self._set(probabilityCol=value)
 
-    def setIdCol(self, value: str):
+    def setRawPredictionCol(self, value: str) -> Any:
+        return self._set(rawPredictionCol=value)
+
+    def setIdCol(self, value: str) -> Any:
         return self._set(idCol=value)
 
 
@@ -187,8 +211,45 @@ class _TrainParams(_ColumnParams):
 
 
 class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsReadable):
-    """Trains a sparktf model on a DataFrame's rows; ``fit`` returns a :class:`TFModel` (see
-    the module docstring for the Params, the columns and persistence)."""
+    """Trains a sparktf model on a DataFrame's rows; ``fit(df)`` returns a :class:`TFModel`.
+
+    Params (keyword arguments of the constructor and of ``setParams``; ``getOrDefault`` and
+    the ``set...``/``get...`` methods of the column Params read and change them):
+
+    * ``model`` (required): a registry name, a name entered by
+      :func:`sparktf.models.register`, or ``"package.module:build"``
+      (:mod:`sparktf.models.custom`); ``modelConfig``: its config overrides (a dict). A
+      custom model's input shape, dtype and class count come from the data unless
+      ``modelConfig`` sets them.
+    * ``modelDir`` (required): where checkpoints, events and the export go (local or
+      ``hdfs://``). One that already holds a checkpoint is resumed (``steps`` count across
+      runs): use a fresh one per ``fit``. ``fitMultiple`` (what ``CrossValidator`` and
+      ``TrainValidationSplit`` call) trains each of its param maps in a new directory
+      ``modelDir/fits-<random>/<index>`` instead, unless the param map sets ``modelDir``.
+    * ``strategy`` (``"allreduce"`` or ``"ps"``), ``numWorkers`` (2), ``numPs`` (1),
+      ``psOnDriver`` (False), ``threadsPerWorker`` (0: TensorFlow's default): the
+      :class:`sparktf.train.ScalingConfig`. The Spark session must have exactly the
+      executors the run needs (``numWorkers`` for ``allreduce``; chief, workers and
+      parameter servers for ``ps``).
+    * ``epochs``, ``steps`` (whichever ends first), ``batchSize`` (global; default the
+      model's), ``seed`` (0): the :class:`sparktf.train.TrainConfig`; ``runConfig``: more
+      :class:`sparktf.train.RunConfig` fields (a dict).
+    * ``inputCol`` (``"features"``): a Spark ML ``Vector``, an ``array`` of numbers or
+      ``numpy.save`` bytes of the model's input size; ``labelCol`` (``"label"``): integer
+      classes in ``[0, num_classes)`` (integral doubles, as ``StringIndexer`` gives, are
+      accepted); ``idCol`` (``"id"``): an integer column that names rows in errors.
+    * ``predictionCol``, ``probabilityCol``, ``rawPredictionCol``: passed to the
+      :class:`TFModel` ``fit`` returns.
+
+    ``fit(df)`` returns a :class:`TFModel` reading the run's export, whose ``summary`` is
+    the run's :class:`sparktf.train.TrainResult`. It raises
+    :class:`sparktf.train.ConfigError` when ``model`` or ``modelDir`` is not set or the
+    settings cannot work; :class:`sparktf.datasets.tables.TableInputError` (a
+    ``ValueError``) naming the column and the row for data the model cannot read (a missing
+    column, a null, a label outside the classes, a row of another size), before training
+    starts; :class:`sparktf.train.TrainingError` when the run fails or writes no export.
+    The temporary dataset is removed in every case.
+    """
 
     @keyword_only
     def __init__(
@@ -210,6 +271,7 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         labelCol: str = "label",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
+        rawPredictionCol: str = "rawPrediction",
         idCol: str = "id",
         runConfig: dict | None = None,
     ) -> None:
@@ -218,34 +280,60 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> TFEstimator:
+        """Sets the Params given (the constructor's keywords); returns this estimator."""
         return self._set_given()
 
-    def _fit(self, dataset) -> TFModel:
-        from sparktf import models
-        from sparktf.train import RunConfig, ScalingConfig, TrainConfig
-        from sparktf.train.driver import fit
+    def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> _FitIterator:
+        """Fits one model per param map, each in a new directory under ``modelDir``.
 
-        if not self.isDefined(self.model):
-            raise ValueError("TFEstimator: set model (a registry name or 'package.module:build')")
-        if not self.isDefined(self.modelDir):
-            raise ValueError("TFEstimator: set modelDir (where checkpoints and the export go)")
+        Args:
+            dataset: the training rows.
+            paramMaps: Param values per model, as ``ParamGridBuilder`` builds them.
+
+        Returns:
+            A thread-safe iterator of ``(index, TFModel)`` in the order the fits finish,
+            as Spark ML's ``Estimator.fitMultiple``; a fit starts when the iterator is
+            advanced. Each fit raises what ``fit`` raises.
+        """
+        maps = list(paramMaps)
+        root = None
+        if self.isDefined(self.modelDir):
+            parent = storage.parse(self.getOrDefault(self.modelDir)).uri
+            root = storage.join(parent, f"fits-{uuid.uuid4().hex[:12]}")
+
+        def fit_one(index: int) -> TFModel:
+            params = dict(maps[index])
+            if root is not None and self.modelDir not in params:
+                params[self.modelDir] = storage.join(root, str(index))
+            return self.fit(dataset, params)
+
+        return _FitIterator(fit_one, len(maps))
+
+    def _fit(self, dataset: DataFrame) -> TFModel:
+        from sparktf import models
+        from sparktf.train import ConfigError, TrainConfig, TrainingError, fit
+
+        for param in (self.model, self.modelDir):
+            if not self.isDefined(param):
+                raise ConfigError(f"TFEstimator: set {param.name} ({param.doc})")
+        for col, name in ((self.getInputCol(), "inputCol"), (self.getLabelCol(), "labelCol")):
+            if col not in dataset.columns:
+                raise TableInputError(
+                    f"the DataFrame has no column {col!r} (TFEstimator {name}); it has "
+                    f"{dataset.columns}"
+                )
         name = self.getOrDefault(self.model)
         model_config = dict(self.getOrDefault(self.modelConfig))
-        task = models.get_task(name, **model_config)
-        custom = isinstance(task, models.CustomClassifierTask)
-        if custom and model_config.get("feature") is None:
-            model_config["feature"] = FEATURE
+        try:
             task = models.get_task(name, **model_config)
-        scaling = ScalingConfig(
-            strategy=self.getOrDefault(self.strategy),
-            num_workers=self.getOrDefault(self.numWorkers),
-            num_ps=self.getOrDefault(self.numPs),
-            ps_on_driver=self.getOrDefault(self.psOnDriver),
-            threads_per_worker=self.getOrDefault(self.threadsPerWorker),
-        )
-        model_dir = storage.parse(self.getOrDefault(self.modelDir)).uri
-        run = RunConfig(model_dir=model_dir, **self.getOrDefault(self.runConfig))
-        data_dir = storage.join(model_dir, f"_fit_data-{uuid.uuid4().hex[:12]}")
+            custom = isinstance(task, models.CustomClassifierTask)
+            if custom and model_config.get("feature") is None:
+                model_config["feature"] = FEATURE
+                task = models.get_task(name, **model_config)
+        except ValueError as exc:  # an unknown model or config key
+            raise ConfigError(f"TFEstimator model {name!r}: {exc}") from None
+        scaling, run = self._scaling_and_run()
+        data_dir = storage.join(run.model_dir, f"_fit_data-{uuid.uuid4().hex[:12]}")
         try:
             written = write_table(
                 dataset,
@@ -278,19 +366,55 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
             except Exception as exc:  # the run's error matters more
                 log.warning("could not remove %s: %s", data_dir, exc)
         if not result.export_path:
-            raise RuntimeError(f"training {name} wrote no export (RunConfig.export is off?)")
+            raise TrainingError(f"training {name} wrote no export (RunConfig.export is off?)")
         out = TFModel(
             exportDir=result.export_path,
             inputCol=self.getInputCol(),
             predictionCol=self.getPredictionCol(),
             probabilityCol=self.getProbabilityCol(),
+            rawPredictionCol=self.getRawPredictionCol(),
             idCol=self.getIdCol(),
         )
-        out.trainResult = result.to_dict()
+        out._summary = result
         return out
 
+    def _scaling_and_run(self) -> tuple[Any, Any]:
+        """The run's ScalingConfig and RunConfig, from the Params."""
+        from sparktf.train import RunConfig, ScalingConfig
 
-def _model_shape(task, model_config: dict) -> tuple[int, ...] | None:
+        scaling = ScalingConfig(
+            strategy=self.getOrDefault(self.strategy),
+            num_workers=self.getOrDefault(self.numWorkers),
+            num_ps=self.getOrDefault(self.numPs),
+            ps_on_driver=self.getOrDefault(self.psOnDriver),
+            threads_per_worker=self.getOrDefault(self.threadsPerWorker),
+        )
+        model_dir = storage.parse(self.getOrDefault(self.modelDir)).uri
+        return scaling, RunConfig(model_dir=model_dir, **self.getOrDefault(self.runConfig))
+
+
+class _FitIterator:
+    """``(index, model)`` pairs of ``fit_one(0..count-1)``; threads may share it."""
+
+    def __init__(self, fit_one: Callable[[int], TFModel], count: int) -> None:
+        self._fit_one = fit_one
+        self._count = count
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> _FitIterator:
+        return self
+
+    def __next__(self) -> tuple[int, TFModel]:
+        with self._lock:
+            index = self._next
+            if index >= self._count:
+                raise StopIteration
+            self._next += 1
+        return index, self._fit_one(index)
+
+
+def _model_shape(task: Any, model_config: dict) -> tuple[int, ...] | None:
     """The per-row input shape the model fixes (None: a custom model takes the data's)."""
     from sparktf import models
 
@@ -301,7 +425,7 @@ def _model_shape(task, model_config: dict) -> tuple[int, ...] | None:
     return None if shape is None else tuple(int(d) for d in shape)
 
 
-def _model_dtype(task, model_config: dict) -> str | None:
+def _model_dtype(task: Any, model_config: dict) -> str | None:
     """The dtype the model reads (None: a custom model's float32 unless the data says)."""
     from sparktf import models
 
@@ -310,273 +434,33 @@ def _model_dtype(task, model_config: dict) -> str | None:
     return "uint8" if task.kind == "classifier" else None
 
 
-def _num_classes(task) -> int | None:
+def _num_classes(task: Any) -> int | None:
     try:
         return int(task.num_classes)
     except (AttributeError, ValueError, KeyError):
         return None
 
 
-# ----------------------------------------------------------------------------- the dataset
-
-
-def write_table(
-    df,
-    data_dir: str,
-    *,
-    input_col: str,
-    label_col: str,
-    id_col: str,
-    feature: str = FEATURE,
-    shape: tuple[int, ...] | None = None,
-    dtype: str | None = None,
-    num_classes: int | None = None,
-) -> dict:
-    """Writes ``df``'s feature, label and id columns as a ``table`` dataset (one ``train``
-    split) in ``data_dir``; returns ``{"rows", "shape", "dtype", "num_classes"}``.
-
-    The feature column becomes ``feature`` (``numpy.save`` bytes of ``shape``; vectors and
-    arrays as ``dtype``, float32 by default; uint8 values must be integers in [0, 255]), the
-    label ``label`` (int64), the id ``id`` (``id_col`` when ``df`` has it, else generated).
-    ValueError naming the column and the row for a null, a row of another size than
-    ``shape`` (or than the first row's, without ``shape``) or a label outside
-    ``[0, num_classes)`` (``num_classes``: the largest label + 1 when not given).
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    schema = df.schema
-    for col, what in ((input_col, "feature"), (label_col, "label")):
-        if col not in schema.names:
-            raise ValueError(
-                f"the DataFrame has no {what} column {col!r} (it has {schema.names}); "
-                f"set {'inputCol' if what == 'feature' else 'labelCol'}"
-            )
-    has_id = id_col in schema.names and isinstance(
-        schema[id_col].dataType, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-    )
-    ids = F.col(id_col).cast("long") if has_id else F.monotonically_increasing_id()
-    label_type = schema[label_col].dataType
-    if not isinstance(label_type, T.NumericType):
-        raise ValueError(
-            f"label column {label_col!r} has Spark type {label_type.simpleString()}: expected "
-            "integer class labels (index strings with StringIndexer first)"
-        )
-    rows = df.select(F.col(input_col).alias("x"), F.col(label_col).alias("y"), ids.alias("id"))
-
-    def where(row) -> str:
-        return f"the row with {id_col}={row['id']}" if has_id else f"a row (label {row['y']})"
-
-    _check_nulls(rows, input_col, label_col, where)
-    bad = rows.where(F.col("y") != F.floor(F.col("y"))).first()
-    if bad is not None:
-        raise ValueError(
-            f"label column {label_col!r}: {where(bad)} has label {bad['y']}; expected integers"
-        )
-    rows = rows.withColumn("y", F.col("y").cast("long"))
-    low, high = rows.agg(F.min("y"), F.max("y")).first()
-    if high is None:
-        raise ValueError("the DataFrame is empty: nothing to train on")
-    classes = int(num_classes) if num_classes else max(2, int(high) + 1)
-    if low < 0 or high >= classes:
-        bad = rows.where((F.col("y") < 0) | (F.col("y") >= classes)).first()
-        raise ValueError(
-            f"label column {label_col!r}: {where(bad)} has label {bad['y']}; expected a class "
-            f"in [0, {classes})"
-        )
-
-    ftype = schema[input_col].dataType
-    from sparktf.inference import _is_vector
-
-    if isinstance(ftype, T.BinaryType):
-        dtype, row_shape = _binary_layout(rows, input_col)
-        if shape is not None and math.prod(shape) != math.prod(row_shape):
-            raise ValueError(
-                f"column {input_col!r} holds numpy.save bytes of {dtype} {row_shape}; the model "
-                f"expects shape {shape}"
-            )
-        out_shape = shape or row_shape
-        encoded = rows.select(F.col("x").alias(feature), F.col("y").alias("label"), "id")
-        encoder = _binary_encoder(feature, input_col, dtype, row_shape, out_shape)
-    else:
-        if _is_vector(ftype):
-            from pyspark.ml.functions import vector_to_array
-
-            rows = rows.withColumn("x", vector_to_array(F.col("x"), "float32"))
-        elif isinstance(ftype, T.ArrayType):
-            element = ftype
-            while isinstance(element, T.ArrayType):
-                element = element.elementType
-            if not isinstance(element, T.NumericType):
-                raise ValueError(
-                    f"column {input_col!r} has Spark type {ftype.simpleString()}: expected a "
-                    "Vector, an array of numbers or numpy.save bytes"
-                )
-            x = F.col("x")
-            depth = ftype
-            while isinstance(depth.elementType, T.ArrayType):
-                x, depth = F.flatten(x), depth.elementType
-            rows = rows.withColumn("x", x.cast("array<float>"))
-        else:
-            raise ValueError(
-                f"column {input_col!r} has Spark type {ftype.simpleString()}: expected a Vector "
-                "(VectorAssembler), an array of numbers or numpy.save bytes"
-            )
-        dtype = dtype or "float32"
-        if shape is None:
-            first = rows.select(F.size("x").alias("n")).first()
-            if first is None:
-                raise ValueError("the DataFrame is empty: nothing to train on")
-            shape = (int(first["n"]),)
-        size = math.prod(shape)
-        bad = rows.where(F.size("x") != size).select("id", "y", F.size("x").alias("n")).first()
-        if bad is not None:
-            raise ValueError(
-                f"column {input_col!r}: {where(bad)} has {bad['n']} values; expected shape "
-                f"{tuple(shape)} ({size} values) for the model"
-            )
-        out_shape = tuple(shape)
-        encoded = rows.select(F.col("x").alias(feature), F.col("y").alias("label"), "id")
-        encoder = _list_encoder(feature, input_col, out_shape, dtype)
-
-    out_schema = f"`{feature}` binary, label bigint, id bigint"
-    table = encoded.mapInArrow(encoder, out_schema)
-    parquet = storage.join(data_dir, "train", "parquet")
-    table.write.parquet(storage.spark_uri(parquet))
-    spark = df.sparkSession
-    counts = {
-        posixpath.basename(r["f"]): int(r["n"])
-        for r in spark.read.parquet(storage.spark_uri(parquet))
-        .groupBy(F.input_file_name().alias("f"))
-        .agg(F.count("*").alias("n"))
-        .collect()
-    }
-    files = sorted(
-        posixpath.basename(storage.parse(p).path)
-        for p in storage.listdir(parquet)
-        if p.endswith(".parquet")
-    )
-    records = [counts.get(name, 0) for name in files]
-    total = sum(records)
-    if total == 0:
-        raise ValueError("the DataFrame is empty: nothing to train on")
-    fields = [
-        formats.Field(feature, dtype, tuple(out_shape)),
-        formats.Field("label", "int64"),
-        formats.Field("id", "int64"),
-    ]
-    manifest = formats.table_manifest(
-        "dataframe",
-        fields,
-        {
-            "train": {
-                "records": total,
-                "files": [f"train/parquet/{name}" for name in files],
-                "file_records": records,
-            }
-        },
-        num_classes=classes,
-    )
-    storage.write_text(formats.manifest_path(data_dir), json.dumps(manifest, indent=1))
-    log.info(
-        "wrote %d rows (%s %s features, %d classes) to %s",
-        total,
-        dtype,
-        tuple(out_shape),
-        classes,
-        data_dir,
-    )
-    return {"rows": total, "shape": tuple(out_shape), "dtype": dtype, "num_classes": classes}
-
-
-def _check_nulls(rows, input_col: str, label_col: str, where) -> None:
-    from pyspark.sql import functions as F
-
-    bad = rows.where(F.col("x").isNull() | F.col("y").isNull()).first()
-    if bad is not None:
-        col = input_col if bad["x"] is None else label_col
-        raise ValueError(f"column {col!r}: {where(bad)} is null")
-
-
-def _binary_layout(rows, input_col: str) -> tuple[str, tuple[int, ...]]:
-    first = rows.select("x").first()
-    if first is None:
-        raise ValueError("the DataFrame is empty: nothing to train on")
-    try:
-        head = formats.read_npy_header(bytes(first["x"]))
-    except ValueError as exc:
-        raise ValueError(
-            f"column {input_col!r}: the first row is not numpy.save bytes: {exc}"
-        ) from None
-    return str(head.dtype), tuple(head.shape)
-
-
-def _list_encoder(feature: str, input_col: str, shape: tuple[int, ...], dtype: str):
-    def encode(batches):
-        import numpy as np
-        import pyarrow as pa
-
-        for batch in batches:
-            values = batch.column(0).flatten().to_numpy(zero_copy_only=False)
-            x = np.asarray(values, dtype=np.float32).reshape(batch.num_rows, *shape)
-            if dtype == "uint8":  # images given as numbers: integers in [0, 255]
-                flat = x.reshape(len(x), -1)
-                bad = ((flat < 0) | (flat > 255) | (flat != np.floor(flat))).any(axis=1)
-                if bad.any():
-                    i = int(np.flatnonzero(bad)[0])
-                    raise ValueError(
-                        f"column {input_col!r}: the row with id={batch.column(2)[i].as_py()} "
-                        "has values that are not integers in [0, 255]; the model reads uint8 "
-                        "images"
-                    )
-            x = x.astype(dtype, copy=False)
-            yield pa.RecordBatch.from_arrays(
-                [formats.encode_ndarray_column(x), batch.column(1), batch.column(2)],
-                names=[feature, "label", "id"],
-            )
-
-    return encode
-
-
-def _binary_encoder(feature: str, input_col: str, dtype: str, shape, out_shape):
-    def encode(batches):
-        import pyarrow as pa
-
-        for batch in batches:
-            try:
-                x = formats.decode_ndarray_column(batch.column(0), dtype, shape, name=input_col)
-            except formats.NdarrayColumnError as exc:
-                raise ValueError(f"{exc} (rows counted within one Arrow batch)") from None
-            yield pa.RecordBatch.from_arrays(
-                [
-                    formats.encode_ndarray_column(x.reshape(len(x), *out_shape)),
-                    batch.column(1),
-                    batch.column(2),
-                ],
-                names=[feature, "label", "id"],
-            )
-
-    return encode
-
-
 # ----------------------------------------------------------------------------- TFModel
 
 
 class _TFModelWriter(MLWriter):
-    """Params (Spark ML metadata) plus a copy of the SavedModel in ``PATH/savedmodel``."""
+    """Params and the summary (Spark ML's JSON metadata) plus a copy of the SavedModel in
+    ``PATH/savedmodel``."""
 
     def __init__(self, instance: TFModel) -> None:
         super().__init__()
         self.instance = instance
 
     def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(
-            self.instance, path, self.sc, extraMetadata={"savedModel": SAVED_MODEL}
-        )
         from sparktf.inference import resolve_model
 
+        extra: dict[str, Any] = {"savedModel": SAVED_MODEL}
+        if self.instance.hasSummary:
+            extra["summary"] = self.instance.summary.to_dict()
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc, extraMetadata=extra)
         source = resolve_model(self.instance.getExportDir())
-        target = storage.join(storage.parse(path).uri, SAVED_MODEL)
+        target = storage.join(_as_spark_resolves(self.sc, path), SAVED_MODEL)
         storage.copy_tree(source, target)
         log.info("TFModel saved to %s (SavedModel copied from %s)", path, source)
 
@@ -592,14 +476,69 @@ class _TFModelReader(MLReader):
         DefaultParamsReader.getAndSetParams(model, metadata)
         model._resetUid(metadata["uid"])
         saved = metadata.get("savedModel", SAVED_MODEL)
-        model._set(exportDir=storage.join(storage.parse(path).uri, saved))
+        model._set(exportDir=storage.join(_as_spark_resolves(self.sc, path), saved))
+        if metadata.get("summary") is not None:
+            model._summary = _summary_from_dict(metadata["summary"], path)
         return model
 
 
+def _as_spark_resolves(sc: Any, path: str) -> str:
+    """``path`` as the URI Spark's ``save`` and ``load`` resolve it to: a path without a
+    scheme is on the Hadoop configuration's ``fs.defaultFS`` (HDFS on a cluster), so that the
+    SavedModel's copy lies beside the metadata Spark writes, also inside a PipelineModel."""
+    jvm_path = sc._jvm.org.apache.hadoop.fs.Path(path)
+    fs = jvm_path.getFileSystem(sc._jsc.hadoopConfiguration())
+    return storage.parse(str(fs.makeQualified(jvm_path).toString())).uri
+
+
+def _summary_from_dict(data: dict, path: str) -> TrainResult | None:
+    """The TrainResult saved as JSON (keys it no longer has are dropped); None, with a
+    warning, when the saved one lacks a field TrainResult needs."""
+    from sparktf.train import TrainResult
+
+    names = {f.name for f in dataclasses.fields(TrainResult)}
+    try:
+        return TrainResult(**{k: v for k, v in data.items() if k in names})
+    except TypeError as exc:
+        log.warning("%s: the saved summary is not a TrainResult (%s); loaded without it", path, exc)
+        return None
+
+
 class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
-    """A SavedModel as a Spark ML Model: ``transform(df)`` is :func:`sparktf.predict` on
-    ``inputCol``, adding ``predictionCol`` (long, the class) and ``probabilityCol``
-    (array<float>, one probability per class)."""
+    """A SavedModel as a Spark ML Model: ``transform(df)`` predicts with
+    :func:`sparktf.predict` on ``inputCol`` and adds a Spark ML classifier's columns.
+
+    Params (keyword arguments of the constructor; ``set...``/``get...`` methods):
+
+    * ``exportDir`` (required): the SavedModel, a version directory, ``MODEL_DIR/export``
+      or ``MODEL_DIR`` (the highest version), local or ``hdfs://``.
+    * ``inputCol`` (``"features"``): what the model reads, as :func:`sparktf.predict`
+      takes it (a Spark ML ``Vector``, an ``array`` of numbers or ``numpy.save`` bytes for
+      a classifier on features; images for an image classifier).
+    * ``predictionCol`` (``"prediction"``), ``probabilityCol`` (``"probability"``),
+      ``rawPredictionCol`` (``"rawPrediction"``): the added columns; an empty name leaves
+      that column out.
+    * ``idCol`` (``"id"``): names rows in errors; ``batchSize`` (128): rows per model
+      call; ``signature`` (``""``: :func:`sparktf.predict`'s choice).
+
+    ``transform(df)`` returns ``df``'s columns plus, for a classifier, ``predictionCol``
+    (double, the class), ``probabilityCol`` (a dense ``Vector``, one probability per class)
+    and ``rawPredictionCol`` (a dense ``Vector`` of the log-probabilities, ``log(p)``: the
+    model's logits less their log-sum-exp, so its ``softmax`` is ``probabilityCol``, its
+    argmax the prediction and its order within a row that of the logits; the exported
+    signatures give probabilities, not logits). For another model :func:`sparktf.predict`
+    serves, its output with a numeric ``predictionCol`` as a double. It is lazy; the model
+    runs on the executors over Arrow batches and the Vectors are made by Spark SQL
+    expressions, without a Python call per row. It raises
+    :class:`sparktf.inference.PredictInputError` for a missing or unreadable input column or
+    an added column that already exists, :class:`sparktf.inference.ModelNotFoundError` for
+    a missing model, and :class:`sparktf.train.ConfigError` when ``exportDir`` is not set;
+    bad rows fail the Spark action with the column, the row and the expected shape.
+
+    ``summary`` is the :class:`sparktf.train.TrainResult` of the fit that made the model
+    (``hasSummary`` says whether there is one); ``write().save(path)`` writes it with the
+    Params as JSON and a copy of the SavedModel, and ``TFModel.load(path)`` restores both.
+    """
 
     exportDir = _param(
         "exportDir",
@@ -619,39 +558,110 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         inputCol: str = "features",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
+        rawPredictionCol: str = "rawPrediction",
         idCol: str = "id",
         batchSize: int = 128,
         signature: str = "",
     ) -> None:
         super().__init__()
         self._setDefault(batchSize=128, signature="")
-        self.trainResult: dict | None = None  # TFEstimator.fit: the run's TrainResult
+        self._summary: TrainResult | None = None
         self._set_given()
+
+    @property
+    def hasSummary(self) -> bool:
+        """Whether the model has the TrainResult of the fit that made it."""
+        return self._summary is not None
+
+    @property
+    def summary(self) -> TrainResult:
+        """The :class:`sparktf.train.TrainResult` of the fit that made this model.
+
+        Raises:
+            NoSummaryError: the model was not made by ``TFEstimator.fit`` (nor loaded from
+                one that was).
+        """
+        if self._summary is None:
+            raise NoSummaryError(
+                f"{self.uid} has no training summary: it was not made by TFEstimator.fit"
+            )
+        return self._summary
 
     def setExportDir(self, value: str) -> TFModel:
         return self._set(exportDir=value)
 
     def getExportDir(self) -> str:
+        """The SavedModel; raises :class:`sparktf.train.ConfigError` when it is not set."""
         if not self.isDefined(self.exportDir):
-            raise ValueError("TFModel: exportDir is not set")
+            from sparktf.train import ConfigError
+
+            raise ConfigError("TFModel: exportDir is not set")
         return self.getOrDefault(self.exportDir)
 
-    def _transform(self, dataset):
+    def _transform(self, dataset: DataFrame) -> DataFrame:
         from sparktf.inference import predict
 
-        return predict(
+        hidden = f"__sparktf_{self.uid}_"  # an output the caller left out (an empty name)
+        prediction = self.getPredictionCol() or f"{hidden}prediction"
+        probability = self.getProbabilityCol() or f"{hidden}probability"
+        out = predict(
             dataset,
             self.getExportDir(),
             input_col=self.getInputCol(),
-            output_col=self.getPredictionCol(),
-            probabilities_col=self.getProbabilityCol(),
+            output_col=prediction,
+            probabilities_col=probability,
             batch_size=self.getOrDefault(self.batchSize),
             signature=self.getOrDefault(self.signature) or None,
         )
+        if probability in dataset.columns or probability not in out.columns:
+            out = _as_double(out, prediction)  # not a classifier
+        else:
+            out = _classifier_columns(
+                out, prediction, probability, self.getRawPredictionCol(), dataset.columns
+            )
+        return out.drop(*(c for c in (prediction, probability) if c.startswith(hidden)))
 
     def write(self) -> MLWriter:
+        """A writer of the Params, the summary and a copy of the SavedModel."""
         return _TFModelWriter(self)
 
     @classmethod
     def read(cls) -> MLReader:
+        """A reader of what :meth:`write` saved."""
         return _TFModelReader(cls)
+
+
+def _as_double(out: DataFrame, prediction: str) -> DataFrame:
+    """``prediction`` as a double when it is a number."""
+    from pyspark.sql import types as T
+
+    if prediction in out.columns and isinstance(out.schema[prediction].dataType, T.NumericType):
+        from pyspark.sql import functions as F
+
+        return out.withColumn(prediction, F.col(prediction).cast("double"))
+    return out
+
+
+def _classifier_columns(
+    out: DataFrame, prediction: str, probability: str, raw: str, given: list[str]
+) -> DataFrame:
+    """sparktf.predict's classes (long) and probabilities (array<float>) as Spark ML's
+    prediction (double), probability and rawPrediction (Vectors)."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    from sparktf.inference import PredictInputError
+
+    if raw and raw in given:
+        raise PredictInputError(
+            f"output column {raw!r} already exists in the input DataFrame: rename it or set "
+            "rawPredictionCol"
+        )
+    probabilities = F.col(probability)
+    columns = {prediction: F.col(prediction).cast("double")}
+    if raw:
+        floor = F.lit(_SMALLEST_PROBABILITY)
+        logs = F.transform(probabilities, lambda p: F.log(F.greatest(p.cast("double"), floor)))
+        columns[raw] = array_to_vector(logs)
+    columns[probability] = array_to_vector(probabilities)
+    return out.withColumns(columns)

@@ -27,6 +27,21 @@ import stat
 from importlib import resources
 from pathlib import Path
 
+__all__ = [
+    "CONF_DIR_ENV",
+    "HOME_ENV",
+    "conf_dirs",
+    "conf_file",
+    "conf_names",
+    "default_conf_dir",
+    "home",
+    "private_dir_problem",
+    "resolve_config",
+    "source_checkout",
+    "state_dir",
+    "user_conf_dir",
+]
+
 CONF_DIR_ENV = "SPARKTF_CONF_DIR"
 HOME_ENV = "SPARKTF_HOME"
 

@@ -21,7 +21,33 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfValueError
+
+__all__ = [
+    "Ask",
+    "Cluster",
+    "HTTP_TIMEOUT_S",
+    "MIN_OVERHEAD_MB",
+    "Node",
+    "OVERHEAD_FRACTION",
+    "PlacementError",
+    "SMALLEST_MB",
+    "STEP_MB",
+    "ask_from_conf",
+    "check",
+    "cores_text",
+    "fit",
+    "get_json",
+    "mb_text",
+    "parse_mb",
+    "placeable",
+    "sizing_conf",
+    "standalone_cluster",
+    "yarn_cluster",
+    "yarn_overhead_mb",
+    "yarn_site",
+    "yarn_webapp",
+]
 
 HTTP_TIMEOUT_S = 3.0
 # Spark's executor memory overhead on YARN and Kubernetes when none is set: 10%, at least 384 MB.
@@ -104,7 +130,7 @@ def parse_mb(text: str | int) -> int:
     """A Spark memory setting in MB: '8g' -> 8192, '512m' -> 512, '1024' -> 1024 (MB)."""
     match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", str(text).lower())
     if not match:
-        raise ValueError(f"not a memory size: {text!r} (expected e.g. 512m or 8g)")
+        raise SparktfValueError(f"not a memory size: {text!r} (expected e.g. 512m or 8g)")
     value, unit = int(match.group(1)), match.group(2) or "m"
     return {"k": value // 1024, "m": value, "g": value << 10, "t": value << 20}[unit]
 

@@ -31,7 +31,40 @@ from pathlib import Path
 from typing import Any
 
 from sparktf import paths, placement
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfValueError
+
+__all__ = [
+    "ExecutorCountError",
+    "PROFILES",
+    "PROGRESS_EVERY_S",
+    "PROPAGATED_ENV",
+    "STAGE_PROGRESS_EVERY_S",
+    "cluster_master",
+    "cluster_resources",
+    "every",
+    "executor_sizing",
+    "get_session",
+    "is_spark_error",
+    "job_session",
+    "launched_by_spark_submit",
+    "local_cluster_env",
+    "log4j_conf",
+    "placement_problem",
+    "profile_conf",
+    "profile_file",
+    "read_conf_file",
+    "registered_executors",
+    "run_tasks",
+    "session_conf",
+    "spark_cluster_dir",
+    "spark_error_text",
+    "spark_failure",
+    "stage_progress",
+    "task_error",
+    "task_progress",
+    "wait_for_executors",
+    "yarn_site",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +88,7 @@ def read_conf_file(path: str | os.PathLike) -> dict[str, str]:
             continue
         parts = line.split(None, 1)
         if len(parts) != 2:
-            raise ValueError(f"{path}:{number}: expected 'key value', got {raw!r}")
+            raise SparktfValueError(f"{path}:{number}: expected 'key value', got {raw!r}")
         conf[parts[0]] = parts[1].strip()
     return conf
 

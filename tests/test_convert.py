@@ -8,6 +8,7 @@ local-cluster Spark session to local disk and to the real HDFS, then read back w
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 from sparktf import storage
-from sparktf.datasets import convert, formats, tfrecord
+from sparktf.datasets import convert, formats, plan, tasks, tfrecord
 from sparktf.datasets.sources import SourceError
 from sparktf.datasets.synthetic import write_cifar10, write_mnist, write_ptb
 from tests import helpers
@@ -562,10 +563,55 @@ def test_tfrecord_framing_matches_tensorflow(tmp_path):
 
 
 def test_default_shards():
-    assert convert.shard_count(None, 150 << 20, 50_000) == 12
-    assert convert.shard_count(None, 30 << 20, 10_000) == 4
-    assert convert.shard_count(None, 3000, 2) == 2
-    assert convert.shard_count(7, 3000, 5) == 5
+    assert plan.shard_count(None, 150 << 20, 50_000) == 12
+    assert plan.shard_count(None, 30 << 20, 10_000) == 4
+    assert plan.shard_count(None, 3000, 2) == 2
+    assert plan.shard_count(7, 3000, 5) == 5
+
+
+def test_hash_plan(tmp_path):
+    sizes = {"a": 50, "b": 30, "c": 30, "d": 10, "e": 5}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(bytes(range(size)))
+    plain = [{"path": str(tmp_path / n), "size": s} for n, s in sizes.items()]
+    hashing = plan.plan_hashing(plain, parallelism=2)
+    assert [t.paths for t in hashing.tasks] == [
+        (str(tmp_path / "a"), str(tmp_path / "d"), str(tmp_path / "e")),
+        (str(tmp_path / "b"), str(tmp_path / "c")),
+    ]
+    digests = hashing.check(tasks.hash_or_run(abs, t) for t in hashing.tasks)
+    assert digests == {
+        str(tmp_path / n): {"size": s, "sha256": sha256(tmp_path / n)} for n, s in sizes.items()
+    }
+    assert plan.plan_hashing(plain[:1], parallelism=8).tasks == (
+        tasks.HashTask((str(tmp_path / "a"),)),
+    )
+    assert plan.plan_hashing([], parallelism=8).tasks == ()
+    (tmp_path / "c").write_bytes(b"longer now" * 4)
+    with pytest.raises(SourceError, match=r"c: file changed during the conversion: 30 bytes"):
+        hashing.check(tasks.hash_files(t) for t in hashing.tasks)
+
+
+def test_tasks_pickle_by_reference():
+    """What Spark ships to executors names the task functions (pickled by reference) and
+    carries only its settings."""
+    from pyspark import cloudpickle
+
+    fields = formats.parquet_fields("image", image_shape=(32, 32, 3))
+    fn = functools.partial(
+        tasks.hash_or_run,
+        functools.partial(
+            tasks.write_image_shard,
+            dataset="cifar10",
+            block=1024,
+            out="/tmp/out",
+            fields=fields,
+            num_classes=10,
+        ),
+    )
+    blob = cloudpickle.dumps(fn)
+    assert b"sparktf.datasets.tasks" in blob and len(blob) < 2000, len(blob)
+    assert cloudpickle.loads(blob).args[0].keywords["num_classes"] == 10
 
 
 # ----------------------------------------------------------------------------- the jobs

@@ -1,15 +1,19 @@
-"""Spark ML stages (sparktf.ml.TFEstimator / TFModel), the tabular Pipeline example, and a
-user's model named 'package.module:build' trained by jobs/train.py.
+"""Spark ML stages (sparktf.ml.TFEstimator / TFModel), the tabular Pipeline example, Spark
+ML's evaluators and CrossValidator on them, and a user's model named 'package.module:build'
+trained by jobs/train.py.
 
-Runs on the session's local-cluster (two executors): all-reduce with two workers. Two
-trainings in all (the example's Pipeline, and the job, which starts its own Spark
-application); the error cases fail before any training starts.
+Runs on the session's local-cluster (two executors): all-reduce with two workers. The
+trainings: the example's Pipeline (once, shared by the tests that read it), a
+CrossValidator over a TFEstimator (two folds of one param map, then the best map on all
+rows) and the job, which starts its own Spark application; the error cases fail before any
+training starts.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -89,8 +93,26 @@ def test_stages_have_pyspark_params():
         "predictionCol",
     ):
         assert est.hasParam(name), name
+    assert est.hasParam("rawPredictionCol") and est.getRawPredictionCol() == "rawPrediction"
     assert est.getOrDefault("strategy") == "allreduce" and est.getInputCol() == "features"
-    assert TFModel(exportDir="/e").getPredictionCol() == "prediction"
+    model = TFModel(exportDir="/e")
+    assert model.getPredictionCol() == "prediction"
+    assert model.getProbabilityCol() == "probability"
+    assert model.getRawPredictionCol() == "rawPrediction"
+
+
+def test_a_model_not_made_by_fit_has_no_summary():
+    from sparktf import SparktfError
+    from sparktf.ml import NoSummaryError, TFModel
+    from sparktf.train import ConfigError
+
+    model = TFModel(exportDir="/e")
+    assert not model.hasSummary
+    with pytest.raises(NoSummaryError, match="no training summary") as info:
+        model.summary  # noqa: B018 - the property raises
+    assert isinstance(info.value, SparktfError) and isinstance(info.value, RuntimeError)
+    with pytest.raises(ConfigError, match="exportDir is not set"):
+        TFModel().getExportDir()
 
 
 def test_estimator_persists_in_a_pipeline(spark, tmp_path):
@@ -108,10 +130,14 @@ def test_estimator_persists_in_a_pipeline(spark, tmp_path):
     assert again.getOrDefault("steps") == 3 and again.uid == est.uid
 
 
-def test_transform_reads_vectors_and_arrays_and_names_a_bad_row(spark, small_export):
-    from pyspark.ml.linalg import Vectors
+def test_transform_adds_spark_ml_columns_reads_vectors_and_arrays_and_names_a_bad_row(
+    spark, small_export
+):
+    from pyspark.ml.linalg import DenseVector, Vectors, VectorUDT
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
+    from sparktf.inference import PredictInputError
     from sparktf.ml import TFModel
 
     rows = [
@@ -120,7 +146,12 @@ def test_transform_reads_vectors_and_arrays_and_names_a_bad_row(spark, small_exp
     ]
     df = spark.createDataFrame(rows, ["id", "features", "values"])
     model = TFModel(exportDir=small_export)
-    by_vector = model.transform(df).orderBy("id").collect()
+    scored = model.transform(df)
+    types = {f.name: f.dataType for f in scored.schema.fields}
+    assert isinstance(types["prediction"], T.DoubleType)
+    assert isinstance(types["probability"], VectorUDT)
+    assert isinstance(types["rawPrediction"], VectorUDT)
+    by_vector = scored.orderBy("id").collect()
     assert [r["id"] for r in by_vector] == [10, 11]
     assert by_vector[0]["features"] == Vectors.dense([0.5, -1.0, 2.0])  # kept as it was
     by_array = model.setInputCol("values").transform(df).orderBy("id").collect()
@@ -128,10 +159,19 @@ def test_transform_reads_vectors_and_arrays_and_names_a_bad_row(spark, small_exp
         small_export, "predict_features", features=np.array([r[2] for r in rows], np.float32)
     )
     for got in (by_vector, by_array):
-        np.testing.assert_allclose(
-            [r["probability"] for r in got], direct["scores"], rtol=1e-5, atol=1e-6
-        )
-        assert [r["prediction"] for r in got] == list(direct["classes"])
+        assert all(isinstance(r["probability"], DenseVector) for r in got)
+        probabilities = np.array([r["probability"].toArray() for r in got])
+        np.testing.assert_allclose(probabilities, direct["scores"], rtol=1e-5, atol=1e-6)
+        raw = np.array([r["rawPrediction"].toArray() for r in got])
+        np.testing.assert_allclose(raw, np.log(direct["scores"]), rtol=1e-5, atol=1e-5)
+        assert [r["prediction"] for r in got] == [float(c) for c in direct["classes"]]
+
+    # An empty column name leaves that column out; an added column may not exist already.
+    model.setRawPredictionCol("").setProbabilityCol("")
+    assert model.transform(df).columns == [*df.columns, "prediction"]
+    model.setRawPredictionCol("rawPrediction").setProbabilityCol("probability")
+    with pytest.raises(PredictInputError, match="'rawPrediction' already exists"):
+        model.transform(df.withColumn("rawPrediction", F.lit(1.0)))
 
     bad = spark.createDataFrame(
         [(1, [1.0, 2.0, 3.0]), (7, [1.0, 2.0, 3.0, 4.0])], ["id", "values"]
@@ -183,8 +223,11 @@ def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, 
 
     import pyarrow.parquet as pq
 
+    from sparktf import ml
     from sparktf.datasets import formats
-    from sparktf.ml import write_table
+    from sparktf.datasets.tables import TableInputError, write_table
+
+    assert ml.write_table is write_table  # still importable where it was
 
     images = np.arange(4 * 2 * 2, dtype=np.uint8).reshape(4, 2, 2, 1) * 7
 
@@ -225,6 +268,8 @@ def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, 
         [(1, [0.0, 1.0, 2.0, 3.0], 0), (2, [0.0, 1.0, 2.5, 300.0], 1)],
         ["id", "pixels", "label"],
     ).coalesce(1)
+    with pytest.raises(TableInputError, match="no label column 'y' \\(label_col\\)"):
+        write_table(numbers, str(tmp_path / "none"), input_col="pixels", label_col="y", id_col="id")
     with pytest.raises(Exception) as info:
         write_table(
             numbers,
@@ -239,49 +284,147 @@ def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, 
     assert "column 'pixels': the row with id=2 has values that are not integers" in str(info.value)
 
 
-def test_tabular_pipeline_example_trains_saves_loads_and_predicts(
-    spark, small_export, example, tmp_path
-):
-    from pyspark.ml import PipelineModel
-
+@pytest.fixture(scope="module")
+def tabular(spark, example, tmp_path_factory):
+    """The example's Pipeline, fitted once on a synthetic 3-class CSV: what ``run`` returns,
+    and its working directory."""
     from sparktf import cli
-    from sparktf.ml import TFModel
 
-    csv = example.write_demo_csv(tmp_path / "data.csv", rows=400, seed=1)
+    root = tmp_path_factory.mktemp("tabular")
+    csv = example.write_demo_csv(root / "data.csv", rows=400, seed=1)
     args = cli.parse(
         example.parser(),
         [
             "--csv",
             csv,
             "--model-dir",
-            str(tmp_path / "model"),
+            str(root / "model"),
             "--output",
-            str(tmp_path / "predictions"),
+            str(root / "predictions"),
             "--epochs",
             "12",
             "--batch-size",
             "16",
         ],
     )
-    out = example.run(args, spark)
-    summary = out["summary"]
+    return {**example.run(args, spark), "root": root}
+
+
+def test_tabular_pipeline_example_trains_saves_loads_and_predicts(tabular):
+    from pyspark.ml import PipelineModel
+
+    from sparktf.ml import TFModel
+    from sparktf.train import TrainResult
+
+    summary = tabular["summary"]
     assert summary["features"] == ["x1", "x2", "x3", "x4"]
     assert summary["test_rows"] > 60
     assert summary["test_accuracy"] > 0.85, summary  # three classes: chance is 1/3
     assert_nothing_left()
 
     # The saved and loaded PipelineModel predicts what the fitted one does.
-    fitted = out["fitted"].transform(out["test"]).orderBy("id").collect()
-    loaded = out["loaded"].transform(out["test"]).orderBy("id").collect()
+    fitted = tabular["fitted"].transform(tabular["test"]).orderBy("id").collect()
+    loaded = tabular["loaded"].transform(tabular["test"]).orderBy("id").collect()
     assert [r["prediction"] for r in loaded] == [r["prediction"] for r in fitted]
     np.testing.assert_allclose(
-        [r["probability"] for r in loaded], [r["probability"] for r in fitted], rtol=1e-6
+        [r["probability"].toArray() for r in loaded],
+        [r["probability"].toArray() for r in fitted],
+        rtol=1e-6,
     )
     stage = PipelineModel.load(summary["pipeline"]).stages[-1]
     assert isinstance(stage, TFModel)
     assert stage.getExportDir().endswith("/savedmodel")  # its own copy of the SavedModel
-    assert out["fitted"].stages[-1].trainResult["final_step"] > 100
-    assert not list((tmp_path / "model").glob("_fit_data-*"))
+    # The copy lies where Spark wrote the stage's metadata: a path without a scheme is on
+    # fs.defaultFS, the suite's HDFS.
+    assert stage.getExportDir().startswith("hdfs://")
+    # The fit's TrainResult is the model's summary, saved with it.
+    result = tabular["fitted"].stages[-1].summary
+    assert isinstance(result, TrainResult) and result.final_step > 100
+    assert stage.summary == result and tabular["loaded"].stages[-1].summary == result
+    assert not list((tabular["root"] / "model").glob("_fit_data-*"))
+
+
+def test_multiclass_evaluator_scores_the_fitted_pipeline(tabular):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    scored = tabular["loaded"].transform(tabular["test"])
+    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    accuracy = evaluator.evaluate(scored)
+    assert accuracy == pytest.approx(tabular["summary"]["test_accuracy"])
+    log_loss = MulticlassClassificationEvaluator(metricName="logLoss").evaluate(scored)
+    assert math.isfinite(log_loss) and log_loss < 1.0  # read from the probability Vectors
+
+
+def _blobs(spark, rows: int, seed: int):
+    """Two separable classes in 3-D: label 1 around (1.5, 1.5, 1.5), 0 around its opposite."""
+    from pyspark.ml.linalg import Vectors
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, size=rows)
+    points = (2 * labels[:, None] - 1) * 1.5 + rng.normal(0.0, 1.0, size=(rows, 3))
+    data = [(i, Vectors.dense(p.tolist()), int(y)) for i, (p, y) in enumerate(zip(points, labels))]
+    return spark.createDataFrame(data, ["id", "features", "label"])
+
+
+def test_cross_validator_over_an_estimator_selects_a_model_for_the_binary_evaluator(
+    spark, tmp_path
+):
+    """CrossValidator fits the estimator per fold (each in its own model directory), then
+    once more on all rows; BinaryClassificationEvaluator reads rawPrediction; the best model's
+    summary is saved with it."""
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+    from pyspark.ml.tuning import CrossValidator, CrossValidatorModel, ParamGridBuilder
+
+    from sparktf import models
+    from sparktf.ml import TFEstimator, TFModel
+
+    def build(input_shape, num_classes):
+        import keras
+
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))
+
+    models.register("ml_binary", build, input_shape=(3,), num_classes=2, learning_rate=0.1)
+    est = TFEstimator(
+        model="ml_binary",
+        modelDir=str(tmp_path / "cv"),
+        threadsPerWorker=1,
+        epochs=20,
+        batchSize=8,
+        seed=3,
+    )
+    grid = ParamGridBuilder().addGrid(est.steps, [12]).build()
+    evaluator = BinaryClassificationEvaluator(metricName="areaUnderROC")
+    cv = CrossValidator(
+        estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=5
+    )
+    fitted = cv.fit(_blobs(spark, 96, seed=1))
+    assert isinstance(fitted, CrossValidatorModel)
+    assert len(fitted.avgMetrics) == 1 and all(math.isfinite(m) for m in fitted.avgMetrics)
+    assert fitted.avgMetrics[0] > 0.8, fitted.avgMetrics
+    folds = sorted((tmp_path / "cv").glob("fits-*/0"))
+    assert len(folds) == 2  # one new directory per fold: no fold resumed another's checkpoint
+    best = fitted.bestModel
+    assert isinstance(best, TFModel)
+    assert (best.summary.start_step, best.summary.final_step) == (0, 12)
+    assert "/cv/export/" in best.getExportDir()  # the final fit trains in modelDir itself
+
+    test = _blobs(spark, 64, seed=2)
+    scored = best.transform(test)
+    assert evaluator.evaluate(scored) > 0.9
+    assert evaluator.setRawPredictionCol("probability").evaluate(scored) == pytest.approx(
+        evaluator.setRawPredictionCol("rawPrediction").evaluate(scored)
+    )  # log-probabilities order the rows as the probabilities do
+
+    saved = (tmp_path / "saved").as_uri()  # a local path without a scheme is on fs.defaultFS
+    best.write().save(saved)
+    again = TFModel.load(saved)
+    assert again.getExportDir() == str(tmp_path / "saved" / "savedmodel")
+    assert again.summary == best.summary
+    (part,) = (tmp_path / "saved" / "metadata").glob("part-*")
+    metadata = json.loads(part.read_text())
+    assert metadata["summary"]["final_step"] == 12  # JSON in Spark ML's metadata
+    assert_nothing_left()
 
 
 def test_job_trains_a_module_build_function_on_a_converted_dataset(

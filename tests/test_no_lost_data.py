@@ -167,7 +167,7 @@ def test_hdfs_stopped_mid_conversion_fails_naming_hdfs_and_publishes_nothing(tmp
         text = log_path.read_text()
         print(f"conversion exited {code} {took:.1f} s after HDFS was told to stop")
         assert code != 0, text[-3000:]
-        assert took < 60, text[-3000:]  # measured: 2.0-2.6 s (of which ~1 s stopping HDFS)
+        assert took < 60, text[-3000:]  # generous: the error comes within seconds
         errors = [line for line in text.splitlines() if " ERROR " in line]
         assert errors and re.search(r"HDFS|NameNode", errors[-1]), text[-3000:]
         print("its error:", errors[-1])

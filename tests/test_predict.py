@@ -7,6 +7,7 @@ is compared with the SavedModel called directly in this process.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -23,7 +24,9 @@ import pytest
 
 import sparktf
 from sparktf import inference, storage
-from sparktf.inference import ModelNotFoundError, PredictInputError
+from sparktf.inference import ModelNotFoundError, PredictInputError, execute
+from sparktf.inference.decode import decode
+from sparktf.inference.plan import Plan, choose_signature, make_plan
 from tests import helpers
 from tests.helpers import call, export, remove_local_copy
 
@@ -129,6 +132,35 @@ def test_sparktf_predict_is_the_function_and_import_is_light():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
+def test_the_package_keeps_its_public_names():
+    """sparktf.inference re-exports the names its submodules define."""
+    from sparktf.inference import cache, model, plan
+
+    assert inference.predict is sparktf.predict
+    assert inference.ModelNotFoundError is model.ModelNotFoundError
+    assert inference.PredictInputError is plan.PredictInputError
+    assert inference.ModelCache is cache.ModelCache
+    assert issubclass(inference.ModelNotFoundError, storage.PathNotFoundError)
+    assert set(inference.__all__) >= {
+        "LM_OUTPUTS",
+        "NPZ_MAGIC",
+        "OUTPUT_BATCH_BYTES",
+        "ModelCache",
+        "ModelCacheError",
+        "ModelCacheMismatchError",
+        "ModelInfo",
+        "ModelNotFoundError",
+        "PredictInputError",
+        "Signature",
+        "TensorSpec",
+        "inspect_model",
+        "model_cache_dir",
+        "model_fingerprint",
+        "predict",
+        "resolve_model",
+    }
+
+
 def test_resolve_model_picks_the_highest_version(mlp, tmp_path):
     for given in (mlp["model_dir"], mlp["export"], mlp["latest"]):
         assert inference.resolve_model(given) == mlp["latest"]
@@ -143,7 +175,7 @@ def test_resolve_model_picks_the_highest_version(mlp, tmp_path):
 
 def test_decoders_accept_npy_raw_and_arrays():
     images = np.random.default_rng(1).integers(0, 256, (5, *SHAPE), dtype=np.uint8)
-    plan = inference._Plan(
+    plan = Plan(
         kind="images",
         model_uri="m",
         fingerprint="f",
@@ -178,15 +210,15 @@ def test_decoders_accept_npy_raw_and_arrays():
     batch = pa.RecordBatch.from_pydict(columns)
     for name in columns:
         for chunk in (batch, batch.slice(2, 3)):  # sliced batches keep buffer offsets
-            plan_col = inference.dataclasses.replace(plan, input_col=name)
-            got = inference._decode(plan_col, chunk)["images"]
+            plan_col = dataclasses.replace(plan, input_col=name)
+            got = decode(plan_col, chunk)["images"]
             expected = images[2:] if chunk is not batch else images
             assert got.dtype == np.uint8
             np.testing.assert_array_equal(got, expected, err_msg=name)
 
 
 def test_a_bad_row_among_npy_rows_is_named_by_its_id():
-    plan = inference._Plan(
+    plan = Plan(
         kind="images",
         model_uri="m",
         fingerprint="f",
@@ -213,7 +245,7 @@ def test_a_bad_row_among_npy_rows_is_named_by_its_id():
         with pytest.raises(
             PredictInputError, match=r"column 'image': the row with id=12 " + re.escape(found)
         ):
-            inference._decode(plan, chunk)
+            decode(plan, chunk)
 
 
 def test_input_error_is_found_in_a_spark_failure_text():
@@ -283,8 +315,8 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
             T.StructField("image", T.BinaryType()),
         ]
     )
-    sig = inference._choose_signature(info, None)
-    plan, _ = inference._make_plan(
+    sig = choose_signature(info, None)
+    plan, _ = make_plan(
         schema,
         info,
         sig,
@@ -297,7 +329,7 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
         lm_output="perplexity",
         label_col="label",
     )
-    plan = inference.dataclasses.replace(plan, keep=("id",))
+    plan = dataclasses.replace(plan, keep=("id",))
     rows = image_rows(mlp["images"])
     batch = pa.RecordBatch.from_pydict(
         {
@@ -306,9 +338,9 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
             "image": pa.array([r[2] for r in rows], pa.binary()),
         }
     )
-    for limit, sizes in ((inference.OUTPUT_BATCH_BYTES, [N]), (1, [8] * (N // 8))):
-        monkeypatch.setattr(inference, "OUTPUT_BATCH_BYTES", limit)
-        out = list(inference._predict_partition(plan, iter([batch])))
+    for limit, sizes in ((execute.OUTPUT_BATCH_BYTES, [N]), (1, [8] * (N // 8))):
+        monkeypatch.setattr(execute, "OUTPUT_BATCH_BYTES", limit)
+        out = list(execute.predict_partition(plan, iter([batch])))
         assert [b.num_rows for b in out] == sizes
         assert out[0].schema.names == ["id", "prediction", "probabilities"]
         table = pa.Table.from_batches(out)

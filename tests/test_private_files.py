@@ -55,7 +55,7 @@ def tf_manager():
         yield mgr, authkey
     finally:
         mgr.shutdown()
-        feed._MANAGERS.clear()
+        feed.forget_managers()
 
 
 @pytest.fixture
@@ -263,13 +263,14 @@ FAKE_HDFS_MODEL = "hdfs://127.0.0.1:9/never/contacted"  # the checks come before
 
 def test_default_cache_dir_is_per_user_and_created_0700(tmp_path, monkeypatch):
     from sparktf import inference
+    from sparktf.inference import cache
 
     monkeypatch.delenv("SPARKTF_MODEL_CACHE_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     expected = str(tmp_path / f"sparktf-models-{os.geteuid()}")
     assert inference.model_cache_dir() == expected
     with umask(0):
-        assert inference._private_cache_dir() == expected
+        assert cache.private_cache_dir() == expected
     assert mode(expected) == 0o700
 
 
@@ -277,6 +278,7 @@ def test_default_cache_dir_is_per_user_and_created_0700(tmp_path, monkeypatch):
 def test_unsafe_cache_dir_is_refused(problem, tmp_path, monkeypatch):
     """A directory planted at the default cache path is never used."""
     from sparktf import inference
+    from sparktf.inference import cache
 
     monkeypatch.delenv("SPARKTF_MODEL_CACHE_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -296,7 +298,7 @@ def test_unsafe_cache_dir_is_refused(problem, tmp_path, monkeypatch):
             path.chmod(0o777 if problem == "world writable" else 0o770)
             expected = "is writable by other users"
     with pytest.raises(inference.ModelCacheError) as err:
-        inference._local_model_dir(FAKE_HDFS_MODEL, "f" * 64)
+        cache.local_model_dir(FAKE_HDFS_MODEL, "f" * 64)
     message = str(err.value)
     assert str(path) in message and expected in message and "SPARKTF_MODEL_CACHE_DIR" in message
     assert os.listdir(path) == []  # nothing written there (through the link: elsewhere)
@@ -305,6 +307,7 @@ def test_unsafe_cache_dir_is_refused(problem, tmp_path, monkeypatch):
 
 def test_lock_file_symlink_is_not_followed(cache_dir, tmp_path):
     from sparktf import inference
+    from sparktf.inference import cache
 
     fingerprint = "a" * 64
     os.mkdir(cache_dir, 0o700)
@@ -315,9 +318,9 @@ def test_lock_file_symlink_is_not_followed(cache_dir, tmp_path):
     dangling = os.path.join(cache_dir, "b" * 32 + ".lock")
     os.symlink(tmp_path / "created-through-link", dangling)
     with pytest.raises(inference.ModelCacheError, match="is a symbolic link: refusing to follow"):
-        inference._local_model_dir(FAKE_HDFS_MODEL, fingerprint)
+        cache.local_model_dir(FAKE_HDFS_MODEL, fingerprint)
     with pytest.raises(inference.ModelCacheError, match=r"\.lock is a symbolic link"):
-        inference._local_model_dir(FAKE_HDFS_MODEL, "b" * 64)
+        cache.local_model_dir(FAKE_HDFS_MODEL, "b" * 64)
     assert victim.read_text() == "precious"
     assert not (tmp_path / "created-through-link").exists()
 
@@ -370,6 +373,7 @@ def test_tampered_cached_copy_is_replaced(models_on_hdfs, cache_dir):
     """A cached copy whose saved_model.pb, variables or file list differ from what the
     driver read is copied again; the fresh copy gives the real model's outputs."""
     from sparktf import inference
+    from sparktf.inference import cache
 
     uri, fingerprint = models_on_hdfs["uri"], models_on_hdfs["info"].fingerprint
     assert fingerprint == inference.model_fingerprint(models_on_hdfs["real"])
@@ -377,11 +381,11 @@ def test_tampered_cached_copy_is_replaced(models_on_hdfs, cache_dir):
     inference.ModelCache.stats.pop(fingerprint, None)
     target = os.path.join(cache_dir, fingerprint[:32])
     with umask(0):
-        assert inference._local_model_dir(uri, fingerprint) == target
+        assert cache.local_model_dir(uri, fingerprint) == target
     assert mode(cache_dir) == 0o700
     assert mode(target + ".lock") == 0o600
     assert inference.ModelCache.stats[fingerprint]["copies"] == 1
-    assert inference._local_model_dir(uri, fingerprint) == target  # verified: no new copy
+    assert cache.local_model_dir(uri, fingerprint) == target  # verified: no new copy
     assert inference.ModelCache.stats[fingerprint]["copies"] == 1
 
     planted = models_on_hdfs["planted"]
@@ -395,12 +399,12 @@ def test_tampered_cached_copy_is_replaced(models_on_hdfs, cache_dir):
     }
     for n, (what, tamper) in enumerate(tampers.items(), start=2):
         tamper()
-        assert inference._local_model_dir(uri, fingerprint) == target, what
+        assert cache.local_model_dir(uri, fingerprint) == target, what
         assert inference.ModelCache.stats[fingerprint]["copies"] == n, what
         assert inference.model_fingerprint(target) == fingerprint, what
     assert sorted(os.listdir(cache_dir)) == sorted([fingerprint[:32], fingerprint[:32] + ".lock"])
 
-    loaded = inference._LoadedSignature(uri, fingerprint, "predict_images")
+    loaded = cache.LoadedSignature(uri, fingerprint, "predict_images")
     out = loaded(images=models_on_hdfs["images"])
     np.testing.assert_array_equal(out["classes"], models_on_hdfs["expected"]["classes"])
     np.testing.assert_allclose(out["scores"], models_on_hdfs["expected"]["scores"], rtol=1e-6)
@@ -411,9 +415,10 @@ def test_predict_ignores_a_model_planted_in_the_cache(spark, models_on_hdfs):
     one: sparktf.predict copies the real model again and returns its outputs."""
     import sparktf
     from sparktf import inference
+    from sparktf.inference import cache
 
     info = models_on_hdfs["info"]
-    target = os.path.join(inference._private_cache_dir(), info.fingerprint[:32])
+    target = os.path.join(cache.private_cache_dir(), info.fingerprint[:32])
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(models_on_hdfs["planted"], target)
     images = models_on_hdfs["images"]

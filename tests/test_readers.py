@@ -170,13 +170,13 @@ def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, locat
     held = {int(i) % 13 for i in cifar.data["test"]["ids"]} if fmt == "parquet" else set(range(12))
     empty = min(set(range(13)) - held)
     # unshuffled: a shuffle buffer larger than the shard fills from thousands of passes first
-    one_row = inputs._file_batches(data, fmt, 4, 13, min(held), seed=None)
+    one_row = inputs.file_batches(data, fmt, 4, 13, min(held), seed=None)
     batch = next(one_row)  # the epochs repeat into whole batches
     assert batch["image"].shape[0] == 4
     # shuffled: the buffer (4096) empties with each pass, so the one-record shard does not
     # read thousands of passes first (over HDFS: minutes), and an epoch holds every record
     # once before the next begins
-    assert next(inputs._file_batches(data, fmt, 4, 13, min(held), seed=3))["image"].shape[0] == 4
+    assert next(inputs.file_batches(data, fmt, 4, 13, min(held), seed=3))["image"].shape[0] == 4
     two_epochs = READERS[fmt](
         f"{where(cifar, location)}/test", batch_size=4, shuffle=True, seed=3, repeat=True
     )
@@ -184,7 +184,7 @@ def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, locat
     assert sorted(ids[:12]) == sorted(ids[12:]) == sorted(cifar.data["test"]["ids"].tolist())
     assert ids[:12] != ids[12:]  # each epoch in a new order
     with pytest.raises(ConfigError, match=rf"shard {empty} of 13 of the 'test' split has no rows"):
-        next(inputs._file_batches(data, fmt, 4, 13, empty, seed=1))
+        next(inputs.file_batches(data, fmt, 4, 13, empty, seed=1))
 
 
 def test_hdfs_tfrecord_checksums_and_truncation(cifar, hdfs):

@@ -196,7 +196,7 @@ def test_reservation_client_gets_authkeys_and_address_tuples(server):
     second = {**NODE, "executor_id": 1, "job_name": "worker", "addr": "/tmp/pymp-x/listener"}
     clients = [reservation.AuthClient(server.address, secret=server.secret) for _ in range(2)]
     assert clients[0].register(NODE) == "OK"
-    assert clients[0]._request("QUERY") is False
+    assert clients[0].request("QUERY") is False
     assert clients[1].register(second) == "OK"
     for client in clients:
         info = client.await_reservations()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from sparktf import storage
+from sparktf.storage import lock, publishing
 from tests import helpers
 
 
@@ -166,7 +167,7 @@ def test_hung_namenode_times_out_within_seconds():
 def test_permission_denied_names_path_and_user(hdfs, monkeypatch):
     private = hdfs.fresh("private")
     storage.makedirs(private)
-    storage._client(hdfs.webhdfs_url, storage.hdfs_user()).set_permission(
+    storage.webhdfs_client(hdfs.webhdfs_url, storage.hdfs_user()).set_permission(
         storage.parse(private).path, "755"
     )
     monkeypatch.setenv("SPARKTF_HDFS_USER", "alice")
@@ -214,7 +215,7 @@ def test_failed_swap_puts_the_old_version_back(tmp_path, monkeypatch):
         assert not os.path.exists(path) and os.path.isdir(old)
         storage.delete(tmp)
 
-    monkeypatch.setattr(storage, "_swap_hook", cleaner)
+    monkeypatch.setattr(publishing, "swap_hook", cleaner)
     with pytest.raises(storage.PathNotFoundError, match="rename"):
         _publish_v(target, "v2", overwrite=True)
     assert storage.read_text(storage.join(target, "part-0")) == "v1"
@@ -225,7 +226,7 @@ def test_failed_swap_on_hdfs_keeps_the_old_dataset_readable(hdfs, monkeypatch):
     """A real refusal by the NameNode: in a sticky directory, the superuser hands the new
     copy to another user between the two renames, so alice may no longer rename it in."""
     parent = hdfs.fresh("swap")
-    admin = storage._client(hdfs.webhdfs_url, storage.hdfs_user())  # started HDFS: superuser
+    admin = storage.webhdfs_client(hdfs.webhdfs_url, storage.hdfs_user())  # started HDFS: superuser
     storage.makedirs(parent)
     admin.set_permission(storage.parse(parent).path, "1777")
     target = storage.join(parent, "dataset")
@@ -235,7 +236,7 @@ def test_failed_swap_on_hdfs_keeps_the_old_dataset_readable(hdfs, monkeypatch):
     def hand_over(path, tmp, old):
         admin.set_owner(storage.parse(tmp).path, owner="bob")
 
-    monkeypatch.setattr(storage, "_swap_hook", hand_over)
+    monkeypatch.setattr(publishing, "swap_hook", hand_over)
     with pytest.raises(storage.StoragePermissionError, match="alice"):
         _publish_v(target, "v2", overwrite=True)
     assert storage.read_text(storage.join(target, "part-0")) == "v1"  # readable, as before
@@ -243,7 +244,7 @@ def test_failed_swap_on_hdfs_keeps_the_old_dataset_readable(hdfs, monkeypatch):
     assert len(left) == 1 and left[0].startswith(".dataset.tmp-")  # bob's: alice cannot delete
 
     # The next publish to the same target (by a user allowed to) removes the leftover.
-    monkeypatch.setattr(storage, "_swap_hook", None)
+    monkeypatch.setattr(publishing, "swap_hook", None)
     monkeypatch.delenv("SPARKTF_HDFS_USER")
     _publish_v(target, "v3", overwrite=True)
     assert storage.read_text(storage.join(target, "part-0")) == "v3"
@@ -259,7 +260,8 @@ def test_crash_mid_swap_is_repaired_by_the_next_publish(base):
     code = (
         "import os, signal, sys\n"
         "from sparktf import storage\n"
-        "storage._swap_hook = lambda path, tmp, old: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "from sparktf.storage import publishing\n"
+        "publishing.swap_hook = lambda path, tmp, old: os.kill(os.getpid(), signal.SIGKILL)\n"
         "with storage.publish(sys.argv[1], overwrite=True) as tmp:\n"
         "    storage.write_text(storage.join(tmp, 'part-0'), 'v2')\n"
     )
@@ -323,13 +325,13 @@ def test_old_leftovers_are_cleaned_but_not_a_publish_in_progress(base, monkeypat
     # Leftovers of a publish of "gone" that died long ago (a temporary and its lock).
     storage.write_text(storage.join(base, ".gone.tmp-0123456789ab", "part-0"), "partial")
     storage.write_text(storage.join(base, ".gone.publish-lock"), "")
-    monkeypatch.setattr(storage, "LEFTOVER_AGE_S", 0.0)  # "long ago": any age
-    monkeypatch.setattr(storage, "LOCK_STALE_S", 0.5)
+    monkeypatch.setattr(publishing, "LEFTOVER_AGE_S", 0.0)  # "long ago": any age
+    monkeypatch.setattr(lock, "LOCK_STALE_S", 0.5)
     time.sleep(1.0)
 
     busy = storage.join(base, "busy")
     inside, release, errors = threading.Event(), threading.Event(), []
-    monkeypatch.setattr(storage, "LOCK_HEARTBEAT_S", 0.2)  # keeps busy's lock fresh
+    monkeypatch.setattr(lock, "LOCK_HEARTBEAT_S", 0.2)  # keeps busy's lock fresh
 
     def in_progress():
         try:
@@ -398,7 +400,7 @@ def test_hdfs_client_selection(hdfs, monkeypatch, caplog):
         storage.read_range(path, 0, 1)
     # native: hdfs-native when installed, else WebHDFS with a warning; the bytes are the same
     monkeypatch.setenv("SPARKTF_HDFS_CLIENT", "native")
-    storage._native_client.cache_clear()
+    storage.native_client.cache_clear()
     with caplog.at_level("WARNING", logger="sparktf.storage"):
         assert b"".join(storage.iter_blocks(path, 1 << 20)) == data
         assert storage.read_range(path, 100, 1 << 20) == data[100 : 100 + (1 << 20)]
@@ -407,10 +409,10 @@ def test_hdfs_client_selection(hdfs, monkeypatch, caplog):
     except ImportError:
         assert "hdfs-native is not installed: using WebHDFS" in caplog.text
     else:
-        assert storage._native_client(storage.parse(path).netloc, storage.hdfs_user())
+        assert storage.native_client(storage.parse(path).netloc, storage.hdfs_user())
     with pytest.raises(storage.PathNotFoundError, match="nothing.bin"):
         storage.read_range(hdfs.fresh("client") + "/nothing.bin", 0, 1)
-    storage._native_client.cache_clear()
+    storage.native_client.cache_clear()
 
 
 def test_native_client_falls_back_at_once_when_the_rpc_port_is_closed(hdfs, monkeypatch, caplog):
@@ -424,13 +426,13 @@ def test_native_client_falls_back_at_once_when_the_rpc_port_is_closed(hdfs, monk
     # (SPARKTF_WEBHDFS_URL) instead of hdfs-native retrying for minutes.
     closed = f"hdfs://127.0.0.1:{port}" + storage.parse(path).path
     monkeypatch.setenv("SPARKTF_HDFS_CLIENT", "native")
-    storage._native_client.cache_clear()
+    storage.native_client.cache_clear()
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="sparktf.storage"):
         assert storage.read_range(closed, 0, 1000) == b"x" * 1000
     assert time.monotonic() - started < 10
     assert "does not accept connections" in caplog.text
-    storage._native_client.cache_clear()
+    storage.native_client.cache_clear()
 
 
 def test_hdfs_with_two_datanodes_spreads_files_and_stops_cleanly(tmp_path, monkeypatch):

@@ -124,7 +124,7 @@ def test_control_channel_plans_progress_and_abort():
 
 
 def test_training_rate_counts_from_the_end_of_the_first_step():
-    from sparktf.train.trainer import Meter
+    from sparktf.train.reporting import Meter
 
     meter = Meter(global_batch=8)
     assert meter.step()  # the first step, scheduled (a ps coordinator returns at once)
@@ -140,7 +140,7 @@ def test_training_rate_counts_from_the_end_of_the_first_step():
 def test_a_ps_evaluation_runs_beside_training_and_reports_its_error():
     import threading
 
-    from sparktf.train.trainer import AsideEvaluation
+    from sparktf.train.evaluation import AsideEvaluation
 
     started, release = threading.Event(), threading.Event()
 
@@ -883,12 +883,12 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
 
 
 def test_progress_watch_start_up_and_stall_deadlines():
-    from sparktf.train.cluster import _ProgressWatch
     from sparktf.train.config import RunConfig
     from sparktf.train.control import NodeState
+    from sparktf.train.monitor import ProgressWatch
 
     run = RunConfig(model_dir="/m", startup_timeout_s=10, stall_timeout_s=5)
-    watch = _ProgressWatch(run, ["a", "b"])
+    watch = ProgressWatch(run, ["a", "b"])
     t0 = watch.started
     nodes = {"a": NodeState("a", role="chief:0"), "b": NodeState("b", role="worker:0")}
     assert watch.update(nodes, "a", t0 + 9) is None  # still starting

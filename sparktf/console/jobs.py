@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from sparktf import cli
 
+__all__ = ["CONVERT_DATASETS", "JOBS", "Job", "run_job"]
+
 
 @dataclass(frozen=True)
 class Job:

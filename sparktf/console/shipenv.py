@@ -53,7 +53,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sparktf import paths
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfValueError
+
+__all__ = [
+    "COMPRESS_LEVEL",
+    "DEFAULT_FORMAT",
+    "ENV_DIR",
+    "EXCLUDES",
+    "FORMATS",
+    "ShipEnvError",
+    "environment_key",
+    "pack",
+    "submit_args",
+]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +146,7 @@ def pack(cache_dir: Path, prefix: str | Path = sys.prefix, *, fmt: str = DEFAULT
     others, if ``prefix`` is not a virtual environment, or if venv-pack refuses it (e.g. an
     editable install listed in a ``.pth`` file as a path outside the environment)."""
     if fmt not in FORMATS:
-        raise ValueError(f"unknown archive format {fmt!r}; one of {', '.join(FORMATS)}")
+        raise SparktfValueError(f"unknown archive format {fmt!r}; one of {', '.join(FORMATS)}")
     root, cfg = _venv(prefix)
     key = environment_key(root)
     cache = _private_dir(Path(cache_dir))

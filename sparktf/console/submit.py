@@ -44,6 +44,8 @@ from pathlib import Path
 from sparktf import cli, paths, placement, spark
 from sparktf.console.jobs import JOBS
 
+__all__ = ["Command", "FLAGS", "SHIP_ENV_CONF", "build", "job_name", "main", "parse"]
+
 log = logging.getLogger("sparktf.submit")
 
 # spark-submit options that take no value.

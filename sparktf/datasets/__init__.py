@@ -10,6 +10,8 @@
 - :mod:`sparktf.datasets.tfrecord` — TFRecord framing and tf.train.Example encoding without
   TensorFlow (executors write through sparktf.storage, HDFS included);
 - :mod:`sparktf.datasets.petastorm_io` — everything that touches petastorm;
+- :mod:`sparktf.datasets.tables` — a DataFrame's feature, label and id columns written as a
+  ``table`` dataset (what :class:`sparktf.ml.TFEstimator` trains on);
 - :mod:`sparktf.datasets.synthetic` — synthetic raw files in the distribution formats (tests,
   benchmarks, the demo datasets of the training jobs).
 
@@ -18,3 +20,5 @@ The on-disk format is documented in docs/datasets.md.
 Importing this package is light (no TensorFlow, no Spark): executors import only what a task
 needs.
 """
+
+__all__ = []

@@ -50,7 +50,63 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparktf import storage
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfValueError
+
+__all__ = [
+    "COMMON_METADATA",
+    "DATASETS",
+    "DEFAULT_SEQ_LEN",
+    "DatasetSpec",
+    "EOS",
+    "FORMATS",
+    "FORMAT_VERSION",
+    "Field",
+    "ID_SCHEME",
+    "ID_SHIFT",
+    "IMAGE_SPLITS",
+    "MANIFEST_FILE",
+    "ManifestError",
+    "NPY_MAGIC",
+    "NdarrayColumnError",
+    "NpyHeader",
+    "PARQUET",
+    "PARQUET_PART",
+    "ParquetSchemaError",
+    "ROW_GROUPS_KEY",
+    "SCHEMA_KEY",
+    "SCHEMA_VERSION",
+    "TABLE",
+    "TEXT_SPLITS",
+    "TFRECORD",
+    "TFRECORD_PART",
+    "VOCAB_FILE",
+    "arrow_schema",
+    "binary_matrix",
+    "binary_parts",
+    "check_manifest",
+    "check_schema",
+    "decode_ndarray_column",
+    "describe_field",
+    "describe_layout",
+    "encode_ndarray_column",
+    "feature_spec",
+    "load_manifest",
+    "load_vocab",
+    "make_id",
+    "manifest_fields",
+    "manifest_path",
+    "npy_header",
+    "parquet_fields",
+    "read_common_metadata",
+    "read_npy_header",
+    "schema_fields",
+    "schema_metadata",
+    "split_files",
+    "split_id",
+    "split_records",
+    "table_manifest",
+    "write_common_metadata",
+]
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -135,12 +191,12 @@ def feature_spec(kind: str = "image", *, seq_len: int | None = None) -> dict:
         return spec
     if kind == "text":
         if not seq_len:
-            raise ValueError("feature_spec('text') needs seq_len")
+            raise SparktfValueError("feature_spec('text') needs seq_len")
         return {
             "tokens": tf.io.FixedLenFeature([seq_len], tf.int64),
             "id": tf.io.FixedLenFeature([], tf.int64),
         }
-    raise ValueError(f"unknown dataset kind {kind!r}: expected 'image' or 'text'")
+    raise SparktfValueError(f"unknown dataset kind {kind!r}: expected 'image' or 'text'")
 
 
 def arrow_schema(fields: Sequence[Field]):
@@ -182,7 +238,7 @@ def schema_fields(metadata: dict | None, where: str) -> list[Field] | None:
     try:
         doc = json.loads(raw)
         if doc.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(
+            raise SparktfValueError(
                 f"schema_version {doc.get('schema_version')!r}, this sparktf reads {SCHEMA_VERSION}"
             )
         return [Field.from_spec(f["name"], f) for f in doc["fields"]]
@@ -291,7 +347,7 @@ def parquet_fields(kind: str, *, image_shape=None, seq_len: int | None = None) -
         ]
     if kind == "text":
         return [Field("tokens", "int64", (int(seq_len),)), Field("id", "int64")]
-    raise ValueError(f"unknown dataset kind {kind!r}: expected 'image' or 'text'")
+    raise SparktfValueError(f"unknown dataset kind {kind!r}: expected 'image' or 'text'")
 
 
 def manifest_fields(manifest: dict) -> list[Field]:
@@ -384,16 +440,16 @@ def read_npy_header(value) -> NpyHeader:
     """
     prefix = bytes(value[:12])
     if not prefix.startswith(NPY_MAGIC) or len(prefix) < 10:
-        raise ValueError(f"not numpy.save bytes (they start with {prefix[:8]!r})")
+        raise SparktfValueError(f"not numpy.save bytes (they start with {prefix[:8]!r})")
     version = tuple(prefix[6:8])
     if version == (1, 0):
         size = 10 + int.from_bytes(prefix[8:10], "little")
     elif version == (2, 0):
         size = 12 + int.from_bytes(prefix[8:12], "little")
     else:
-        raise ValueError(f"numpy.save format version {version} is not read here")
+        raise SparktfValueError(f"numpy.save format version {version} is not read here")
     if size > len(value) or size > _HEADER_LIMIT:
-        raise ValueError(f"a numpy.save header of {size} bytes in {len(value)} bytes")
+        raise SparktfValueError(f"a numpy.save header of {size} bytes in {len(value)} bytes")
     return _parse_header(bytes(value[:size]))
 
 
@@ -406,7 +462,7 @@ def _parse_header(header: bytes) -> NpyHeader:
         else:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
     except EOFError as exc:
-        raise ValueError(f"a truncated numpy.save header: {exc}") from None
+        raise SparktfValueError(f"a truncated numpy.save header: {exc}") from None
     return NpyHeader(np.dtype(dtype), tuple(int(d) for d in shape), bool(fortran), stream.tell())
 
 

@@ -32,6 +32,16 @@ from sparktf import storage
 from sparktf.datasets import formats
 from sparktf.datasets.formats import Field
 
+__all__ = [
+    "add_unischema",
+    "available",
+    "legacy_filesystem",
+    "make_batch_reader",
+    "make_reader",
+    "unischema",
+    "unischema_metadata",
+]
+
 
 @functools.cache
 def _wrapper_class():

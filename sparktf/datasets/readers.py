@@ -52,14 +52,42 @@ import tensorflow as tf
 from sparktf import storage
 from sparktf.datasets import formats, tfrecord
 from sparktf.datasets.formats import PARQUET, TFRECORD
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfValueError
+
+__all__ = [
+    "AUTOTUNE",
+    "DEFAULT_SHUFFLE_BUFFER",
+    "HDFS_FIRST_BLOCK",
+    "HDFS_READ_AHEAD",
+    "HDFS_READ_BLOCK",
+    "INTERLEAVE_BLOCK",
+    "PARQUET_CHUNK_ROWS",
+    "SHUFFLE_CHUNK",
+    "dataset_info",
+    "parquet_dataset",
+    "tfrecord_dataset",
+]
 
 AUTOTUNE = tf.data.AUTOTUNE
 DEFAULT_SHUFFLE_BUFFER = 4096
 
 
 def dataset_info(dataset_dir: str) -> dict:
-    """The manifest of a converted dataset (see ``formats.load_manifest``)."""
+    """The manifest of a dataset written by ``sparktf convert``.
+
+    Args:
+        dataset_dir: the dataset directory (``hdfs://...`` or a local path), the one holding
+            ``manifest.json`` and a directory per split.
+
+    Returns:
+        The manifest as a dict: ``dataset``, ``formats``, ``fields`` (name, dtype, shape) and
+        per split its files, record counts and checksums.
+
+    Raises:
+        sparktf.datasets.formats.ManifestError: no manifest there, or one that does not parse
+            (the message names the file).
+        sparktf.storage.StorageError: the storage cannot be reached or read.
+    """
     return formats.load_manifest(dataset_dir)
 
 
@@ -68,7 +96,9 @@ def _resolve(path: str, split: str | None) -> tuple[str, str, dict]:
     path = path.rstrip("/")
     if storage.exists(formats.manifest_path(path)):
         if split is None:
-            raise ValueError(f"{path} is a dataset directory: pass split= (or give {path}/train)")
+            raise SparktfValueError(
+                f"{path} is a dataset directory: pass split= (or give {path}/train)"
+            )
         return path, split, formats.load_manifest(path)
     loc = storage.parse(path)
     if posixpath.basename(loc.path) in (TFRECORD, PARQUET):
@@ -76,7 +106,7 @@ def _resolve(path: str, split: str | None) -> tuple[str, str, dict]:
         loc = storage.parse(path)
     name = posixpath.basename(loc.path)
     if split is not None and split != name:
-        raise ValueError(f"split={split!r} does not match the split directory {path}")
+        raise SparktfValueError(f"split={split!r} does not match the split directory {path}")
     parent = storage.Location(loc.scheme, loc.netloc, posixpath.dirname(loc.path)).uri
     return parent, name, formats.load_manifest(parent)
 
@@ -84,7 +114,7 @@ def _resolve(path: str, split: str | None) -> tuple[str, str, dict]:
 def _plan(files: list[str], num_shards: int, shard_index: int) -> tuple[list[str], bool]:
     """This worker's files, and whether it must shard by records instead of by files."""
     if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise ValueError(
+        raise SparktfValueError(
             f"need 0 <= shard_index < num_shards, got shard_index={shard_index}, "
             f"num_shards={num_shards}"
         )
@@ -97,7 +127,7 @@ def _plan(files: list[str], num_shards: int, shard_index: int) -> tuple[list[str
 
 def _check_batch(batch_size: int) -> None:
     if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise SparktfValueError(f"batch_size must be positive, got {batch_size}")
 
 
 # ----------------------------------------------------------------------------- TFRecord
@@ -368,9 +398,29 @@ def tfrecord_dataset(
 ) -> tf.data.Dataset:
     """Batches of the TFRecord part files of one split (local or HDFS); see the module doc.
 
-    Returns a ``tf.data.Dataset`` of dicts: images ``{"image": uint8 [B, H, W, C], "label":
-    int64 [B], "id": int64 [B]}``, PTB ``{"tokens": int64 [B, seq_len], "id": int64 [B]}``.
-    With ``drop_remainder`` the batch dimension is static.
+    Args:
+        path: a split directory (``.../mnist/train``) or a dataset directory with ``split``.
+        batch_size: records per batch (at least 1).
+        split: the split's name when ``path`` is the dataset directory.
+        num_shards, shard_index: read only this reader's share (one per TensorFlow worker):
+            whole files when there are enough, else every ``num_shards``-th record.
+        shuffle: shuffle the files and the records (through a ``shuffle_buffer`` of records);
+            with ``seed`` the order is the same on every run.
+        repeat: start over at the end (each pass reshuffled).
+        drop_remainder: drop a last short batch (the batch dimension is then static).
+        num_parallel_reads: files read at once.
+        verify_checksums: check each file's CRC32C against the manifest as it is read.
+
+    Returns:
+        A ``tf.data.Dataset`` of dicts: images ``{"image": uint8 [B, H, W, C], "label":
+        int64 [B], "id": int64 [B]}``, PTB ``{"tokens": int64 [B, seq_len], "id": int64 [B]}``.
+
+    Raises:
+        ValueError: a bad ``batch_size``, a dataset directory without ``split``, or a shard
+            outside ``num_shards``.
+        sparktf.datasets.formats.ManifestError: no manifest, or a split it does not list.
+        sparktf.datasets.tfrecord.TFRecordError: while iterating, a corrupt record (naming
+            the file and the record).
     """
     _check_batch(batch_size)
     dataset_dir, split, manifest = _resolve(path, split)
@@ -586,7 +636,7 @@ class _ParquetBatches:
                 else:
                     out[field.name] = np.array(column.to_numpy(), dtype=np.int64)  # a copy
             except ValueError as exc:
-                raise ValueError(f"{path}, row group {group}: {exc}") from exc
+                raise SparktfValueError(f"{path}, row group {group}: {exc}") from exc
         if self.by_records:
             keep = out["id"] % self.num_shards == self.shard_index
             out = {k: v[keep] for k, v in out.items()}
@@ -674,9 +724,21 @@ def parquet_dataset(
 ) -> tf.data.Dataset:
     """Batches of the Parquet files of one split (local or HDFS); see the module doc.
 
-    Same arguments and batches as ``tfrecord_dataset``; ``workers``: row groups read ahead
-    in parallel threads (default 2 on local disk, 4 on HDFS: each one streams its row group
-    with one request). Without ``shuffle`` the records come in file order.
+    Args:
+        path, batch_size, split, num_shards, shard_index, shuffle, seed, repeat,
+        shuffle_buffer, drop_remainder: as for :func:`tfrecord_dataset`.
+        workers: row groups read ahead in parallel threads (default 2 on local disk, 4 on
+            HDFS, where each one streams its row group with one request).
+
+    Returns:
+        A ``tf.data.Dataset`` of the same dicts as :func:`tfrecord_dataset`. Without
+        ``shuffle`` the records come in file order.
+
+    Raises:
+        ValueError: as for :func:`tfrecord_dataset`.
+        sparktf.datasets.formats.ManifestError: no manifest, or a split it does not list.
+        sparktf.datasets.formats.ParquetSchemaError: a file whose schema disagrees with the
+            manifest (naming the file and the column).
     """
     _check_batch(batch_size)
     dataset_dir, split, manifest = _resolve(path, split)

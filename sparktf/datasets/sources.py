@@ -34,7 +34,44 @@ import numpy as np
 
 from sparktf import storage
 from sparktf.datasets.formats import EOS
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfValueError
+
+__all__ = [
+    "ARCHIVE_SUFFIXES",
+    "CIFAR_CLASSES",
+    "CIFAR_IMAGE_BYTES",
+    "CIFAR_IMAGE_SHAPE",
+    "CIFAR_LABEL_BYTES",
+    "CIFAR_RECORD_BYTES",
+    "CIFAR_TEST",
+    "CIFAR_TRAIN",
+    "COPY_CHUNK",
+    "Container",
+    "IdxHeader",
+    "MNIST_CLASSES",
+    "MNIST_FILES",
+    "MNIST_IMAGES_HEADER",
+    "MNIST_IMAGES_MAGIC",
+    "MNIST_LABELS_HEADER",
+    "MNIST_LABELS_MAGIC",
+    "PTB_FILES",
+    "SourceError",
+    "build_vocab",
+    "canonical_split",
+    "cifar_records",
+    "discover",
+    "extract_members",
+    "file_digest",
+    "gunzip",
+    "iter_lines",
+    "line_start",
+    "line_words",
+    "parse_idx_header",
+    "read_cifar",
+    "read_idx_header",
+    "read_mnist",
+    "word_offset",
+]
 
 COPY_CHUNK = 4 << 20
 
@@ -139,7 +176,7 @@ def discover(dataset: str, input_path: str) -> list[Container]:
     """The input files of ``dataset`` below ``input_path`` (a directory, or an archive)."""
     finder = {"cifar10": _discover_cifar10, "mnist": _discover_mnist, "ptb": _discover_ptb}
     if dataset not in finder:
-        raise ValueError(f"unknown dataset {dataset!r}: expected one of {', '.join(finder)}")
+        raise SparktfValueError(f"unknown dataset {dataset!r}: expected one of {', '.join(finder)}")
     containers = finder[dataset](input_path)
     for c in containers:
         if storage.size(c.path) == 0:

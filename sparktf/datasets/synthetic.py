@@ -10,9 +10,12 @@ ids the conversion gives them (``sparktf.datasets.formats.make_id``). Files are 
 local directory; copy them with ``sparktf.storage.copy_tree`` for HDFS.
 
 By default the content is random (uniform pixels and labels, Zipf-distributed words): what a
-test of the conversion needs. With ``learnable=True`` there is something to learn (each class
-has its own image pattern plus noise; the words follow a Markov chain), so accuracy rises
-within an epoch: what the demo datasets of the training jobs need (``write_raw``).
+test of the conversion needs. With ``learnable=True`` there is something to learn, so accuracy
+rises within an epoch: what the demo datasets of the training jobs need (``write_raw``).
+Learnable images are their class's pattern (:func:`class_patterns`: sinusoidal stripes whose
+orientation and period name the class, tinted with a class colour) plus Gaussian noise; the
+patterns survive the random crops and flips of ResNet's augmentation, so a model trained with
+them still recognises the images as they are. Learnable words follow a Markov chain.
 """
 
 from __future__ import annotations
@@ -28,28 +31,69 @@ import numpy as np
 
 from sparktf.datasets.formats import make_id
 
-PATTERN_SEED = 1234  # the class patterns of learnable images: the same in every file
+__all__ = [
+    "MARKOV_LINE_WORDS",
+    "PATTERN_SEED",
+    "cifar_bytes",
+    "class_patterns",
+    "idx_images",
+    "idx_labels",
+    "ptb_reference",
+    "write_cifar10",
+    "write_mnist",
+    "write_ptb",
+    "write_raw",
+]
+
+PATTERN_SEED = 1234  # the class colours of learnable images: the same in every file
 MARKOV_LINE_WORDS = 20  # words per line of learnable PTB text
+NUM_CLASSES = 10
+# Learnable images: the stripes' period in pixels for classes (0, 1), (2, 3), ... (even
+# classes have horizontal stripes, odd ones vertical), and the pixel scale of each part.
+STRIPE_PERIODS = (3, 4, 6, 9, 14)
+STRIPE_AMPLITUDE = 80.0
+TINT_AMPLITUDE = 40.0
+NOISE_STDDEV = 40.0
 
 
 def _even_split(n: int, parts: int) -> list[int]:
     return [n * (i + 1) // parts - n * i // parts for i in range(parts)]
 
 
+def class_patterns(shape: tuple[int, ...]) -> np.ndarray:
+    """The 10 class patterns of learnable images, float ``[10, *shape]`` around 128.
+
+    Class ``k`` is a sinusoid of period ``STRIPE_PERIODS[k // 2]`` pixels along the rows
+    (``k`` even: horizontal stripes) or the columns (``k`` odd: vertical stripes), plus a
+    colour of its own per channel (fixed by ``PATTERN_SEED``; on one channel it shifts the
+    brightness). Orientation and period do not change under a shift or a horizontal flip, so
+    the classes stay apart under ResNet's crop-and-flip augmentation.
+    """
+    height, width = shape[:2]
+    channels = shape[2] if len(shape) > 2 else 1
+    tints = np.random.default_rng(PATTERN_SEED).uniform(-1.0, 1.0, (NUM_CLASSES, channels))
+    patterns = []
+    for k in range(NUM_CLASSES):
+        period = STRIPE_PERIODS[k // 2]
+        along = np.arange(height)[:, None] if k % 2 == 0 else np.arange(width)[None, :]
+        wave = np.broadcast_to(np.sin(2 * np.pi * along / period), (height, width))
+        pattern = 128.0 + STRIPE_AMPLITUDE * wave[..., None] + TINT_AMPLITUDE * tints[k]
+        patterns.append(pattern.reshape(shape))
+    return np.stack(patterns)
+
+
 def _images(
     rng: np.random.Generator, n: int, shape: tuple[int, ...], learnable: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(images uint8 [n, *shape], labels int64 [n])``: uniform noise and labels, or with
-    ``learnable`` each label's own pattern (fixed by ``PATTERN_SEED``) plus noise."""
+    ``learnable`` each label's pattern (:func:`class_patterns`) plus Gaussian noise."""
     if not learnable:
         images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
-        labels = rng.integers(0, 10, n).astype(np.int64)
-        return images, labels
-    labels = rng.integers(0, 10, n)
-    patterns = np.random.default_rng(PATTERN_SEED).integers(0, 256, (10, *shape))
-    noise = rng.normal(0, 40, (n, *shape))
-    images = np.clip(patterns.astype(np.float32)[labels] * 0.7 + noise + 30, 0, 255)
-    return images.astype(np.uint8), labels.astype(np.int64)
+        return images, rng.integers(0, NUM_CLASSES, n).astype(np.int64)
+    labels = rng.integers(0, NUM_CLASSES, n).astype(np.int64)
+    noise = rng.normal(0.0, NOISE_STDDEV, (n, *shape))
+    images = np.clip(class_patterns(shape)[labels] + noise, 0, 255)
+    return images.astype(np.uint8), labels
 
 
 def cifar_bytes(labels: np.ndarray, images_hwc: np.ndarray) -> bytes:
@@ -168,7 +212,8 @@ def write_mnist(
 
 
 def ptb_reference(texts: dict[str, str]) -> tuple[list[str], dict[str, list[int]]]:
-    """The book's 11.2 reader: vocabulary from train (count desc, then word); word ids."""
+    """What TensorFlow's PTB tutorial reader makes of ``texts``: the vocabulary of train
+    (by count, descending, then by word) and each split's word ids (unknown words dropped)."""
     words = {split: text.replace("\n", "<eos>").split() for split, text in texts.items()}
     counter = Counter(words["train"])
     vocab = [w for w, _ in sorted(counter.items(), key=lambda x: (-x[1], x[0]))]
@@ -214,8 +259,8 @@ def write_ptb(
 
     The words are ``w0`` ... and ``<unk>`` (``vocab_size`` in all). ``oov_word``: put this
     word (absent from train) into valid. Returns ``{"texts", "vocab", "ids" (token ids per
-    split, the book's reader), "chunks" and "chunk_ids" per split for ``seq_len``,
-    "files"}``.
+    split, as :func:`ptb_reference` reads them), "chunks" and "chunk_ids" per split for
+    ``seq_len``, "files"}``.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,26 @@ import numpy as np
 
 from sparktf.errors import SparktfError
 
+__all__ = [
+    "FOOTER_BYTES",
+    "HEADER_BYTES",
+    "READ_BLOCK",
+    "TFRecordError",
+    "bytes_feature",
+    "crc32c",
+    "crc32c_many",
+    "example",
+    "frame",
+    "frame_images",
+    "image_examples",
+    "int64_feature",
+    "iter_record_batches",
+    "mask",
+    "read_records",
+    "token_examples",
+    "write_records",
+]
+
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
 _MASK_DELTA = 0xA282EAD8
 HEADER_BYTES = 12  # length + its crc

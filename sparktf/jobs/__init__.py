@@ -16,3 +16,5 @@ from ``jobs/<job>.json`` of the conf directories (see :mod:`sparktf.paths`,
 :mod:`sparktf.cli`). This is the top layer: nothing else in sparktf imports it, and this
 package imports none of its modules (each job imports only what it needs).
 """
+
+__all__ = []

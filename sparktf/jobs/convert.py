@@ -23,6 +23,8 @@ from sparktf.datasets.convert import (
 from sparktf.datasets.formats import FORMATS
 from sparktf.datasets.sources import SourceError
 
+__all__ = ["JOB_HELP", "add_job_flags", "main", "run"]
+
 JOB_HELP = {
     "cifar10": "CIFAR-10 binary version: a directory holding data_batch_1.bin ... "
     "data_batch_5.bin and test_batch.bin (searched recursively), or "

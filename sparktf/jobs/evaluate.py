@@ -42,6 +42,25 @@ from typing import TYPE_CHECKING, Any
 
 from sparktf import cli, metrics, storage
 from sparktf.datasets import formats
+from sparktf.errors import SparktfRuntimeError
+
+__all__ = [
+    "CLASSIFIER",
+    "DESCRIPTION",
+    "LANGUAGE_MODEL",
+    "Plan",
+    "TOP_K",
+    "confusion_png_path",
+    "evaluate",
+    "jvm_error",
+    "main",
+    "model_kind",
+    "outputs",
+    "parser",
+    "prepare",
+    "summary",
+    "write_report",
+]
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import SparkSession
@@ -278,7 +297,7 @@ def _collect(frame, plan: Plan) -> list:
             what = f"evaluating {plan.model.uri} on {plan.table}"
             reason = jvm_error(str(exc))
             if reason:
-                raise RuntimeError(f"{what} failed: {reason}") from None
+                raise SparktfRuntimeError(f"{what} failed: {reason}") from None
             raise spark_failure(what, exc) from None
         raise
 

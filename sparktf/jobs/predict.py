@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 from sparktf import cli, storage
 
+__all__ = ["DESCRIPTION", "KEEP_COLUMNS", "input_error", "input_table", "main", "parser"]
+
 log = logging.getLogger(__name__)
 
 DESCRIPTION = "Batch prediction: apply an exported model to a Parquet table, write the predictions."

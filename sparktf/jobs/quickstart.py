@@ -5,6 +5,9 @@ export is, whether the data was the synthetic demo set, and the commands to run 
 
 ``RESULT_JSON`` is the training job's ``--result-json``; ``TRAIN-ARGS`` are the arguments the
 quickstart passed to ``jobs/train_resnet.py`` (to know the model and the data it used).
+
+On the demo set the evaluation line names the accuracy of guessing (one over the number of
+classes), so the reader sees how far above chance the model got.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from sparktf import cli, storage
 from sparktf.jobs import train as train_job
 from sparktf.train import demo
 
+__all__ = ["SECTION", "chance_accuracy", "main", "summary"]
+
 SECTION = "train_resnet"
+# What each demo set is, for the summary's data line.
+DEMO_CONTENT = {
+    "cifar10": "10 classes of striped patterns plus noise, not CIFAR-10",
+    "mnist": "10 classes of striped patterns plus noise, not MNIST",
+    "ptb": "words of a Markov chain, not the Penn Treebank",
+}
 
 
 def _shown(path: str) -> str:
@@ -36,8 +47,26 @@ def _metrics(values: Mapping[str, float]) -> str:
     return ", ".join(f"{name} {value:.4g}" for name, value in values.items()) or "none"
 
 
+def chance_accuracy(model: str) -> float | None:
+    """The accuracy of guessing a class at random for a registry classifier (one over its
+    number of classes); None for a model without classes (a language model, a GAN).
+    Raises ``ValueError`` for a model the registry does not know."""
+    from sparktf import models  # deferred: imports TensorFlow
+
+    classes = getattr(models.get_task(model), "num_classes", None)
+    return 1.0 / classes if classes else None
+
+
 def summary(result: Mapping, model: str, data: str) -> str:
-    """The text printed at the end of the quickstart."""
+    """The text printed at the end of the quickstart.
+
+    Parameters: ``result``, the training job's result (``--result-json``: strategy, input
+    mode, steps, metrics, evaluation history, export path); ``model``, the registry model
+    that was trained; ``data``, the job's ``--data`` (``"demo"`` for the synthetic set).
+    Returns the lines to print: what ran, the training and evaluation metrics, where the
+    export is, and the commands to run next. Raises ``KeyError`` when ``result`` lacks a
+    field and ``ValueError`` for a model with no demo set when ``data`` is ``"demo"``.
+    """
     synthetic = data == "demo"
     dataset = str(demo.demo_dir() / demo.dataset_for(model)) if synthetic else data
     export = result.get("export_path") or ""
@@ -53,15 +82,18 @@ def summary(result: Mapping, model: str, data: str) -> str:
     history = result.get("eval_history") or []
     if history:
         last = history[-1]
+        chance = chance_accuracy(model) if "accuracy" in last else None
+        guess = f"; guessing: accuracy {chance:.2g}" if chance else ""
         lines.append(
             f"  evaluation  {_metrics({k: v for k, v in last.items() if k != 'step'})} "
-            f"(step {last['step']})"
+            f"(step {last['step']}{guess})"
         )
     lines.append(f"  export      {_shown(export) if export else 'none'}")
     if synthetic:
+        content = DEMO_CONTENT[demo.dataset_for(model)]
         lines.append(
-            f"  data        SYNTHETIC: the demo set in {_shown(dataset)} (class patterns plus "
-            "noise, not CIFAR-10); the figures show the pipeline works, not the model's quality"
+            f"  data        SYNTHETIC: the demo set in {_shown(dataset)} ({content}); the "
+            "figures show the pipeline works and the model learns, not its quality on real data"
         )
     else:
         lines.append(f"  data        {_shown(dataset)}")
@@ -89,6 +121,9 @@ def summary(result: Mapping, model: str, data: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Prints the quickstart's summary; ``argv`` is ``RESULT_JSON [TRAIN-ARGS]`` (default:
+    ``sys.argv[1:]``). Returns 0, or 2 without arguments (the usage is printed then). A
+    summary that cannot be made (a model without a demo set) becomes a one-line note."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())

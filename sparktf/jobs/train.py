@@ -5,17 +5,25 @@ Every ``jobs/train*.py`` is ``main(argv)`` of this module with its own config se
 prepares a small synthetic dataset under ``.local/demo`` first (see
 :mod:`sparktf.train.demo`), so a job runs with no arguments at all.
 
+The flags of the config fields are generated from the configs' metadata
+(:mod:`sparktf.train.flags`); this module adds the optimizer options (entries of the model's
+config), ``--no-augment`` and ``--result-json``. A :class:`~sparktf.train.ConfigError`
+names a config field (``TrainConfig.eval_split``); the job prints it with the flag
+(``--eval-split``).
+
 Exit codes: 0 trained and exported; 1 the run failed (the first error is logged); 2 the
 command line or the input cannot work.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from sparktf import cli
 from sparktf.placement import PlacementError
@@ -32,408 +40,164 @@ from sparktf.train import (
     TrainConfig,
     demo,
     fit,
+    flags,
     gpu_spark_conf,
     tracking,
 )
 
+__all__ = [
+    "CONFIGS",
+    "configs",
+    "executors_needed",
+    "finetune_and_augment_options",
+    "main",
+    "optimizer_overrides",
+    "parser",
+    "scaling_config",
+    "session_overrides",
+    "usage_error",
+]
+
 log = logging.getLogger("sparktf.jobs.train")
 
+# The configs a training job builds from its flags.
+CONFIGS = flags.CONFIGS
 
-def parser(description: str, section: str, default_model: str | None):
-    p = cli.parser(description, config_section=section)
-    g = p.add_argument_group("what to train")
-    g.add_argument(
-        "--model",
-        default=default_model,
-        help="model name from the registry (sparktf.models.list_models()), or a user's Keras "
-        "build function as package.module:build (importable on the executors; see "
-        "sparktf.models.custom)",
-    )
-    g.add_argument(
-        "--model-config",
-        default=None,
-        type=json.loads,
-        help="JSON object of model config overrides, e.g. '{\"hidden_units\": 64}'",
-    )
-    g.add_argument(
-        "--data",
-        default=None,
-        help="converted dataset directory (local or hdfs://), or 'demo' for a small "
-        "synthetic one prepared under .local/demo",
-    )
-    g.add_argument("--split", default="train", help="split to train on")
-    g.add_argument(
-        "--input-mode",
-        choices=["spark", "files"],
-        default="files",
-        help="spark: Parquet rows fed by Spark tasks; files: each worker reads its "
-        "own shard of the files",
-    )
-    g.add_argument(
-        "--file-format",
-        choices=["tfrecord", "parquet"],
-        default="tfrecord",
-        help="files read in --input-mode files",
-    )
-    g.add_argument("--epochs", type=float, default=None, help="passes over the split")
-    g.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="global steps (counted across resumes); with --epochs: whichever first",
-    )
-    g.add_argument(
-        "--batch-size", type=int, default=None, help="global batch size (default: the model's)"
-    )
-    g.add_argument("--seed", type=int, default=0, help="shuffle seed")
-    g.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="keep file order")
-    o = p.add_argument_group(
-        "optimizer, learning rate, regularisation, precision",
-        "the book's train_image_classifier options (9.2); an option left out keeps the "
-        "model's own setting (sparktf.models.describe(MODEL))",
-    )
-    o.add_argument(
-        "--optimizer",
-        choices=["adadelta", "adagrad", "adam", "ftrl", "momentum", "rmsprop", "sgd"],
-        default=None,
-        help="optimizer (momentum: SGD with momentum); another than the model's starts from "
+
+# The optimizer, learning-rate, regularisation and precision options: flag -> (type,
+# choices, help). They are not config fields: they become entries of the model's config
+# (TrainConfig.model_config), see optimizer_overrides.
+_OPTIMIZER_OPTIONS: dict[str, tuple[Any, tuple[str, ...] | None, str]] = {
+    "--optimizer": (
+        str,
+        ("adadelta", "adagrad", "adam", "ftrl", "momentum", "rmsprop", "sgd"),
+        "optimizer (momentum: SGD with momentum); another than the model's starts from "
         "Keras's defaults for it plus the options below",
-    )
-    o.add_argument("--learning-rate", type=float, default=None, help="initial learning rate")
-    o.add_argument(
-        "--opt-epsilon",
-        type=float,
-        default=None,
-        help="epsilon of adadelta, adagrad, adam, rmsprop",
-    )
-    o.add_argument(
-        "--momentum",
-        type=float,
-        default=None,
-        help="momentum of the momentum optimizer (0.9 when unset) or of sgd",
-    )
-    o.add_argument(
-        "--nesterov",
-        action="store_true",
-        default=None,
-        help="Nesterov momentum (momentum, sgd)",
-    )
-    o.add_argument("--rmsprop-momentum", type=float, default=None, help="momentum of rmsprop")
-    o.add_argument("--rmsprop-decay", type=float, default=None, help="decay (rho) of rmsprop")
-    o.add_argument("--adam-beta1", type=float, default=None, help="beta_1 of adam")
-    o.add_argument("--adam-beta2", type=float, default=None, help="beta_2 of adam")
-    o.add_argument("--adadelta-rho", type=float, default=None, help="rho of adadelta")
-    o.add_argument(
-        "--adagrad-initial-accumulator-value",
-        type=float,
-        default=None,
-        help="initial accumulator value of adagrad",
-    )
-    o.add_argument(
-        "--ftrl-learning-rate-power", type=float, default=None, help="learning rate power of ftrl"
-    )
-    o.add_argument(
-        "--ftrl-initial-accumulator-value",
-        type=float,
-        default=None,
-        help="initial accumulator value of ftrl",
-    )
-    o.add_argument("--ftrl-l1", type=float, default=None, help="L1 regularisation of ftrl")
-    o.add_argument("--ftrl-l2", type=float, default=None, help="L2 regularisation of ftrl")
-    o.add_argument(
-        "--learning-rate-decay-type",
-        choices=["fixed", "exponential", "polynomial", "piecewise"],
-        default=None,
-        help="fixed: constant; exponential: x decay factor every --num-epochs-per-decay "
+    ),
+    "--learning-rate": (float, None, "initial learning rate"),
+    "--opt-epsilon": (float, None, "epsilon of adadelta, adagrad, adam, rmsprop"),
+    "--momentum": (float, None, "momentum of the momentum optimizer (0.9 when unset) or of sgd"),
+    "--nesterov": (bool, None, "Nesterov momentum (momentum, sgd)"),
+    "--rmsprop-momentum": (float, None, "momentum of rmsprop"),
+    "--rmsprop-decay": (float, None, "decay (rho) of rmsprop"),
+    "--adam-beta1": (float, None, "beta_1 of adam"),
+    "--adam-beta2": (float, None, "beta_2 of adam"),
+    "--adadelta-rho": (float, None, "rho of adadelta"),
+    "--adagrad-initial-accumulator-value": (float, None, "initial accumulator value of adagrad"),
+    "--ftrl-learning-rate-power": (float, None, "learning rate power of ftrl"),
+    "--ftrl-initial-accumulator-value": (float, None, "initial accumulator value of ftrl"),
+    "--ftrl-l1": (float, None, "L1 regularisation of ftrl"),
+    "--ftrl-l2": (float, None, "L2 regularisation of ftrl"),
+    "--learning-rate-decay-type": (
+        str,
+        ("fixed", "exponential", "polynomial", "piecewise"),
+        "fixed: constant; exponential: x decay factor every --num-epochs-per-decay "
         "epochs (staircase); polynomial: linear down to --end-learning-rate over "
         "--num-epochs-per-decay epochs (default: the run's --epochs, else the model's); "
         "piecewise: x decay factor at each of --lr-boundaries-epochs",
-    )
-    o.add_argument(
-        "--num-epochs-per-decay",
-        type=float,
-        default=None,
-        help="epochs per exponential decay step, or the polynomial decay's length",
-    )
-    o.add_argument(
-        "--learning-rate-decay-factor",
-        type=float,
-        default=None,
-        help="factor of each exponential or piecewise decay step",
-    )
-    o.add_argument(
-        "--end-learning-rate",
-        type=float,
-        default=None,
-        help="learning rate the polynomial decay ends at",
-    )
-    o.add_argument(
-        "--lr-boundaries-epochs",
-        default=None,
-        metavar="E1,E2,...",
-        help="epochs after which the piecewise schedule multiplies the rate by the factor",
-    )
-    o.add_argument(
-        "--label-smoothing",
-        type=float,
-        default=None,
-        help="classifiers: train against (1 - s) * one_hot + s / num_classes",
-    )
-    o.add_argument(
-        "--weight-decay",
-        type=float,
-        default=None,
-        help="classifiers: L2 weight decay on every kernel (weight_decay * l2_loss(w))",
-    )
-    o.add_argument(
-        "--moving-average-decay",
-        type=float,
-        default=None,
-        help="keep an exponential moving average of the weights with this decay (in the "
+    ),
+    "--num-epochs-per-decay": (
+        float,
+        None,
+        "epochs per exponential decay step, or the polynomial decay's length",
+    ),
+    "--learning-rate-decay-factor": (
+        float,
+        None,
+        "factor of each exponential or piecewise decay step",
+    ),
+    "--end-learning-rate": (float, None, "learning rate the polynomial decay ends at"),
+    "--lr-boundaries-epochs": (
+        str,
+        None,
+        "epochs after which the piecewise schedule multiplies the rate by the factor",
+    ),
+    "--label-smoothing": (
+        float,
+        None,
+        "classifiers: train against (1 - s) * one_hot + s / num_classes",
+    ),
+    "--weight-decay": (
+        float,
+        None,
+        "classifiers: L2 weight decay on every kernel (weight_decay * l2_loss(w))",
+    ),
+    "--moving-average-decay": (
+        float,
+        None,
+        "keep an exponential moving average of the weights with this decay (in the "
         "checkpoints; used for evaluation and the export); 0: none",
-    )
-    o.add_argument(
-        "--precision",
-        choices=["fp32", "bf16", "fp16"],
-        default=None,
-        help="compute precision (Keras mixed precision; fp16 with loss scaling); variables "
+    ),
+    "--precision": (
+        str,
+        ("fp32", "bf16", "fp16"),
+        "compute precision (Keras mixed precision; fp16 with loss scaling); variables "
         "and the export stay float32",
-    )
-    f = p.add_argument_group("fine-tuning and augmentation")
-    f.add_argument(
-        "--checkpoint-path",
+    ),
+}
+
+
+def parser(description: str, section: str, default_model: str | None) -> argparse.ArgumentParser:
+    """The training jobs' parser: the general flags (:func:`sparktf.cli.parser`), one flag
+    per config field (:func:`sparktf.train.flags.add_flags`), the optimizer options, and the
+    job's own (``--no-augment``, ``--result-json``); ``--help`` is grouped by
+    :data:`sparktf.train.flags.GROUPS`. ``default_model`` is ``--model``'s default."""
+    p = cli.parser(description, config_section=section)
+    p.add_argument(
+        "--result-json",
         default=None,
-        help="start from the weights of another run (local or hdfs://): a checkpoint prefix "
-        "(MODEL_DIR/checkpoints/ckpt-N), a checkpoints or model directory (its latest "
-        "checkpoint), or a SavedModel export (MODEL_DIR/export/<step>, or MODEL_DIR/export "
-        "for the latest); ignored when --model-dir already has a checkpoint (resume wins)",
+        help="write the result (final step, metrics, paths) as JSON to this local file "
+        "instead of printing it",
     )
-    f.add_argument(
-        "--checkpoint-exclude-scopes",
-        default=None,
-        metavar="SCOPES",
-        help="comma-separated layer-name prefixes not restored from --checkpoint-path (they "
-        "keep their initialisation), e.g. 'logits' to fine-tune to another number of classes",
-    )
-    f.add_argument(
-        "--trainable-scopes",
-        default=None,
-        metavar="SCOPES",
-        help="comma-separated layer-name prefixes: only these variables train, every other "
-        "one stays bit-identical (default: all train)",
-    )
-    f.add_argument(
+    groups = flags.add_flags(p, *CONFIGS)
+    p.set_defaults(model=default_model)
+    groups["model"].add_argument(
         "--no-augment",
         dest="augment",
         action="store_false",
         help="train image models that augment by default (resnet*: 4-pixel padding, random "
         "crop, random flip) on the images as they are",
     )
-    e = p.add_argument_group("evaluation during training")
-    e.add_argument(
-        "--eval-split",
-        default="auto",
-        help="split evaluated during training: 'auto' (valid if the dataset has it, else "
-        "test), a split name, or 'none'",
-    )
-    e.add_argument(
-        "--eval-every",
-        type=int,
-        default=0,
-        help="steps between evaluations (0: once per epoch); always at the end",
-    )
-    e.add_argument(
-        "--export-best",
-        default=None,
-        metavar="METRIC",
-        help="also keep the export of the best evaluation so far in MODEL_DIR/export_best/ "
-        "(e.g. accuracy, top5_accuracy, perplexity, loss)",
-    )
-    s = p.add_argument_group("where and how many")
-    s.add_argument(
-        "--strategy",
-        choices=["allreduce", "ps"],
-        default="allreduce",
-        help="allreduce: synchronous MultiWorkerMirroredStrategy; ps: asynchronous "
-        "ParameterServerStrategy (chief coordinates, ps hold the variables)",
-    )
-    s.add_argument(
-        "--num-workers",
-        type=int,
-        default=2,
-        help="allreduce: training processes (the chief included); ps: workers besides the chief",
-    )
-    s.add_argument("--num-ps", type=int, default=1, help="parameter servers (--strategy ps)")
-    s.add_argument(
-        "--ps-on-driver",
-        action="store_true",
-        help="run the parameter servers on the driver instead of on executors",
-    )
-    s.add_argument(
-        "--gpus-per-worker",
-        type=int,
-        default=0,
-        help="GPUs per TensorFlow process, requested through Spark's resource "
-        "scheduling (scripts/gpu_discovery.sh); 0: CPU",
-    )
-    s.add_argument(
-        "--threads-per-worker",
-        type=int,
-        default=0,
-        help="TensorFlow intra-op threads per process (0: TensorFlow's default)",
-    )
-    r = p.add_argument_group("run")
-    r.add_argument(
-        "--model-dir",
-        default=None,
-        help="checkpoints, TensorBoard events and exports (local or hdfs://); a "
-        "rerun with the same directory resumes",
-    )
-    r.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
-    r.add_argument(
-        "--keep-checkpoints",
-        type=int,
-        default=3,
-        help="newest checkpoints kept in the model directory (across resumes)",
-    )
-    r.add_argument("--summary-every", type=int, default=20, help="steps between scalar summaries")
-    r.add_argument(
-        "--progress-every",
-        type=float,
-        default=5.0,
-        help="seconds between progress lines on the driver",
-    )
-    r.add_argument(
-        "--feed-timeout",
-        type=float,
-        default=300.0,
-        help="seconds the spark input mode waits for rows to move before failing",
-    )
-    r.add_argument(
-        "--failure-timeout",
-        type=float,
-        default=120.0,
-        help="bound in seconds from a failure in any TensorFlow process to the end of the job",
-    )
-    r.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=300.0,
-        help="seconds from the start of the run to the first training step before it fails",
-    )
-    r.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=300.0,
-        help="seconds without global-step progress before the run fails, naming the processes "
-        "that stopped advancing (also the all-reduce collective timeout)",
-    )
-    r.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        help="times the TensorFlow cluster is started again from the latest checkpoint after a "
-        "failure (a lost process or executor) before the job fails",
-    )
-    r.add_argument(
-        "--no-export",
-        dest="export",
-        action="store_false",
-        help="skip the SavedModel export at the end",
-    )
-    r.add_argument(
-        "--result-json",
-        default=None,
-        help="write the result (final step, metrics, paths) as JSON to this local file "
-        "instead of printing it",
-    )
-    t = p.add_argument_group(
-        "experiment tracking",
-        f"optional; needs the mlflow extra ({tracking.INSTALL_HINT}). The driver logs the "
-        "run's parameters, its training metrics and evaluations with their steps, and the "
-        "export as an artifact to MLflow",
-    )
-    t.add_argument(
-        "--mlflow-tracking-uri",
-        default=None,
-        metavar="URI",
-        help="MLflow tracking URI: a tracking server (http(s)://...; credentials through "
-        "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD, not in the URI) or a "
-        "local file store (a path or file:// URI; MLflow 3 wants MLFLOW_ALLOW_FILE_STORE=true "
-        "for it); unset: no tracking",
-    )
-    t.add_argument(
-        "--mlflow-experiment",
-        default="sparktf",
-        metavar="NAME",
-        help="MLflow experiment of the run (created when missing)",
-    )
+    for flag, (kind, choices, text) in _OPTIMIZER_OPTIONS.items():
+        if kind is bool:
+            groups["optimizer"].add_argument(flag, action="store_true", default=None, help=text)
+            continue
+        metavar = "E1,E2,..." if flag == "--lr-boundaries-epochs" else None
+        groups["optimizer"].add_argument(
+            flag, type=kind, choices=choices, default=None, metavar=metavar, help=text
+        )
     return p
 
 
-def scaling_config(args) -> ScalingConfig:
-    return ScalingConfig(
-        strategy=args.strategy,
-        num_workers=args.num_workers,
-        num_ps=args.num_ps,
-        ps_on_driver=args.ps_on_driver,
-        gpus_per_worker=args.gpus_per_worker,
-        threads_per_worker=args.threads_per_worker,
-    )
+def usage_error(exc: Exception) -> cli.UsageError:
+    """``exc`` (a :class:`ConfigError`, ...) as a command-line error: the config fields its
+    message names become their flags (:func:`sparktf.train.flags.for_command_line`)."""
+    return cli.UsageError(flags.for_command_line(str(exc), *CONFIGS))
 
 
-def configs(args):
-    if not args.model:
-        raise cli.UsageError("--model is required")
-    if not args.data:
-        raise cli.UsageError("--data is required (a converted dataset, or 'demo')")
-    if not args.model_dir:
-        raise cli.UsageError("--model-dir is required")
-    if args.mlflow_tracking_uri:
-        try:
+def scaling_config(args: argparse.Namespace) -> ScalingConfig:
+    """The :class:`ScalingConfig` of the parsed flags. Raises :class:`ConfigError`."""
+    return flags.build(ScalingConfig, args)
+
+
+def configs(args: argparse.Namespace) -> tuple[TrainConfig, ScalingConfig, RunConfig]:
+    """The three configs of the parsed flags: each field from its flag, the model's config
+    from ``--model-config`` completed by the optimizer, fine-tuning and augmentation flags.
+    Raises :class:`sparktf.cli.UsageError` (naming flags) for flags that cannot work."""
+    try:
+        train, scaling, run = (flags.build(cls, args) for cls in CONFIGS)
+        if run.mlflow_tracking_uri:
             tracking.require_mlflow()  # the extra is missing: say so before anything else
-        except ConfigError as exc:
-            raise cli.UsageError(str(exc)) from None
+    except ConfigError as exc:
+        raise usage_error(exc) from None
     tuning = finetune_and_augment_options(args)
     # --model-config first; the specific flags (optimizer, schedule, augmentation) win.
     model_config = {
-        **(args.model_config or {}),
+        **train.model_config,
         **optimizer_overrides(args),
         **tuning["model_config"],
     }
-    train = TrainConfig(
-        model=args.model,
-        data=args.data,
-        model_config=model_config,
-        split=args.split,
-        input_mode=args.input_mode,
-        file_format=args.file_format,
-        epochs=args.epochs,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        shuffle=args.shuffle,
-        seed=args.seed,
-        eval_split=args.eval_split,
-        **tuning["train"],
-    )
-    scaling = scaling_config(args)
-    run = RunConfig(
-        model_dir=args.model_dir,
-        checkpoint_every_steps=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
-        summary_every_steps=args.summary_every,
-        progress_every_s=args.progress_every,
-        feed_timeout_s=args.feed_timeout,
-        failure_timeout_s=args.failure_timeout,
-        startup_timeout_s=args.startup_timeout,
-        stall_timeout_s=args.stall_timeout,
-        max_restarts=args.max_restarts,
-        eval_every_steps=args.eval_every,
-        export_best=args.export_best,
-        export=args.export,
-        mlflow_tracking_uri=args.mlflow_tracking_uri,
-        mlflow_experiment=args.mlflow_experiment,
-    )
+    train = dataclasses.replace(train, model_config=model_config, **tuning["train"])
     return train, scaling, run
 
 
@@ -491,11 +255,11 @@ def main(
         argv,
         own_logging=spark is None,
     )
+    train, scaling, run = configs(args)
     try:
-        train, scaling, run = configs(args)
         tracking.check(run)  # MLflow's store answers: before Spark starts
     except ConfigError as exc:
-        raise cli.UsageError(str(exc)) from None
+        raise usage_error(exc) from None
     if launched_by_spark_submit():  # its own configuration counts
         from pyspark import SparkConf, SparkContext
 
@@ -510,7 +274,7 @@ def main(
         try:
             result = fit(train, scaling, run, spark=spark)
         except ConfigError as exc:
-            raise cli.UsageError(str(exc)) from None
+            raise usage_error(exc) from None
     text = json.dumps(result.to_dict(), indent=2, default=str)
     if args.result_json:
         with open(args.result_json, "w") as f:

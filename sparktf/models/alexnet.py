@@ -17,8 +17,11 @@ from typing import Any, ClassVar
 
 import keras
 
+from sparktf.errors import SparktfValueError
 from sparktf.models.classifier import ClassifierTask
 from sparktf.models.layers import l2_regularizer
+
+__all__ = ["AlexNetV2Task"]
 
 
 class AlexNetV2Task(ClassifierTask):
@@ -47,7 +50,7 @@ class AlexNetV2Task(ClassifierTask):
     def validate(self) -> None:
         super().validate()
         if not self.config["global_pool"] and self.config["image_size"] != 224:
-            raise ValueError("alexnet_v2 needs image_size 224 unless global_pool is set")
+            raise SparktfValueError("alexnet_v2 needs image_size 224 unless global_pool is set")
 
     def build_logits(self, images: keras.KerasTensor) -> keras.KerasTensor:
         c = self.config

@@ -23,6 +23,10 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
+from sparktf.errors import SparktfValueError
+
+__all__ = ["AugmentMixin", "PADDING", "augment_images", "augment_seed"]
+
 PADDING = 4  # pixels of zero padding on each side before the random crop
 
 
@@ -40,14 +44,16 @@ def augment_seed(seed: Any) -> tf.Tensor:
         if seed.shape.rank == 1 and seed.shape[0] == 2:
             return tf.cast(seed, tf.int64)
         if seed.shape.rank != 1 or seed.shape[0] is None:
-            raise ValueError(f"augmentation seed must be a 1-D vector, got shape {seed.shape}")
+            raise SparktfValueError(
+                f"augmentation seed must be a 1-D vector, got shape {seed.shape}"
+            )
         parts = tf.unstack(seed)
     else:
         parts = list(seed)
         if len(parts) == 2:
             return tf.stack([tf.cast(p, tf.int64) for p in parts])
     if not parts:
-        raise ValueError("augmentation seed is empty")
+        raise SparktfValueError("augmentation seed is empty")
     key = tf.stack([tf.constant(0, tf.int64), tf.cast(parts[0], tf.int64)])
     for part in parts[1:]:
         key = tf.random.experimental.stateless_fold_in(key, tf.cast(part, tf.int64))
@@ -66,9 +72,11 @@ def augment_images(images: tf.Tensor, seed: Any, *, padding: int = PADDING) -> t
     """
     images = tf.convert_to_tensor(images)
     if images.shape.rank != 4:
-        raise ValueError(f"augment_images takes [B, H, W, C] images, got shape {images.shape}")
+        raise SparktfValueError(
+            f"augment_images takes [B, H, W, C] images, got shape {images.shape}"
+        )
     if padding < 0:
-        raise ValueError(f"padding must be >= 0, got {padding}")
+        raise SparktfValueError(f"padding must be >= 0, got {padding}")
     seed = augment_seed(seed)
     dtype = images.dtype
     # Pad / gather / select in float32: exact for 8- and 16-bit pixels, and every device

@@ -17,10 +17,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.errors import SparktfValueError
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import ScaleImage, count_params
 from sparktf.models.optim import apply_gradients, current_learning_rate, regularization_loss
 from sparktf.models.task import Batch, Metrics, ModelTask, RegistryModel
+
+__all__ = ["ClassifierTask", "check_regularisation"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ def check_regularisation(config: dict) -> None:
             or (upper is not None and value >= upper)
         ):
             bound = f"in [0, {upper})" if upper else ">= 0"
-            raise ValueError(f"{key} must be a number {bound}, got {value!r}")
+            raise SparktfValueError(f"{key} must be a number {bound}, got {value!r}")
 
 
 class ClassifierTask(ModelTask):
@@ -71,9 +74,11 @@ class ClassifierTask(ModelTask):
 
     def validate(self) -> None:
         if len(self.config["image_shape"]) != 3:
-            raise ValueError(f"image_shape must be [H, W, C], got {self.config['image_shape']}")
+            raise SparktfValueError(
+                f"image_shape must be [H, W, C], got {self.config['image_shape']}"
+            )
         if self.num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+            raise SparktfValueError(f"num_classes must be >= 2, got {self.num_classes}")
         check_regularisation(self.config)
 
     def build_logits(self, images: keras.KerasTensor) -> keras.KerasTensor:

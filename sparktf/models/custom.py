@@ -85,6 +85,23 @@ from sparktf.models.task import (
     task_names,
 )
 
+__all__ = [
+    "CALLABLE_LOSS",
+    "INPUT_DTYPES",
+    "KINDS",
+    "LOSSES",
+    "TRAIN_METRICS",
+    "CustomClassifierTask",
+    "CustomModel",
+    "config_from_dataset",
+    "custom_model",
+    "install_payload",
+    "module_task_class",
+    "plan_payload",
+    "register",
+    "registered",
+]
+
 logger = logging.getLogger(__name__)
 
 KINDS = ("classifier",)
@@ -332,53 +349,8 @@ class CustomClassifierTask(ClassifierTask):
 
     def data_overrides(self, fields: Sequence[Any], manifest: Mapping[str, Any]) -> dict:
         """Config entries left ``None`` (input column, shape, dtype, classes), read from a
-        dataset's columns (``formats.Field``) and manifest; a ValueError when the dataset
-        cannot feed this model."""
-        c = self.config
-        where = f"dataset {manifest.get('dataset', '?')}"
-        arrays = [f for f in fields if f.shape is not None and f.name != "label"]
-        if c["feature"] is not None:
-            column = next((f for f in fields if f.name == c["feature"]), None)
-        elif c["input_dtype"] is not None and any(f.name == self.feature for f in arrays):
-            column = next(f for f in arrays if f.name == self.feature)
-        elif len(arrays) == 1:
-            column = arrays[0]
-        else:
-            raise ValueError(
-                f"model {self.name!r}: {where} has ndarray columns "
-                f"{[f.name for f in arrays]}: set feature= to the one it reads"
-            )
-        if column is None or column.shape is None:
-            return {}  # describe_data names the missing column
-        out: dict[str, Any] = {}
-        if c["feature"] is None:
-            out["feature"] = column.name
-        dtype = str(np.dtype(column.dtype))
-        if c["input_dtype"] is None:
-            if dtype not in INPUT_DTYPES:
-                raise ValueError(
-                    f"model {self.name!r}: column {column.name!r} of {where} holds {dtype}; "
-                    f"custom models read {INPUT_DTYPES}"
-                )
-            out["input_dtype"] = dtype
-        elif c["input_dtype"] != dtype:
-            raise ValueError(
-                f"model {self.name!r} reads {c['input_dtype']} but column {column.name!r} of "
-                f"{where} holds {dtype}"
-            )
-        shape = list(column.shape)
-        if c["input_shape"] is None:
-            out["input_shape"] = shape
-        elif list(c["input_shape"]) != shape and math.prod(c["input_shape"]) != math.prod(shape):
-            raise ValueError(
-                f"model {self.name!r} expects input_shape {tuple(c['input_shape'])} but column "
-                f"{column.name!r} of {where} holds {dtype} of shape {tuple(shape)}"
-            )
-        if c["num_classes"] is None:
-            label = (manifest.get("schema") or {}).get("label") or {}
-            if label.get("num_classes"):
-                out["num_classes"] = int(label["num_classes"])
-        return out
+        dataset's columns (``formats.Field``) and manifest (:func:`config_from_dataset`)."""
+        return config_from_dataset(self, fields, manifest)
 
     # -- model ------------------------------------------------------------------------------
 
@@ -487,6 +459,66 @@ class CustomClassifierTask(ClassifierTask):
             "label": tf.constant(labels),
             "id": tf.constant(ids),
         }
+
+
+# ----------------------------------------------------------------------------- from the data
+
+
+def config_from_dataset(
+    task: CustomClassifierTask, fields: Sequence[Any], manifest: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The config entries ``task`` leaves ``None`` (input column, shape, dtype, classes), read
+    from a dataset's columns (``formats.Field``) and manifest.
+
+    Raises ``ValueError`` when the dataset cannot feed the model: several ndarray columns and
+    no ``feature``, a dtype custom models do not read, or a dtype or shape other than the
+    config's.
+    """
+    c = task.config
+    where = f"dataset {manifest.get('dataset', '?')}"
+    arrays = [f for f in fields if f.shape is not None and f.name != "label"]
+    if c["feature"] is not None:
+        column = next((f for f in fields if f.name == c["feature"]), None)
+    elif c["input_dtype"] is not None and any(f.name == task.feature for f in arrays):
+        column = next(f for f in arrays if f.name == task.feature)
+    elif len(arrays) == 1:
+        column = arrays[0]
+    else:
+        raise ValueError(
+            f"model {task.name!r}: {where} has ndarray columns "
+            f"{[f.name for f in arrays]}: set feature= to the one it reads"
+        )
+    if column is None or column.shape is None:
+        return {}  # describe_data names the missing column
+    out: dict[str, Any] = {}
+    if c["feature"] is None:
+        out["feature"] = column.name
+    dtype = str(np.dtype(column.dtype))
+    if c["input_dtype"] is None:
+        if dtype not in INPUT_DTYPES:
+            raise ValueError(
+                f"model {task.name!r}: column {column.name!r} of {where} holds {dtype}; "
+                f"custom models read {INPUT_DTYPES}"
+            )
+        out["input_dtype"] = dtype
+    elif c["input_dtype"] != dtype:
+        raise ValueError(
+            f"model {task.name!r} reads {c['input_dtype']} but column {column.name!r} of "
+            f"{where} holds {dtype}"
+        )
+    shape = list(column.shape)
+    if c["input_shape"] is None:
+        out["input_shape"] = shape
+    elif list(c["input_shape"]) != shape and math.prod(c["input_shape"]) != math.prod(shape):
+        raise ValueError(
+            f"model {task.name!r} expects input_shape {tuple(c['input_shape'])} but column "
+            f"{column.name!r} of {where} holds {dtype} of shape {tuple(shape)}"
+        )
+    if c["num_classes"] is None:
+        label = (manifest.get("schema") or {}).get("label") or {}
+        if label.get("num_classes"):
+            out["num_classes"] = int(label["num_classes"])
+    return out
 
 
 # ----------------------------------------------------------------------------- the names

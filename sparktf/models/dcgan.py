@@ -21,7 +21,7 @@ losses of the last update of each net (0 steps: that net is only evaluated).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import keras
@@ -32,6 +32,8 @@ from sparktf.models.export import Endpoint
 from sparktf.models.layers import SERIALIZABLE_PACKAGE, ScaleImage, images_to_uint8
 from sparktf.models.optim import apply_gradients, current_learning_rate, optimizer_from_config
 from sparktf.models.task import Batch, Metrics, ModelTask, RegistryConfigMixin
+
+__all__ = ["ConcatCondition", "DCGAN", "DCGANTask"]
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
@@ -303,6 +305,22 @@ class DCGANTask(ModelTask):
         labels = tf.zeros([1], tf.int64) if self.conditional else None
         model(tf.zeros([1, self.z_dim]), labels)
         return model
+
+    def summary_images(self) -> Callable[[list[np.ndarray]], dict[str, tf.Tensor]]:
+        """``samples``: 16 images the weights generate from a fixed ``z`` (labels 0, 1, 2,
+        ... for a conditional model), drawn by a copy of the model built on the first call."""
+        sampler: DCGAN | None = None
+
+        def draw(weights: list[np.ndarray]) -> dict[str, tf.Tensor]:
+            nonlocal sampler
+            if sampler is None:
+                sampler = self.build_model()
+            sampler.set_weights(weights)
+            z = tf.random.stateless_uniform([16, self.z_dim], seed=[7, 7], minval=-1.0, maxval=1.0)
+            labels = tf.range(16, dtype=tf.int64) % int(self.config["num_classes"])
+            return {"samples": sampler.to_uint8(sampler.generate(z, labels, training=False))}
+
+        return draw
 
     def make_optimizer(
         self, steps_per_epoch: int, model: keras.Model | None = None

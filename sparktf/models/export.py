@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+__all__ = ["Endpoint", "write_saved_model"]
+
 logger = logging.getLogger(__name__)
 
 # A serving function and the input signature it is traced with.

@@ -17,6 +17,16 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from sparktf.errors import SparktfValueError
+
+__all__ = [
+    "SERIALIZABLE_PACKAGE",
+    "ScaleImage",
+    "count_params",
+    "images_to_uint8",
+    "l2_regularizer",
+]
+
 SERIALIZABLE_PACKAGE = "sparktf"
 
 
@@ -45,7 +55,7 @@ class ScaleImage(keras.layers.Layer):
     def __init__(self, mode: str = "unit", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if mode not in self.MODES:
-            raise ValueError(f"ScaleImage mode must be one of {self.MODES}, got {mode!r}")
+            raise SparktfValueError(f"ScaleImage mode must be one of {self.MODES}, got {mode!r}")
         self.mode = mode
 
     def call(self, images: tf.Tensor) -> tf.Tensor:
@@ -70,5 +80,5 @@ def images_to_uint8(images: tf.Tensor, mode: str) -> tf.Tensor:
     elif mode == "symmetric":
         pixels = (images + 1.0) * 127.5
     else:
-        raise ValueError(f"cannot invert image scaling mode {mode!r}")
+        raise SparktfValueError(f"cannot invert image scaling mode {mode!r}")
     return tf.cast(tf.clip_by_value(tf.round(pixels), 0.0, 255.0), tf.uint8)

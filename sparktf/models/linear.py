@@ -19,6 +19,8 @@ from sparktf.models.export import Endpoint
 from sparktf.models.optim import apply_gradients, current_learning_rate
 from sparktf.models.task import Batch, Metrics, ModelTask, RegistryModel
 
+__all__ = ["BOOK_X", "BOOK_Y", "LinearRegressionTask", "book_dataset", "least_squares_fit"]
+
 BOOK_X = np.array(
     [3.3, 4.4, 5.5, 6.71, 6.93, 4.168, 9.779, 6.182, 7.59, 2.167,
      7.042, 10.791, 5.313, 7.997, 5.654, 9.27, 3.1],

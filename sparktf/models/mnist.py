@@ -22,6 +22,8 @@ import keras
 from sparktf.models.classifier import ClassifierTask
 from sparktf.models.layers import l2_regularizer
 
+__all__ = ["MnistMLPTask", "MnistSoftmaxTask"]
+
 _MNIST: Mapping[str, Any] = {
     "image_shape": [28, 28, 1],
     "num_classes": 10,

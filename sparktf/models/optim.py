@@ -31,7 +31,30 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.errors import SparktfValueError
 from sparktf.models.layers import SERIALIZABLE_PACKAGE
+
+__all__ = [
+    "EpochDecay",
+    "LR_SCHEDULES",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "apply_gradients",
+    "build_optimizer",
+    "check_optimizer_spec",
+    "check_schedule",
+    "clip_by_global_norm_across_replicas",
+    "current_learning_rate",
+    "inner_optimizer",
+    "learning_rate_schedule",
+    "loss_scale",
+    "optimizer_from_config",
+    "polynomial_decay_steps",
+    "precision_policy",
+    "reduce_metrics",
+    "regularization_loss",
+    "weights_for_export",
+]
 
 # --------------------------------------------------------------------------- schedules
 
@@ -74,7 +97,7 @@ def _positive(config: Mapping[str, Any], key: str, *, allow_zero: bool = False) 
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not (value >= 0 if allow_zero else value > 0):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{key} must be a number {bound}, got {value!r}")
+        raise SparktfValueError(f"{key} must be a number {bound}, got {value!r}")
     return float(value)
 
 
@@ -86,7 +109,7 @@ def polynomial_decay_steps(config: Mapping[str, Any], steps_per_epoch: int) -> i
         return max(1, int(round(float(epochs) * steps_per_epoch)))
     if config.get("max_steps"):
         return int(config["max_steps"])
-    raise ValueError(
+    raise SparktfValueError(
         "lr_schedule 'polynomial' decays over lr_decay_total_epochs epochs (default: the "
         "config's epochs or max_steps), but none of them is set"
     )
@@ -96,16 +119,18 @@ def check_schedule(config: Mapping[str, Any]) -> None:
     """Raises ``ValueError`` naming the key when the schedule of ``config`` cannot work."""
     kind = config.get("lr_schedule", "constant")
     if kind not in LR_SCHEDULES:
-        raise ValueError(f"unknown lr_schedule {kind!r}; expected one of {list(LR_SCHEDULES)}")
+        raise SparktfValueError(
+            f"unknown lr_schedule {kind!r}; expected one of {list(LR_SCHEDULES)}"
+        )
     _positive(config, "learning_rate")
     if kind == "piecewise":
         boundaries = config.get("lr_boundaries_epochs") or []
         if not boundaries:
-            raise ValueError("lr_schedule 'piecewise' needs lr_boundaries_epochs (epochs)")
+            raise SparktfValueError("lr_schedule 'piecewise' needs lr_boundaries_epochs (epochs)")
         if any(not isinstance(b, (int, float)) or b <= 0 for b in boundaries) or list(
             boundaries
         ) != sorted(set(boundaries)):
-            raise ValueError(
+            raise SparktfValueError(
                 f"lr_boundaries_epochs must be increasing positive epochs, got {boundaries}"
             )
         _positive(config, "lr_decay_factor")
@@ -120,7 +145,9 @@ def check_schedule(config: Mapping[str, Any]) -> None:
     elif kind == "epoch_decay":
         _positive(config, "lr_decay")
         if not isinstance(config.get("max_epoch"), int):
-            raise ValueError(f"max_epoch must be an integer, got {config.get('max_epoch')!r}")
+            raise SparktfValueError(
+                f"max_epoch must be an integer, got {config.get('max_epoch')!r}"
+            )
 
 
 def learning_rate_schedule(
@@ -141,7 +168,7 @@ def learning_rate_schedule(
     * ``"epoch_decay"`` -- :class:`EpochDecay` with ``lr_decay`` and ``max_epoch`` (PTB).
     """
     if steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+        raise SparktfValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
     check_schedule(config)
     kind = config.get("lr_schedule", "constant")
     lr = float(config["learning_rate"])
@@ -207,21 +234,21 @@ def check_optimizer_spec(spec: Any) -> None:
     """Raises ``ValueError`` when ``spec`` is not ``{"name": one of OPTIMIZERS, **kwargs}``
     with keyword arguments the Keras class takes."""
     if not isinstance(spec, Mapping) or "name" not in spec:
-        raise ValueError(f'optimizer must be {{"name": ..., **keras_kwargs}}, got {spec!r}')
+        raise SparktfValueError(f'optimizer must be {{"name": ..., **keras_kwargs}}, got {spec!r}')
     name = spec["name"]
     if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
+        raise SparktfValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
     kwargs = set(spec) - {"name"}
     managed = sorted(kwargs & set(_MANAGED))
     if managed:
-        raise ValueError(
+        raise SparktfValueError(
             f"optimizer {name!r}: do not set {managed[0]!r} in its spec; it comes from "
             f"{_MANAGED[managed[0]]}"
         )
     unknown = sorted(kwargs - _optimizer_arguments(OPTIMIZERS[name]))
     if unknown:
         allowed = sorted(_optimizer_arguments(OPTIMIZERS[name]) - set(_MANAGED) - {"name"})
-        raise ValueError(
+        raise SparktfValueError(
             f"optimizer {name!r} ({OPTIMIZERS[name].__name__}) takes no {unknown}; "
             f"it takes {allowed}"
         )
@@ -430,7 +457,7 @@ def weights_for_export(
     for wrapped in optimizers:
         inner = inner_optimizer(wrapped)
         if not getattr(inner, "use_ema", False) or not inner.built:
-            raise ValueError(
+            raise SparktfValueError(
                 f"{task.name} sets moving_average_decay but its optimizer keeps no moving "
                 "averages (build it with task.make_optimizer(steps_per_epoch, model))"
             )
@@ -468,7 +495,7 @@ def precision_policy(name: str) -> Iterator[keras.DTypePolicy]:
     keeps the global policy per thread: build the model in the thread that enters this.
     """
     if name not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r}; expected one of {sorted(PRECISIONS)}")
+        raise SparktfValueError(f"unknown precision {name!r}; expected one of {sorted(PRECISIONS)}")
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(PRECISIONS[name])
     try:

@@ -23,10 +23,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.errors import SparktfValueError
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import SERIALIZABLE_PACKAGE, count_params
 from sparktf.models.optim import apply_gradients, current_learning_rate
 from sparktf.models.task import Batch, Metrics, ModelTask, RegistryConfigMixin
+
+__all__ = ["LSTMState", "PTBLanguageModel", "PTBTask"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,9 +164,11 @@ class PTBLanguageModel(RegistryConfigMixin, keras.Model):
 
     def check_state(self, batch_size: int | None) -> None:
         if not self._state.variables:
-            raise ValueError("the model has no state variables; build it with task.build_model()")
+            raise SparktfValueError(
+                "the model has no state variables; build it with task.build_model()"
+            )
         if batch_size is not None and batch_size != self.state_batch_size:
-            raise ValueError(
+            raise SparktfValueError(
                 f"PTB batch has {batch_size} rows per replica but the LSTM state holds "
                 f"{self.state_batch_size}; batches must be exactly config batch_size / "
                 "num_replicas_in_sync rows (use drop_remainder=True)"
@@ -253,7 +258,7 @@ class PTBTask(ModelTask):
 
     def validate(self) -> None:
         if not 0.0 < self.config["keep_prob"] <= 1.0:
-            raise ValueError(f"keep_prob must be in (0, 1], got {self.config['keep_prob']}")
+            raise SparktfValueError(f"keep_prob must be in (0, 1], got {self.config['keep_prob']}")
 
     def build_model(self) -> keras.Model:
         """The model plus its state variables, sized per replica: ``batch_size /
@@ -266,7 +271,7 @@ class PTBTask(ModelTask):
         if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
             replicas = 1
         if self.batch_size % replicas:
-            raise ValueError(
+            raise SparktfValueError(
                 f"batch_size {self.batch_size} is not divisible by the {replicas} replicas"
             )
         model.create_state(self.batch_size // replicas)

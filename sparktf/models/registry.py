@@ -12,6 +12,7 @@ from typing import Any
 
 import keras
 
+from sparktf.errors import SparktfRuntimeError
 from sparktf.models.alexnet import AlexNetV2Task
 from sparktf.models.dcgan import DCGANTask
 from sparktf.models.linear import LinearRegressionTask
@@ -19,6 +20,8 @@ from sparktf.models.mnist import MnistMLPTask, MnistSoftmaxTask
 from sparktf.models.ptb import PTBTask
 from sparktf.models.resnet import ResNetTask
 from sparktf.models.task import ModelTask, task_class, task_names
+
+__all__ = ["TASK_CLASSES", "describe", "get_model", "get_task", "list_models"]
 
 # The registered families, in the order the book introduces them.
 TASK_CLASSES: tuple[type[ModelTask], ...] = (
@@ -38,7 +41,7 @@ def _check_table() -> None:
     if registered != set(TASK_CLASSES):
         listed = {cls.__name__ for cls in TASK_CLASSES}
         found = {cls.__name__ for cls in registered}
-        raise RuntimeError(
+        raise SparktfRuntimeError(
             f"model families registered {sorted(found)} differ from those listed {sorted(listed)}"
         )
 

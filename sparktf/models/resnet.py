@@ -22,9 +22,12 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
+from sparktf.errors import SparktfValueError
 from sparktf.models.augment import AugmentMixin
 from sparktf.models.classifier import ClassifierTask
 from sparktf.models.layers import SERIALIZABLE_PACKAGE, l2_regularizer
+
+__all__ = ["PadShortcut", "ResNetTask"]
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
@@ -108,15 +111,17 @@ class ResNetTask(AugmentMixin, ClassifierTask):
         c = self.config
         stages = len(c["num_residual_units"])
         if len(c["filters"]) != stages + 1:
-            raise ValueError(
+            raise SparktfValueError(
                 f"filters needs num_stages + 1 = {stages + 1} entries (the first is the "
                 f"initial convolution), got {c['filters']}"
             )
         for key in ("strides", "activate_before_residual"):
             if len(c[key]) != stages:
-                raise ValueError(f"{key} needs one entry per stage ({stages}), got {c[key]}")
+                raise SparktfValueError(f"{key} needs one entry per stage ({stages}), got {c[key]}")
         if c["shortcut"] not in ("projection", "pad"):
-            raise ValueError(f"shortcut must be 'projection' or 'pad', got {c['shortcut']!r}")
+            raise SparktfValueError(
+                f"shortcut must be 'projection' or 'pad', got {c['shortcut']!r}"
+            )
 
     @property
     def depth(self) -> int:

@@ -2,7 +2,8 @@
 
 * :class:`ModelTask` -- the base of every family: a name plus a JSON config, and the
   contract the training loop codes against (``build_model``, ``make_optimizer``,
-  ``train_step``, ``eval_step``, ``export``).
+  ``train_step``, ``eval_step``, ``export``, and ``summary_images`` for what a family
+  draws while it trains).
 * The name table: a :class:`ModelTask` subclass that sets its own ``family`` is entered,
   when the class is defined, under its family name and each of its presets
   (:func:`task_class`, :func:`task_names`).  :mod:`sparktf.models.registry` imports every
@@ -38,6 +39,19 @@ from sparktf.models.optim import (
     check_schedule,
     optimizer_from_config,
 )
+
+__all__ = [
+    "Batch",
+    "KINDS",
+    "Metrics",
+    "ModelTask",
+    "RegistryConfigMixin",
+    "RegistryModel",
+    "add_resolver",
+    "task_class",
+    "task_names",
+    "to_jsonable",
+]
 
 KINDS = ("classifier", "language_model", "gan", "regression")
 
@@ -279,6 +293,16 @@ class ModelTask:
     def example_batch(self, batch_size: int, seed: int = 0) -> dict[str, tf.Tensor]:
         """A random batch with the dataset's features, dtypes and shapes (for smoke tests)."""
         raise NotImplementedError
+
+    def summary_images(self) -> Callable[[list[np.ndarray]], dict[str, tf.Tensor]]:
+        """What training draws for TensorBoard beside each weight snapshot.
+
+        Returns a function from the model's weights (``get_weights()`` order) to uint8
+        images ``[N, H, W, C]`` by summary name; it may keep state between calls (a model to
+        draw with). Call it outside any strategy scope. Most tasks draw nothing: the default
+        function returns ``{}``.
+        """
+        return lambda weights: {}
 
 
 # --------------------------------------------------------------------------- models

@@ -36,6 +36,22 @@ import time
 
 from sparktf import storage
 
+__all__ = [
+    "BEST_EXPORT",
+    "CHECKPOINTS",
+    "CKPT_NAME",
+    "EVAL_EVENTS",
+    "EVENTS",
+    "EXPORT",
+    "ModelDir",
+    "RUN_FILE",
+    "STATE_FILE",
+    "latest_checkpoint",
+    "latest_checkpoint_step",
+    "retain_checkpoints",
+    "state_text",
+]
+
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"

@@ -11,16 +11,35 @@
 Everything is plain data (JSON-able with :func:`dataclasses.asdict`), validated on
 construction; the driver's :class:`~sparktf.train.plan.RunPlan` carries the three unchanged
 to every TensorFlow process.
+
+Each field carries its documentation in its metadata (``help``, appended to the class
+docstring) with how the training jobs show it (``group``, ``flag``, ...): the jobs' flags
+are generated from it (:mod:`sparktf.train.flags`). A :class:`ConfigError` names the field
+as ``Class.field``; the jobs print the flag in its place.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparktf.errors import SparktfError
+
+__all__ = [
+    "FILE_FORMATS",
+    "INPUT_MODES",
+    "STRATEGIES",
+    "ConfigError",
+    "RunConfig",
+    "ScalingConfig",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingError",
+    "steps_for",
+]
 
 STRATEGIES = ("allreduce", "ps")
 INPUT_MODES = ("spark", "files")
@@ -28,56 +47,130 @@ FILE_FORMATS = ("tfrecord", "parquet")
 
 
 class ConfigError(SparktfError, ValueError):
-    """A configuration that cannot run (the message says which setting and why)."""
+    """A configuration that cannot run; the message names the setting (``Class.field``, e.g.
+    ``TrainConfig.eval_split``) and says why. The training jobs show the flag instead
+    (:func:`sparktf.train.flags.for_command_line`)."""
 
 
 class TrainingError(SparktfError, RuntimeError):
     """The run failed; the message names the process and its error."""
 
 
+def _setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    group: str,
+    factory: Any = dataclasses.MISSING,
+    **cli: Any,
+) -> Any:
+    """A config field with its documentation, which is also its flag's help, and how the
+    training jobs present it: ``group`` (the ``--help`` section), and optionally ``flag``
+    (when it is not ``--<field-name>``), ``flag_help`` (when the flag's help differs),
+    ``choices``, ``metavar``. See :mod:`sparktf.train.flags`."""
+    return field(
+        default=default, default_factory=factory, metadata={"help": help, "group": group, **cli}
+    )
+
+
+def _documented(cls: type) -> type:
+    """Appends each field's help (its metadata) to the class docstring: one source for the
+    Python documentation of a setting and for its flag's help."""
+    lines = ["Fields (each is also a flag of the training jobs, see sparktf.train.flags):", ""]
+    for f in dataclasses.fields(cls):
+        text = f"* ``{f.name}`` -- {f.metadata['help']}"
+        lines += textwrap.wrap(text, 88, subsequent_indent="  ", break_on_hyphens=False)
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n" + textwrap.indent("\n".join(lines), "    ")
+    return cls
+
+
+def _check(config: Any) -> None:
+    """Checks the fields of ``config`` that have ``choices`` in their metadata."""
+    for f in dataclasses.fields(config):
+        choices = f.metadata.get("choices")
+        if choices and getattr(config, f.name) not in choices:
+            raise ConfigError(
+                f"{type(config).__name__}.{f.name} must be one of {tuple(choices)}, "
+                f"got {getattr(config, f.name)!r}"
+            )
+
+
 def _positive(
-    name: str, value: float | int | None, *, allow_none: bool = False, allow_zero: bool = False
+    config: Any, name: str, *, allow_none: bool = False, allow_zero: bool = False
 ) -> None:
+    """Raises :class:`ConfigError` naming ``Class.name`` unless the field is > 0 (>= 0 with
+    ``allow_zero``; None allowed with ``allow_none``)."""
+    value = getattr(config, name)
     if value is None and allow_none:
         return
     if value is None or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        raise ConfigError(
+            f"{type(config).__name__}.{name} must be {'>= 0' if allow_zero else '> 0'}, "
+            f"got {value!r}"
+        )
 
 
+@_documented
 @dataclass(frozen=True)
 class ScalingConfig:
     """How many TensorFlow processes, in which roles, with which devices.
 
     ``strategy``:
 
-    * ``"allreduce"`` -- ``MultiWorkerMirroredStrategy``, synchronous data parallelism (the
-      book's sync replicas). ``num_workers`` processes train, one of them the chief; each
-      runs on its own Spark executor.
-    * ``"ps"`` -- TF2 ``ParameterServerStrategy``, asynchronous updates (the book's 5.2
-      ps/worker). A chief coordinates (it also reads the input and hands batches to the
-      workers), ``num_workers`` workers compute, ``num_ps`` parameter servers hold the
-      variables. The chief and the workers each take one Spark executor; the parameter
-      servers take one executor each, or run on the driver with ``ps_on_driver``.
+    * ``"allreduce"`` -- ``MultiWorkerMirroredStrategy``, synchronous data parallelism
+      (sync replicas). ``num_workers`` processes train, one of them the chief; each runs on
+      its own Spark executor.
+    * ``"ps"`` -- TF2 ``ParameterServerStrategy``, asynchronous updates (ps/worker). A chief
+      coordinates (it also reads the input and hands batches to the workers),
+      ``num_workers`` workers compute, ``num_ps`` parameter servers hold the variables. The
+      chief and the workers each take one Spark executor; the parameter servers take one
+      executor each, or run on the driver with ``ps_on_driver``.
 
     ``num_executors`` is the number of Spark executors the run needs: exactly that many
     must be registered (TensorFlowOnSpark places one TensorFlow process per executor).
+
+    Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    strategy: str = "allreduce"
-    num_workers: int = 2
-    num_ps: int = 1
-    ps_on_driver: bool = False
-    gpus_per_worker: int = 0
-    threads_per_worker: int = 0  # TensorFlow intra-op threads per process; 0: TF's default
+    strategy: str = _setting(
+        "allreduce",
+        help="allreduce: synchronous MultiWorkerMirroredStrategy; ps: asynchronous "
+        "ParameterServerStrategy (chief coordinates, ps hold the variables)",
+        group="strategy",
+        choices=STRATEGIES,
+    )
+    num_workers: int = _setting(
+        2,
+        help="allreduce: training processes (the chief included); ps: workers besides the chief",
+        group="strategy",
+    )
+    num_ps: int = _setting(
+        1, help="parameter servers (ScalingConfig.strategy ps)", group="strategy"
+    )
+    ps_on_driver: bool = _setting(
+        False,
+        help="run the parameter servers on the driver instead of on executors",
+        group="strategy",
+    )
+    gpus_per_worker: int = _setting(
+        0,
+        help="GPUs per TensorFlow process, requested through Spark's resource "
+        "scheduling (scripts/gpu_discovery.sh); 0: CPU",
+        group="strategy",
+    )
+    threads_per_worker: int = _setting(
+        0,
+        help="TensorFlow intra-op threads per process (0: TensorFlow's default)",
+        group="strategy",
+    )
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        _positive("num_workers", self.num_workers)
+        _check(self)
+        _positive(self, "num_workers")
         if self.strategy == "ps":
-            _positive("num_ps", self.num_ps)
-        _positive("gpus_per_worker", self.gpus_per_worker, allow_zero=True)
-        _positive("threads_per_worker", self.threads_per_worker, allow_zero=True)
+            _positive(self, "num_ps")
+        _positive(self, "gpus_per_worker", allow_zero=True)
+        _positive(self, "threads_per_worker", allow_zero=True)
 
     @property
     def num_executors(self) -> int:
@@ -88,15 +181,18 @@ class ScalingConfig:
 
     @property
     def num_ps_tasks(self) -> int:
+        """Parameter-server processes of the run (0 under all-reduce)."""
         return self.num_ps if self.strategy == "ps" else 0
 
     def describe(self) -> str:
+        """The layout in words, for logs."""
         if self.strategy == "allreduce":
             return f"allreduce: {self.num_workers} workers (worker 0 is the chief)"
         where = "on the driver" if self.ps_on_driver else "on executors"
         return f"ps: chief (coordinator) + {self.num_workers} workers + {self.num_ps} ps ({where})"
 
 
+@_documented
 @dataclass(frozen=True)
 class RunConfig:
     """Where results go and the policies of one run.
@@ -124,45 +220,131 @@ class RunConfig:
     driver records the run in the MLflow experiment ``mlflow_experiment`` -- parameters,
     training metrics and evaluations with their steps, the export as an artifact (see
     :mod:`sparktf.train.tracking`).
+
+    Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    model_dir: str
-    checkpoint_every_steps: int = 500
-    keep_checkpoints: int = 3
-    summary_every_steps: int = 20
-    histogram_every_steps: int = 0  # 0: with every checkpoint
-    progress_every_s: float = 5.0
-    sync_every_s: float = 60.0  # copy TensorBoard events to an hdfs:// model_dir
-    feed_timeout_s: float = 300.0
-    failure_timeout_s: float = 120.0
-    startup_timeout_s: float = 300.0
-    stall_timeout_s: float = 300.0
-    max_restarts: int = 0
-    eval_every_steps: int = 0  # 0: once per epoch (and always at the end)
-    export_best: str | None = None  # a metric: also keep the export of its best evaluation
-    export: bool = True
-    mlflow_tracking_uri: str | None = None  # None: no tracking
-    mlflow_experiment: str = "sparktf"
+    model_dir: str = _setting(
+        help="checkpoints, TensorBoard events and exports (local or hdfs://); a "
+        "rerun with the same directory resumes",
+        group="checkpoints",
+    )
+    checkpoint_every_steps: int = _setting(
+        500, help="steps between checkpoints", group="checkpoints", flag="--checkpoint-every"
+    )
+    keep_checkpoints: int = _setting(
+        3,
+        help="newest checkpoints kept in the model directory (across resumes)",
+        group="checkpoints",
+    )
+    summary_every_steps: int = _setting(
+        20, help="steps between scalar summaries", group="tracking", flag="--summary-every"
+    )
+    histogram_every_steps: int = _setting(
+        0,
+        help="steps between weight histograms in the TensorBoard events (0: with every checkpoint)",
+        group="tracking",
+        flag="--histogram-every",
+    )
+    progress_every_s: float = _setting(
+        5.0,
+        help="seconds between progress lines on the driver",
+        group="tracking",
+        flag="--progress-every",
+    )
+    sync_every_s: float = _setting(
+        60.0,
+        help="seconds between copies of the TensorBoard events to an hdfs:// model directory "
+        "(and at the end)",
+        group="tracking",
+        flag="--sync-every",
+    )
+    feed_timeout_s: float = _setting(
+        300.0,
+        help="seconds the spark input mode waits for rows to move before failing",
+        group="failure",
+        flag="--feed-timeout",
+    )
+    failure_timeout_s: float = _setting(
+        120.0,
+        help="bound in seconds from a failure in any TensorFlow process to the end of the run",
+        group="failure",
+        flag="--failure-timeout",
+    )
+    startup_timeout_s: float = _setting(
+        300.0,
+        help="seconds from the start of the run to the first training step before it fails",
+        group="failure",
+        flag="--startup-timeout",
+    )
+    stall_timeout_s: float = _setting(
+        300.0,
+        help="seconds without global-step progress before the run fails, naming the processes "
+        "that stopped advancing (also the all-reduce collective timeout)",
+        group="failure",
+        flag="--stall-timeout",
+    )
+    max_restarts: int = _setting(
+        0,
+        help="times the TensorFlow cluster is started again from the latest checkpoint after a "
+        "failure (a lost process or executor) before the run fails",
+        group="failure",
+    )
+    eval_every_steps: int = _setting(
+        0,
+        help="steps between evaluations (0: once per epoch); always at the end",
+        group="evaluation",
+        flag="--eval-every",
+    )
+    export_best: str | None = _setting(
+        None,
+        help="a metric: also keep the export of the best evaluation so far in "
+        "MODEL_DIR/export_best/ (e.g. accuracy, top5_accuracy, perplexity, loss)",
+        group="evaluation",
+        metavar="METRIC",
+    )
+    export: bool = _setting(
+        True,
+        help="write the SavedModel export at the end",
+        group="checkpoints",
+        flag="--no-export",
+        flag_help="skip the SavedModel export at the end",
+    )
+    mlflow_tracking_uri: str | None = _setting(
+        None,
+        help="MLflow tracking URI: a tracking server (http(s)://...; credentials through "
+        "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD, not in the URI) or a "
+        "local file store (a path or file:// URI; MLflow 3 wants MLFLOW_ALLOW_FILE_STORE=true "
+        "for it); unset: no tracking",
+        group="tracking",
+        metavar="URI",
+    )
+    mlflow_experiment: str = _setting(
+        "sparktf",
+        help="MLflow experiment of the run (created when missing)",
+        group="tracking",
+        metavar="NAME",
+    )
 
     def __post_init__(self) -> None:
         if not self.model_dir:
-            raise ConfigError("model_dir is required (a local path or hdfs:// URI)")
+            raise ConfigError("RunConfig.model_dir is required (a local path or hdfs:// URI)")
         if self.mlflow_tracking_uri is not None and (
             not isinstance(self.mlflow_tracking_uri, str) or not self.mlflow_tracking_uri.strip()
         ):
             raise ConfigError(
-                "mlflow_tracking_uri must be an MLflow tracking URI (http(s)://, file://, a "
-                f"local path), got {self.mlflow_tracking_uri!r}"
+                "RunConfig.mlflow_tracking_uri must be an MLflow tracking URI (http(s)://, "
+                f"file://, a local path), got {self.mlflow_tracking_uri!r}"
             )
         if not isinstance(self.mlflow_experiment, str) or not self.mlflow_experiment.strip():
             raise ConfigError(
-                f"mlflow_experiment must be an experiment name, got {self.mlflow_experiment!r}"
+                "RunConfig.mlflow_experiment must be an experiment name, got "
+                f"{self.mlflow_experiment!r}"
             )
-        _positive("checkpoint_every_steps", self.checkpoint_every_steps)
-        _positive("keep_checkpoints", self.keep_checkpoints)
-        _positive("summary_every_steps", self.summary_every_steps)
-        _positive("histogram_every_steps", self.histogram_every_steps, allow_zero=True)
         for name in (
+            "checkpoint_every_steps",
+            "keep_checkpoints",
+            "summary_every_steps",
             "progress_every_s",
             "sync_every_s",
             "feed_timeout_s",
@@ -170,9 +352,9 @@ class RunConfig:
             "startup_timeout_s",
             "stall_timeout_s",
         ):
-            _positive(name, getattr(self, name))
-        _positive("max_restarts", self.max_restarts, allow_zero=True)
-        _positive("eval_every_steps", self.eval_every_steps, allow_zero=True)
+            _positive(self, name)
+        for name in ("histogram_every_steps", "max_restarts", "eval_every_steps"):
+            _positive(self, name, allow_zero=True)
 
     @property
     def heartbeat_timeout_s(self) -> float:
@@ -186,6 +368,7 @@ class RunConfig:
         return max(3.0, min(30.0, self.failure_timeout_s - self.heartbeat_timeout_s - 3.0))
 
 
+@_documented
 @dataclass(frozen=True)
 class TrainConfig:
     """What to train on which data, for how long.
@@ -212,40 +395,103 @@ class TrainConfig:
     ``max_steps`` / ``epochs``. ``batch_size`` is the global batch (default: the model's);
     every step takes exactly that many rows (a short remainder at the end of the data is
     dropped).
+
+    Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    model: str
-    data: str
-    model_config: dict[str, Any] = field(default_factory=dict)
-    split: str = "train"
-    input_mode: str = "files"
-    file_format: str = "tfrecord"
-    epochs: float | None = None
-    steps: int | None = None
-    batch_size: int | None = None
-    shuffle: bool = True
-    seed: int = 0
-    eval_split: str = "auto"  # "auto": valid if the dataset has it, else test; "none": off
-    # fine-tuning: weights from another run's checkpoint or export (ignored on a resume),
-    # except variables under exclude scopes; only variables under trainable scopes train
-    checkpoint_path: str | None = None
-    checkpoint_exclude_scopes: tuple[str, ...] = ()
-    trainable_scopes: tuple[str, ...] = ()
+    model: str = _setting(
+        help="model name from the registry (sparktf.models.list_models()), or a user's Keras "
+        "build function as package.module:build (importable on the executors; see "
+        "sparktf.models.custom)",
+        group="model",
+    )
+    data: str = _setting(
+        help="converted dataset directory (local or hdfs://)",
+        group="data",
+        flag_help="converted dataset directory (local or hdfs://), or 'demo' for a small "
+        "synthetic one prepared under .local/demo",
+    )
+    model_config: dict[str, Any] = _setting(
+        help='overrides of the model\'s config, e.g. {"hidden_units": 64}',
+        group="model",
+        factory=dict,
+        flag_help="JSON object of model config overrides, e.g. '{\"hidden_units\": 64}'",
+    )
+    split: str = _setting("train", help="split to train on", group="data")
+    input_mode: str = _setting(
+        "files",
+        help="spark: Parquet rows fed by Spark tasks; files: each worker reads its "
+        "own shard of the files",
+        group="input",
+        choices=INPUT_MODES,
+    )
+    file_format: str = _setting(
+        "tfrecord",
+        help="files read with TrainConfig.input_mode files",
+        group="input",
+        choices=FILE_FORMATS,
+    )
+    epochs: float | None = _setting(None, help="passes over the split", group="data")
+    steps: int | None = _setting(
+        None,
+        help="global steps (counted across resumes); with TrainConfig.epochs: whichever first",
+        group="data",
+    )
+    batch_size: int | None = _setting(
+        None, help="global batch size (default: the model's)", group="data"
+    )
+    shuffle: bool = _setting(
+        True,
+        help="shuffle the files and rows read",
+        group="input",
+        flag="--no-shuffle",
+        flag_help="keep file order",
+    )
+    seed: int = _setting(0, help="shuffle seed", group="input")
+    eval_split: str = _setting(
+        "auto",
+        help="split evaluated during training: 'auto' (valid if the dataset has it, else "
+        "test), a split name, or 'none'",
+        group="evaluation",
+    )
+    checkpoint_path: str | None = _setting(
+        None,
+        help="start from the weights of another run (local or hdfs://): a checkpoint prefix "
+        "(MODEL_DIR/checkpoints/ckpt-N), a checkpoints or model directory (its latest "
+        "checkpoint), or a SavedModel export (MODEL_DIR/export/<step>, or MODEL_DIR/export "
+        "for the latest); ignored when RunConfig.model_dir already has a checkpoint (resume "
+        "wins)",
+        group="model",
+    )
+    checkpoint_exclude_scopes: tuple[str, ...] = _setting(
+        (),
+        help="layer-name prefixes not restored from TrainConfig.checkpoint_path (they keep "
+        "their initialisation), e.g. 'logits' to fine-tune to another number of classes",
+        flag_help="comma-separated layer-name prefixes not restored from TrainConfig."
+        "checkpoint_path (they keep their initialisation), e.g. 'logits' to fine-tune to "
+        "another number of classes",
+        group="model",
+        metavar="SCOPES",
+    )
+    trainable_scopes: tuple[str, ...] = _setting(
+        (),
+        help="layer-name prefixes: only these variables train, every other one stays "
+        "bit-identical (default: all train)",
+        flag_help="comma-separated layer-name prefixes: only these variables train, every "
+        "other one stays bit-identical (default: all train)",
+        group="model",
+        metavar="SCOPES",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
-            raise ConfigError("model is required")
+            raise ConfigError("TrainConfig.model is required")
         if not self.data:
-            raise ConfigError("data is required (a converted dataset directory)")
-        if self.input_mode not in INPUT_MODES:
-            raise ConfigError(f"input_mode must be one of {INPUT_MODES}, got {self.input_mode!r}")
-        if self.file_format not in FILE_FORMATS:
-            raise ConfigError(
-                f"file_format must be one of {FILE_FORMATS}, got {self.file_format!r}"
-            )
-        _positive("epochs", self.epochs, allow_none=True)
-        _positive("steps", self.steps, allow_none=True)
-        _positive("batch_size", self.batch_size, allow_none=True)
+            raise ConfigError("TrainConfig.data is required (a converted dataset directory)")
+        _check(self)
+        _positive(self, "epochs", allow_none=True)
+        _positive(self, "steps", allow_none=True)
+        _positive(self, "batch_size", allow_none=True)
 
 
 @dataclass(frozen=True)
@@ -276,6 +522,7 @@ class TrainResult:
     mlflow_run_id: str | None = None  # RunConfig.mlflow_tracking_uri: the MLflow run
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as plain data (JSON-able)."""
         return dataclasses.asdict(self)
 
 

@@ -43,6 +43,19 @@ from typing import Any
 
 from sparktf.errors import SparktfError
 
+__all__ = [
+    "BEAT_INTERVAL_S",
+    "MAX_REQUEST_BYTES",
+    "REQUEST_TIMEOUT_S",
+    "ControlClient",
+    "ControlServer",
+    "DriverLost",
+    "NodeState",
+    "RejectLog",
+    "RunFlags",
+    "encode",
+]
+
 log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_S = 1.0
@@ -83,6 +96,8 @@ class RejectLog:
 
 @dataclass
 class NodeState:
+    """What the driver knows of one TensorFlow process (by its node key)."""
+
     key: str
     role: str = "?"
     first_seen: float = field(default_factory=time.monotonic)
@@ -281,7 +296,7 @@ class ControlServer:
 
 
 class DriverLost(SparktfError, RuntimeError):
-    pass
+    """The driver's control server could not be reached in time."""
 
 
 class ControlClient:

@@ -21,6 +21,9 @@ from sparktf.train.config import (
     TrainResult,
 )
 from sparktf.train.plan import RunPlan, plan_run
+from sparktf.train.result import ProcessResult
+
+__all__ = ["fit", "gpu_spark_conf"]
 
 log = logging.getLogger("sparktf.train")
 
@@ -49,27 +52,41 @@ def gpu_spark_conf(scaling: ScalingConfig) -> dict[str, str]:
 
 def fit(
     train: TrainConfig,
-    scaling: ScalingConfig | None = None,
-    run: RunConfig | None = None,
+    scaling: ScalingConfig,
+    run: RunConfig,
     *,
     spark=None,
 ) -> TrainResult:
     """Trains ``train.model`` on Spark executors; returns when the chief has exported.
 
-    ``spark``: the SparkSession to run on (default ``sparktf.spark.get_session``, with the GPU
-    settings of ``scaling``). It must have exactly ``scaling.num_executors`` executors.
-    Raises :class:`ConfigError` for settings that cannot work (before anything starts) and
-    :class:`~sparktf.train.config.TrainingError` when a TensorFlow process or a Spark job of
-    the run fails (after ``run.max_restarts`` restarts from the latest checkpoint); in both
-    cases nothing of the run is left running.
+    Parameters:
+        train: what to train (the model, its dataset and split, the input mode, the length
+            of the run, the evaluation split).
+        scaling: the strategy and how many TensorFlow processes run it, with their GPUs
+            and threads (``ScalingConfig()``: all-reduce over two processes).
+        run: where and how the run keeps its state: ``model_dir`` (local or ``hdfs://``;
+            a run resumes from its latest checkpoint), checkpoint, summary and evaluation
+            cadence, export, restarts, timeouts, MLflow tracking.
+        spark: the SparkSession to run on (default ``sparktf.spark.get_session``, with the
+            GPU settings of ``scaling``: :func:`gpu_spark_conf`). It must have exactly
+            ``scaling.num_executors`` executors.
 
-    With ``run.mlflow_tracking_uri`` the run is recorded in MLflow from the driver
-    (:mod:`sparktf.train.tracking`; ``TrainResult.mlflow_run_id``); MLflow missing or a
-    tracking store that refuses is a :class:`ConfigError` before Spark starts.
+    Returns:
+        A :class:`~sparktf.train.config.TrainResult`: the steps trained, the last training
+        metrics and evaluations, the checkpoint and export paths, the throughput, the
+        restarts; with ``run.mlflow_tracking_uri`` the MLflow run it was recorded in
+        (``mlflow_run_id``, see :mod:`sparktf.train.tracking`).
+
+    Raises:
+        ConfigError: settings that cannot work, found before anything starts (a dataset
+            that does not fit the model, a layout the executors cannot hold, the ``spark``
+            input mode without ``spark.python.worker.reuse``, MLflow missing or a tracking
+            store that refuses).
+        TrainingError: a TensorFlow process or a Spark job of the run failed (after
+            ``run.max_restarts`` restarts from the latest checkpoint).
+
+    In both cases nothing of the run is left running.
     """
-    scaling = scaling or ScalingConfig()
-    if run is None:
-        raise ConfigError("a RunConfig with model_dir is required")
     if run.mlflow_tracking_uri:
         tracking.require_mlflow()  # before anything is read or started
     # Local paths are resolved here, on the driver: executors run in their own work dirs.
@@ -83,19 +100,8 @@ def fit(
 
 
 def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker) -> TrainResult:
-    train, scaling, run = plan.train, plan.scaling, plan.run
-    if spark is None:
-        from sparktf.spark import get_session
-
-        spark = get_session(f"sparktf-train-{train.model}", overrides=gpu_spark_conf(scaling))
-    conf = spark.sparkContext.getConf()
-    if train.input_mode == "spark" and conf.get("spark.python.worker.reuse", "true") != "true":
-        raise ConfigError("the spark input mode needs spark.python.worker.reuse=true")
-    if conf.get("spark.task.maxFailures", "4") != "1":
-        log.warning(
-            "spark.task.maxFailures is not 1: a failed TensorFlow task would be "
-            "retried into a cluster that has moved on; set it to 1"
-        )
+    train, run = plan.train, plan.run
+    spark = _session(plan, spark)
     storage.makedirs(run.model_dir)
     resumed = artifacts.latest_checkpoint_step(run.model_dir)
     log.info(
@@ -114,14 +120,67 @@ def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker)
     )
     started_wall = time.time()
     started = time.monotonic()
+    result, restarts, cluster = _attempts(spark, plan, tracker)
+    out = TrainResult(
+        model_dir=run.model_dir,
+        start_step=resumed if restarts else result.start_step,
+        final_step=result.final_step,
+        metrics=dict(result.metrics),
+        checkpoint=result.checkpoint,
+        export_path=result.export_path,
+        elapsed_s=time.monotonic() - started,
+        examples=result.examples,
+        examples_per_sec=result.examples_per_sec,
+        time_to_first_step_s=(
+            result.first_step_wall - started_wall if result.first_step_wall else None
+        ),
+        strategy=plan.scaling.strategy,
+        input_mode=train.input_mode,
+        gpus=list(result.gpus),
+        restarts=restarts,
+        eval_metrics=dict(result.eval_metrics),
+        eval_history=list(result.eval_history),
+        best_export_path=result.best_export,
+        fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
+        mlflow_run_id=tracker.run_id,
+    )
+    _log_done(plan, out)
+    return out
+
+
+def _session(plan: RunPlan, spark):
+    """``spark``, or a new session with the GPU settings of the plan; checks its settings."""
+    train = plan.train
+    if spark is None:
+        from sparktf.spark import get_session
+
+        spark = get_session(f"sparktf-train-{train.model}", overrides=gpu_spark_conf(plan.scaling))
+    conf = spark.sparkContext.getConf()
+    if train.input_mode == "spark" and conf.get("spark.python.worker.reuse", "true") != "true":
+        raise ConfigError("the spark input mode needs spark.python.worker.reuse=true")
+    if conf.get("spark.task.maxFailures", "4") != "1":
+        log.warning(
+            "spark.task.maxFailures is not 1: a failed TensorFlow task would be "
+            "retried into a cluster that has moved on; set it to 1"
+        )
+    return spark
+
+
+def _attempts(
+    spark, plan: RunPlan, tracker: tracking.Tracker | tracking.NullTracker
+) -> tuple[ProcessResult, list[dict], ClusterRun]:
+    """Runs the TensorFlow cluster until the chief is done, starting it again from the
+    latest checkpoint after a failure (at most ``run.max_restarts`` times); the chief's
+    result, the restarts and the cluster of the last attempt."""
+    run = plan.run
     restarts: list[dict] = []
     while True:
         try:
             with ClusterRun(spark, plan) as cluster:
                 cluster.start()
                 with tracker.follow(cluster):
-                    result = cluster.wait()
-            break
+                    result = ProcessResult.from_dict(cluster.wait())
+            return result, restarts, cluster
         except TrainingError as exc:
             if len(restarts) >= run.max_restarts:
                 raise
@@ -136,28 +195,9 @@ def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker)
                 step,
                 exc,
             )
-    first = result.get("first_step_wall")
-    out = TrainResult(
-        model_dir=run.model_dir,
-        start_step=resumed if restarts else int(result["start_step"]),
-        final_step=int(result["final_step"]),
-        metrics=dict(result.get("metrics") or {}),
-        checkpoint=result.get("checkpoint"),
-        export_path=result.get("export_path"),
-        elapsed_s=time.monotonic() - started,
-        examples=int(result.get("examples") or 0),
-        examples_per_sec=float(result.get("examples_per_sec") or 0.0),
-        time_to_first_step_s=(first - started_wall) if first else None,
-        strategy=scaling.strategy,
-        input_mode=train.input_mode,
-        gpus=list(result.get("gpus") or []),
-        restarts=restarts,
-        eval_metrics=dict(result.get("eval_metrics") or {}),
-        eval_history=list(result.get("eval_history") or []),
-        best_export_path=result.get("best_export"),
-        fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
-        mlflow_run_id=tracker.run_id,
-    )
+
+
+def _log_done(plan: RunPlan, out: TrainResult) -> None:
     if out.eval_metrics:
         log.info(
             "evaluation on the %s split: %s",
@@ -173,4 +213,3 @@ def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker)
         out.elapsed_s,
         f", exported {out.export_path}" if out.export_path else "",
     )
-    return out

@@ -1,5 +1,12 @@
 """Evaluation during training: the chief's current weights on the evaluation split.
 
+* :class:`Evaluator` -- one pass of some weights over the evaluation split.
+* :class:`EvaluationTracker` -- the chief's evaluations of one run, in step order: each
+  logged, written to TensorBoard (``events/eval``), sent to the driver, and exported to
+  ``export_best/<step>`` when its metric beat the best so far (:class:`BestMetric`,
+  ``RunConfig.export_best``); under ps each runs beside training
+  (:class:`AsideEvaluation`).
+
 The chief copies the weights into a model built outside the strategy (as for the export)
 and makes one pass over the evaluation split (``files`` readers, whatever the input mode):
 
@@ -13,15 +20,17 @@ and makes one pass over the evaluation split (``files`` readers, whatever the in
 
 Other processes do not evaluate: under all-reduce they wait for the chief at their next
 step (the evaluation counts towards ``stall_timeout_s``); under ps they go on training while
-the chief evaluates in a thread beside its scheduling (``trainer.AsideEvaluation``).
+the chief evaluates in a thread beside its scheduling (one evaluation at a time).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +38,11 @@ import numpy as np
 from sparktf.train.inputs import stream_layout
 from sparktf.train.plan import DataInfo
 
+__all__ = ["EVAL_BATCH", "AsideEvaluation", "BestMetric", "EvaluationTracker", "Evaluator"]
+
 log = logging.getLogger(__name__)
+
+Weights = list[np.ndarray]  # a model's weights, in ``model.get_weights()`` order
 
 EVAL_BATCH = 256  # rows per evaluation batch (images); the LM uses its own batch size
 
@@ -127,3 +140,135 @@ class Evaluator:
         for t in range(rows.shape[1]):
             reset = np.full(streams, 1 if t == 0 else 0, np.int64)
             yield {"tokens": rows[:, t], "reset": reset}, streams
+
+
+class AsideEvaluation:
+    """One evaluation of the weights of ``step`` in a thread beside training (ps chief)."""
+
+    def __init__(
+        self, evaluator: Callable[[Weights], dict[str, float]], step: int, weights: Weights
+    ):
+        self.step, self.weights = step, weights
+        self._metrics: dict[str, float] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(evaluator,), name=f"sparktf-eval-{step}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, evaluator: Callable[[Weights], dict[str, float]]) -> None:
+        try:
+            self._metrics = evaluator(self.weights)
+        except BaseException as exc:  # raised in the training thread by result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> dict[str, float]:
+        """The metrics (waits for the evaluation to end); re-raises its error."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._metrics
+
+
+@dataclass
+class BestMetric:
+    """The best value so far of the evaluation metric ``name`` and the step it was reached."""
+
+    name: str
+    higher_is_better: bool
+    value: float | None = None
+    step: int | None = None
+
+    def improves(self, metrics: dict[str, float], step: int) -> bool:
+        """Whether ``metrics`` beat the best so far (the first always does); when they do,
+        they become the best."""
+        value = metrics[self.name]
+        if self.value is not None:
+            better = value > self.value if self.higher_is_better else value < self.value
+            if not better:
+                return False
+        self.value, self.step = value, step
+        return True
+
+
+class EvaluationTracker:
+    """The chief's evaluations of one run, recorded in step order.
+
+    ``evaluate``: weights -> metrics (an :class:`Evaluator`); ``split``: the evaluation
+    split's name (for the log); ``events``: where the metrics go in TensorBoard;
+    ``control``: the channel to the driver (each evaluation is sent as an ``eval`` event);
+    ``best`` and ``export_best`` (weights, step -> the export's path): export the weights of
+    each evaluation that beats the best so far; without them nothing is exported.
+    """
+
+    def __init__(
+        self,
+        evaluate: Callable[[Weights], dict[str, float]],
+        *,
+        split: str,
+        events,
+        control,
+        best: BestMetric | None = None,
+        export_best: Callable[[Weights, int], str] | None = None,
+    ):
+        self._evaluate, self.split, self.events, self.control = evaluate, split, events, control
+        self.best = best if export_best is not None else None
+        self._export_best = export_best
+        self.history: list[dict[str, float]] = []  # every evaluation, with its step
+        self.best_export: str | None = None
+        self._aside: AsideEvaluation | None = None  # the evaluation running beside training
+
+    @property
+    def latest(self) -> dict[str, float] | None:
+        """The last evaluation recorded (with its ``step``), or None."""
+        return self.history[-1] if self.history else None
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The metrics of the last evaluation recorded ({} before the first)."""
+        return {k: v for k, v in (self.latest or {}).items() if k != "step"}
+
+    def evaluate(self, step: int, weights: Weights, *, aside: bool = False) -> None:
+        """Evaluates the weights of ``step``: now, or (``aside``) in a thread beside training
+        once the previous one has been recorded."""
+        if not aside:
+            self.record(step, weights, self._evaluate(weights))
+            return
+        self.collect(wait=True)  # one at a time, in step order
+        self._aside = AsideEvaluation(self._evaluate, step, weights)
+
+    def collect(self, *, wait: bool) -> None:
+        """Records the evaluation running beside training once it has ended (``wait``: waits
+        for it); re-raises its error."""
+        aside = self._aside
+        if aside is None or not (wait or aside.done()):
+            return
+        self._aside = None
+        self.record(aside.step, aside.weights, aside.result())
+
+    def record(self, step: int, weights: Weights, metrics: dict[str, float]) -> None:
+        """An evaluation at ``step``: logged, written, sent to the driver; exported as the
+        best when it is."""
+        self.history.append({"step": step, **metrics})
+        self.events.scalars(step, metrics)
+        self.control.send("eval", self.history[-1])  # the driver logs every one
+        log.info(
+            "evaluation at step %d on the %s split: %s",
+            step,
+            self.split,
+            ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()),
+        )
+        if self.best is not None and self.best.improves(metrics, step):
+            self.best_export = self._export_best(weights, step)
+            log.info(
+                "best %s so far (%.4g): exported %s",
+                self.best.name,
+                self.best.value,
+                self.best_export,
+            )
+
+    def close(self) -> None:
+        self.events.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+__all__ = ["on_exit", "run_all"]
+
 _HOOKS: list[Callable[[], None]] = []
 
 

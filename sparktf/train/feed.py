@@ -1,10 +1,10 @@
 """The ``spark`` input mode: DataFrame rows into the TensorFlow processes, at Spark's speed.
 
-TensorFlowOnSpark's own feed (``TFCluster.train`` / ``DataFeed.next_batch``) pushes every row
-through a multiprocessing-manager queue; measured here it delivers about a tenth of what
-Spark reads (see docs/versions.md). This module keeps TensorFlowOnSpark's plumbing -- the executor's
-``TFManager`` and its ``input`` queue, which pair a Spark task with the TensorFlow process on
-the same executor -- but moves the rows around the queue:
+TensorFlowOnSpark's own feed (``TFCluster.train`` / ``DataFeed.next_batch``) pushes every row,
+pickled one by one, through a multiprocessing-manager queue, which delivers rows far slower
+than Spark reads them (docs/versions.md). This module keeps TensorFlowOnSpark's plumbing --
+the executor's ``TFManager`` and its ``input`` queue, which pair a Spark task with the
+TensorFlow process on the same executor -- but moves the rows around the queue:
 
 1. Feeding tasks (``DataFrame.mapInArrow``, :func:`make_feeder`) receive Arrow record
    batches straight from the JVM, cut them into chunks of about ``chunk_bytes`` and write each
@@ -27,7 +27,8 @@ the same executor -- but moves the rows around the queue:
 When a TensorFlow process stops early (its step target reached, or it failed) it sets its
 manager's ``sparktf_state``; feeding tasks on that executor then skip their rows.
 
-Neither TensorFlow nor Spark is imported here: feeding tasks stay light.
+Neither TensorFlow nor Spark is imported here: feeding tasks stay light. The driver's side,
+the Spark job that runs the feeding tasks, is :mod:`sparktf.train.feed_job`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,29 @@ import numpy as np
 
 from sparktf.datasets.formats import Field, NdarrayColumnError, decode_ndarray_column
 from sparktf.errors import SparktfError
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_MAX_BUFFERED",
+    "DONE",
+    "FAILED",
+    "FEED_KEY",
+    "RUNNING",
+    "STATE_KEY",
+    "SUMMARY_SCHEMA",
+    "FeedError",
+    "FeedReader",
+    "FeedTimeout",
+    "Rebatcher",
+    "connect_manager",
+    "decode_table",
+    "feed_dir_names",
+    "forget_managers",
+    "make_feeder",
+    "node_local_dir",
+    "remove_feed_dirs",
+    "write_chunk",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +97,7 @@ class FeedError(SparktfError, RuntimeError):
 
 
 class FeedTimeout(FeedError, TimeoutError):
-    pass
+    """The other end of the feed made no progress within ``feed_timeout_s``."""
 
 
 # ----------------------------------------------------------------------------- managers
@@ -91,6 +115,11 @@ def connect_manager(address: Any, authkey: bytes):
         mgr = TFManager.connect(address, bytes(authkey))
         _MANAGERS[key] = mgr
     return mgr
+
+
+def forget_managers() -> None:
+    """Drops the cached manager connections of this process (their managers are gone)."""
+    _MANAGERS.clear()
 
 
 def _get(mgr, key: str, default=None):
@@ -332,8 +361,8 @@ def _wait_for_room(mgr, queue, max_buffered: int, timeout_s: float, key: str, fl
     """Back-pressure: waits while ``max_buffered`` chunks are unread. False: reader stopped.
 
     ``qsize`` travels on the proxy's open connection; the reader's state is asked at most
-    every ``STATE_POLL_S`` (each ``TFManager.get`` opens two authenticated connections: at
-    20 polls a second that cost the executor's manager process ~12% of a core)."""
+    every ``STATE_POLL_S``: each ``TFManager.get`` opens two authenticated connections, work
+    for the executor's manager process that frequent polls would multiply."""
     deadline = None
     delay = 0.001
     next_state = 0.0
@@ -385,8 +414,8 @@ def _scalar_column(column, field: Field, where: str) -> np.ndarray:
     """A column of numbers as a numpy array of ``field.dtype``.
 
     Integer and floating-point columns without nulls are read straight from their Arrow
-    buffer: pyarrow's ``to_numpy`` imports pandas on first use, which costs a TensorFlow
-    process seconds of CPU under load at the start of its feed."""
+    buffer: pyarrow's ``to_numpy`` imports pandas on first use, a slow import that would
+    delay a TensorFlow process at the start of its feed."""
     import pyarrow as pa
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]

@@ -24,6 +24,8 @@ from typing import Any
 from sparktf.train.config import ConfigError
 from sparktf.train.plan import DataInfo, ProcessSpec, Role
 
+__all__ = ["Source", "file_batches", "open_batches", "stream_layout"]
+
 log = logging.getLogger(__name__)
 
 
@@ -75,13 +77,13 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         ).open()
         exit_hooks.on_exit(lambda: reader.close("failed"))
         return Source(reader.batches(batch_size), finite=True, close_fn=reader.close, reader=reader)
-    batches = _file_batches(plan.data, plan.train.file_format, batch_size, num_shards, shard, seed)
+    batches = file_batches(plan.data, plan.train.file_format, batch_size, num_shards, shard, seed)
     # Endless (epochs repeat; an empty shard is an error): all-reduce workers need not agree
     # every step that none has run out, which would cost a collective and a sync per step.
     return Source(batches, finite=False)
 
 
-def _file_batches(
+def file_batches(
     data: DataInfo, fmt: str, batch_size: int, num_shards: int, shard: int, seed: int | None
 ) -> Iterator[dict[str, Any]]:
     """Endless exact batches of this shard, from :mod:`sparktf.datasets.readers`."""

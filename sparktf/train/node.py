@@ -45,6 +45,18 @@ from sparktf.train.control import ControlClient
 from sparktf.train.feed import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec, Role
 
+__all__ = [
+    "EXIT_ABORTED",
+    "NodeFailed",
+    "consume_feed",
+    "error_summary",
+    "main",
+    "run_child",
+    "serve",
+    "start_process",
+    "tfos_main",
+]
+
 log = logging.getLogger("sparktf.train.node")
 
 EXIT_ABORTED = 3
@@ -272,7 +284,7 @@ def main(argv: list[str]) -> None:
                     "installed the driver's model %s",
                     custom.install_payload(spec.plan.custom_model),
                 )
-            control.send("done", Trainer(spec, role, control).run())
+            control.send("done", Trainer(spec, role, control).run().to_dict())
             if not role.is_chief:
                 # Stay until the chief has finished too: a multi-worker process that leaves
                 # early can fail the chief's last collective or coordination heartbeat.

@@ -30,6 +30,17 @@ from sparktf.train.config import (
     steps_for,
 )
 
+__all__ = [
+    "EVAL_METRICS",
+    "ROLES",
+    "DataInfo",
+    "ProcessSpec",
+    "Role",
+    "RunPlan",
+    "describe_data",
+    "plan_run",
+]
+
 ROLES = ("chief", "worker", "ps")
 
 
@@ -49,10 +60,12 @@ class DataInfo:
 
     @property
     def names(self) -> list[str]:
+        """The names of the columns the model reads, in order."""
         return [f.name for f in self.fields]
 
     @property
     def seq_len(self) -> int:
+        """Tokens per record of a language-model dataset (its first column's length)."""
         return int(self.fields[0].shape[0])
 
 
@@ -113,6 +126,7 @@ class RunPlan:
 
     @property
     def eval_every_steps(self) -> int:
+        """Steps between evaluations: ``RunConfig.eval_every_steps``, else one epoch."""
         return self.run.eval_every_steps or self.steps_per_epoch
 
     @property
@@ -124,7 +138,11 @@ class RunPlan:
 
 
 def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunPlan:
-    """Checks the configs against the model and the dataset; returns the run's plan."""
+    """Checks the configs against the model and the dataset; returns the run's plan.
+
+    Raises :class:`~sparktf.train.config.ConfigError` naming the setting (``Class.field``)
+    that does not fit the model or the dataset; the dataset's manifest is read here
+    (:func:`sparktf.datasets.formats.load_manifest` raises what storage raises)."""
     from sparktf import models
 
     overrides = dict(train.model_config)
@@ -160,7 +178,7 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
                 f"{train.model} unrolls {task.num_steps} steps (sequences of "
                 f"{task.seq_len} tokens) but {train.data} holds sequences of "
                 f"{data.seq_len}: set num_steps={data.seq_len - 1} in "
-                "--model-config or convert with a matching seq_len"
+                "TrainConfig.model_config or convert with a matching seq_len"
             )
     global_batch = int(task.batch_size)
     _check_layout(train, scaling, data, global_batch)
@@ -204,7 +222,7 @@ def _eval_data(train: TrainConfig, run: RunConfig, task, manifest: dict) -> Data
         split = next((s for s in ("valid", "test") if s in splits and s != train.split), None)
     elif train.eval_split not in splits:
         raise ConfigError(
-            f"--eval-split {train.eval_split!r}: {train.data} has no such split "
+            f"TrainConfig.eval_split {train.eval_split!r}: {train.data} has no such split "
             f"(it has {', '.join(splits)}; 'none' turns evaluation off)"
         )
     else:
@@ -212,10 +230,12 @@ def _eval_data(train: TrainConfig, run: RunConfig, task, manifest: dict) -> Data
     if run.export_best:
         metrics = EVAL_METRICS.get(task.kind, {})
         if split is None:
-            raise ConfigError("--export-best needs an evaluation split (--eval-split)")
+            raise ConfigError(
+                "RunConfig.export_best needs an evaluation split (TrainConfig.eval_split)"
+            )
         if run.export_best not in metrics:
             raise ConfigError(
-                f"--export-best {run.export_best!r}: {train.model} is evaluated on "
+                f"RunConfig.export_best {run.export_best!r}: {train.model} is evaluated on "
                 f"{', '.join(metrics)}"
             )
     return describe_data(train.data, split, task.features, manifest) if split else None
@@ -228,16 +248,20 @@ def _check_layout(
         replicas = scaling.num_workers * max(1, scaling.gpus_per_worker)
         if global_batch % replicas:
             raise ConfigError(
-                f"batch size {global_batch} must be divisible by the {replicas} all-reduce replicas"
+                f"the global batch size {global_batch} (TrainConfig.batch_size, else the "
+                f"model's) must be divisible by the {replicas} all-reduce replicas "
+                "(ScalingConfig.num_workers x ScalingConfig.gpus_per_worker)"
             )
     if train.input_mode == "spark" and not data.parquet:
         raise ConfigError(
-            f"the spark input mode reads Parquet, but {train.data} has none "
-            "(convert with --formats parquet)"
+            f"TrainConfig.input_mode 'spark' reads Parquet, but {train.data} has none: convert "
+            "the dataset with parquet among its formats (the output_formats of "
+            "sparktf.datasets.convert.convert, the --format of the convert jobs)"
         )
     if train.input_mode == "files" and train.file_format not in data.files:
         raise ConfigError(
-            f"{train.data} has no {train.file_format} files (it has {', '.join(data.files)})"
+            f"TrainConfig.file_format {train.file_format!r}: {train.data} has no such files "
+            f"(it has {', '.join(data.files)})"
         )
     if data.rows < global_batch:
         raise ConfigError(
@@ -276,6 +300,7 @@ class ProcessSpec:
     consume_only: bool = False  # bench/feed.py: read the feed, train nothing
 
     def for_node(self, key: str, **node: Any) -> ProcessSpec:
+        """This spec for the node ``key``, with its executor's details ``node``."""
         return dataclasses.replace(self, key=key, **node)
 
 
@@ -292,6 +317,7 @@ class Role:
 
     @property
     def name(self) -> str:
+        """``role:index``, as logs and errors name the process."""
         return f"{self.role}:{self.index}"
 
     @property
@@ -309,8 +335,10 @@ class Role:
         return self.is_chief or (self.strategy == "allreduce" and self.role == "worker")
 
     def to_dict(self) -> dict[str, Any]:
+        """The role as plain data (the control channel's JSON)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Role:
+        """The role that :meth:`to_dict` gave."""
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})

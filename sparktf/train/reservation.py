@@ -7,25 +7,16 @@ until all have registered and fetches the list. Its own server binds every inter
 and anyone who asks gets every manager's authkey (code execution on the executors).
 
 This module replaces that message layer for sparktf's runs; TensorFlowOnSpark still does the
-bring-up. :class:`AuthServer` and :class:`AuthClient` subclass its ``Server`` and ``Client``
-and speak frames of this shape::
+bring-up. Three parts:
 
-    length (4 bytes, big-endian)  tag (32)  nonce (16)  ciphertext
-
-* ``length`` is checked against :data:`MAX_FRAME_BYTES` before a byte of the body is read;
-* ``tag`` is HMAC-SHA256 (keyed from the run's secret) over the direction, the nonce and
-  the ciphertext, checked with :func:`hmac.compare_digest` before anything is decrypted or
-  decoded -- no data from the network is ever parsed unauthenticated;
-* the server refuses a nonce it has seen (a replayed message), and every answer names the
-  nonce of the request it answers (a replayed answer is refused by the client);
-* the ciphertext is the JSON body XOR a keystream of HMAC-SHA256 blocks (counter mode with
-  the nonce), so the managers' authkeys are not readable on the wire either;
-* the body is JSON with a small tagged encoding for what reservations hold besides JSON
-  types: ``{"$bytes": base64}`` (authkeys) and ``{"$tuple": [...]}`` (``(host, port)``
-  addresses: ``multiprocessing`` needs real tuples).
-
-A rejected message (bad MAC, too large, replayed, not JSON) is logged at WARNING with the
-peer's address and the reason, its connection is closed, and nothing else happens.
+* the wire: :mod:`sparktf.train.frames` (length-prefixed frames, HMAC-SHA256 checked before
+  anything is decoded, no replay, encrypted JSON bodies), served by its
+  :class:`~sparktf.train.frames.FramedServer`;
+* the reservation protocol: :class:`ReservationBook` answers TensorFlowOnSpark's four
+  messages (``REG``, ``QUERY``, ``QINFO``, ``STOP``) over the list of registered nodes;
+* thin adaptors with the interfaces TensorFlowOnSpark calls: :class:`AuthServer` (its
+  ``reservation.Server``) and :class:`AuthClient` (its ``reservation.Client``), composed of
+  the two parts above.
 
 The per-run secret (:func:`secrets.token_bytes`) reaches the executors only inside the Spark
 task closure (:func:`run_with_auth_client`), so it is as private as Spark's own channel
@@ -40,233 +31,214 @@ start fails, and as soon as every node has fetched the complete cluster when it 
 
 from __future__ import annotations
 
-import base64
 import functools
-import hashlib
-import hmac
-import json
 import logging
 import os
 import secrets
-import selectors
 import socket
-import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tensorflowonspark import reservation as tfos_reservation
 
-from sparktf.errors import SparktfError
-from sparktf.train.control import RejectLog
+from sparktf.errors import SparktfValueError
+from sparktf.train.frames import (
+    MAX_FRAME_BYTES,
+    NONCE_BYTES,
+    TAG_BYTES,
+    Codec,
+    FramedClient,
+    FramedServer,
+    FrameError,
+    Rejected,
+    decode,
+    encode,
+)
+
+__all__ = [
+    "AWAIT_POLL_S",
+    "CLIENT_TIMEOUT_S",
+    "COMPAT",
+    "MAX_FRAME_BYTES",
+    "NONCE_BYTES",
+    "SERVED_TIMEOUT_S",
+    "TAG_BYTES",
+    "AuthClient",
+    "AuthServer",
+    "AuthenticatedNodes",
+    "Codec",
+    "DriverAddress",
+    "Rejected",
+    "ReservationBook",
+    "ReservationError",
+    "Startup",
+    "authenticated_startup",
+    "bound_manager_class",
+    "decode",
+    "defer_tensorflow_import",
+    "driver_address",
+    "encode",
+    "quiet_tensorflowonspark",
+    "run_with_auth_client",
+    "server_ports",
+]
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES = 1 << 20  # a reservation list of hundreds of nodes is a few hundred KiB
-TAG_BYTES = 32
-NONCE_BYTES = 16
-POLL_S = 0.5  # the listening loop wakes this often: stop() takes effect promptly
-IDLE_S = 60.0  # connections silent this long are closed (clients poll every second)
-MAX_CONNECTIONS = 256
 CLIENT_TIMEOUT_S = 60.0
 SERVED_TIMEOUT_S = 30.0  # after a start: how long the server waits for the last fetches
 AWAIT_POLL_S = 0.1  # how often the driver and the nodes check that every node registered
-
-_ASK, _ANSWER = b"Q", b"A"  # directions: a request cannot be reflected as an answer
-
-
-class Rejected(SparktfError, Exception):
-    """A frame that failed a check; the message says which."""
+WHAT = "reservation server"  # how logs and errors name the server
 
 
-class ReservationError(SparktfError, RuntimeError):
+class ReservationError(FrameError):
     """The client side: the reservation server's answer could not be used."""
 
 
-# ----------------------------------------------------------------------------- encoding
+# ----------------------------------------------------------------------------- protocol
 
 
-def encode(obj: Any) -> Any:
-    """JSON-ready copy of a reservation message (bytes and tuples tagged)."""
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, bytes):
-        return {"$bytes": base64.b64encode(obj).decode("ascii")}
-    if isinstance(obj, tuple):
-        return {"$tuple": [encode(v) for v in obj]}
-    if isinstance(obj, list):
-        return [encode(v) for v in obj]
-    if isinstance(obj, dict):
-        out = {}
-        for key, value in obj.items():
-            if not isinstance(key, str) or key.startswith("$"):
-                raise TypeError(f"reservation messages need str keys without '$': {key!r}")
-            out[key] = encode(value)
-        return out
-    raise TypeError(f"cannot send a {type(obj).__name__} in a reservation message")
+class ReservationBook:
+    """The reservation protocol: the nodes registered so far, and the answers to
+    TensorFlowOnSpark's messages about them. Thread-safe.
+
+    ``on_stop`` is called when a node asks the server to stop (``STOP``).
+
+    Raises:
+        ValueError: when ``required`` is below 1.
+    """
+
+    def __init__(self, required: int, *, on_stop: Callable[[], None] = lambda: None):
+        if required < 1:
+            raise SparktfValueError(f"a cluster needs at least one node, not {required}")
+        self.required = required
+        self.all_served = threading.Event()  # every node fetched the complete list
+        self._on_stop = on_stop
+        self._lock = threading.Lock()
+        self._nodes: list[dict] = []
+        self._served = 0  # answers to QINFO that held every reservation
+
+    def add(self, meta: dict) -> None:
+        with self._lock:
+            self._nodes.append(meta)
+
+    def get(self) -> list[dict]:
+        """The registered nodes, in the order they registered (a copy)."""
+        with self._lock:
+            return list(self._nodes)
+
+    def done(self) -> bool:
+        """Whether every required node has registered."""
+        with self._lock:
+            return len(self._nodes) >= self.required
+
+    def remaining(self) -> int:
+        with self._lock:
+            return self.required - len(self._nodes)
+
+    def answer(self, msg: Any) -> Any:
+        """The answer to one verified message (``"ERR"`` to anything unknown)."""
+        if not isinstance(msg, dict):
+            return "ERR"
+        kind = msg.get("type")
+        if kind == "REG" and isinstance(msg.get("data"), dict):
+            self.add(msg["data"])
+            return "OK"
+        if kind == "QUERY":
+            return self.done()
+        if kind == "QINFO":
+            info = self.get()
+            if len(info) >= self.required:
+                with self._lock:
+                    self._served += 1
+                    if self._served >= self.required:
+                        self.all_served.set()
+            return info
+        if kind == "STOP":
+            self._on_stop()
+            return "OK"
+        return "ERR"
 
 
-def decode(obj: Any) -> Any:
-    """Inverse of :func:`encode`; raises ValueError on a malformed tag."""
-    if isinstance(obj, list):
-        return [decode(v) for v in obj]
-    if isinstance(obj, dict):
-        if len(obj) == 1 and "$bytes" in obj:
-            value = obj["$bytes"]
-            if not isinstance(value, str):
-                raise ValueError("$bytes must hold a base64 string")
-            return base64.b64decode(value, validate=True)
-        if len(obj) == 1 and "$tuple" in obj:
-            value = obj["$tuple"]
-            if not isinstance(value, list):
-                raise ValueError("$tuple must hold a list")
-            return tuple(decode(v) for v in value)
-        if any(k.startswith("$") for k in obj):
-            raise ValueError(f"unknown tag in {sorted(obj)}")
-        return {k: decode(v) for k, v in obj.items()}
-    return obj
+def server_ports() -> list[int]:
+    """The ports the reservation server may bind: TensorFlowOnSpark's ``TFOS_SERVER_PORT``
+    (one port, or a range ``first-last``), else ``[0]`` (any).
+
+    Raises:
+        ValueError: when the setting is neither.
+    """
+    text = os.environ.get(tfos_reservation.TFOS_SERVER_PORT, "0")
+    first, sep, last = text.partition("-")
+    try:
+        return list(range(int(first), int(last) + 1)) if sep else [int(text)]
+    except ValueError:
+        raise SparktfValueError(
+            f"{tfos_reservation.TFOS_SERVER_PORT}={text!r} is neither a port nor a range"
+        ) from None
 
 
-class Codec:
-    """Seals and opens frames with keys derived from one run's secret."""
-
-    def __init__(self, secret: bytes):
-        if len(secret) < 16:
-            raise ValueError("the reservation secret must have at least 16 bytes")
-        self._mac_key = hmac.new(secret, b"sparktf-reservation/mac", hashlib.sha256).digest()
-        self._enc_key = hmac.new(secret, b"sparktf-reservation/enc", hashlib.sha256).digest()
-
-    def _keystream(self, nonce: bytes, size: int) -> bytes:
-        blocks = (size + 31) // 32
-        return b"".join(
-            hmac.new(self._enc_key, nonce + i.to_bytes(4, "big"), hashlib.sha256).digest()
-            for i in range(blocks)
-        )[:size]
-
-    def _xor(self, nonce: bytes, data: bytes) -> bytes:
-        stream = self._keystream(nonce, len(data))
-        return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
-            len(data), "big"
-        )
-
-    def _tag(self, direction: bytes, nonce: bytes, ciphertext: bytes) -> bytes:
-        return hmac.new(self._mac_key, direction + nonce + ciphertext, hashlib.sha256).digest()
-
-    def seal(self, direction: bytes, payload: dict) -> tuple[bytes, bytes]:
-        """Returns (the length-prefixed frame, its nonce)."""
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        body = json.dumps(encode(payload), separators=(",", ":")).encode()
-        ciphertext = self._xor(nonce, body)
-        frame = self._tag(direction, nonce, ciphertext) + nonce + ciphertext
-        if len(frame) > MAX_FRAME_BYTES:
-            raise ReservationError(f"reservation message of {len(frame)} bytes is too large")
-        return struct.pack(">I", len(frame)) + frame, nonce
-
-    def verify(self, direction: bytes, frame: bytes) -> tuple[bytes, bytes]:
-        """Checks the tag of a frame (without its length prefix) before anything else;
-        returns (nonce, ciphertext)."""
-        if len(frame) < TAG_BYTES + NONCE_BYTES:
-            raise Rejected(f"frame of {len(frame)} bytes is too short")
-        tag, nonce = frame[:TAG_BYTES], frame[TAG_BYTES : TAG_BYTES + NONCE_BYTES]
-        ciphertext = frame[TAG_BYTES + NONCE_BYTES :]
-        if not hmac.compare_digest(tag, self._tag(direction, nonce, ciphertext)):
-            raise Rejected("bad MAC (not signed with this run's secret)")
-        return nonce, ciphertext
-
-    def open(self, nonce: bytes, ciphertext: bytes) -> dict:
-        """Decrypts and decodes a verified frame."""
-        try:
-            payload = decode(json.loads(self._xor(nonce, ciphertext)))
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise Rejected(f"not JSON ({type(exc).__name__})") from None
-        if not isinstance(payload, dict):
-            raise Rejected("not a JSON object")
-        return payload
+# ----------------------------------------------------------------------------- adaptors
 
 
-# ----------------------------------------------------------------------------- server
+class AuthServer:
+    """TensorFlowOnSpark's reservation ``Server`` as ``TFCluster.run`` uses it (``start``,
+    ``await_reservations``, ``stop``, ``done``), served over authenticated frames on one
+    address.
 
+    ``start()`` returns ``(advertise_host, port)`` for ``cluster_meta``; the port comes from
+    ``TFOS_SERVER_PORT`` when set (TensorFlowOnSpark's setting), else any.
 
-@dataclass
-class _Connection:
-    peer: str
-    last: float
-    buffer: bytearray = field(default_factory=bytearray)
-
-
-class AuthServer(tfos_reservation.Server):
-    """TensorFlowOnSpark's reservation server with authenticated frames, bound to one
-    address. ``start()`` returns ``(advertise_host, port)`` for ``cluster_meta``; the port
-    comes from ``TFOS_SERVER_PORT`` when set (TensorFlowOnSpark's setting), else any."""
+    Raises:
+        ValueError: when ``count`` is below 1 or ``secret`` shorter than 16 bytes.
+    """
 
     def __init__(
         self, count: int, *, secret: bytes, bind_host: str, advertise_host: str | None = None
     ):
-        super().__init__(count)
-        self.done = False
         self.bind_host = bind_host
         self.advertise_host = advertise_host or bind_host
         self.address: tuple[str, int] | None = None
-        self._codec = Codec(secret)
-        self._seen: set[bytes] = set()
-        self._served = 0  # answers to QINFO that held every reservation
-        self._all_served = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._rejects = RejectLog(log, "reservation server")
+        self._server = FramedServer(Codec(secret), self._answer, what=WHAT, logger=log)
+        self.reservations = ReservationBook(count, on_stop=self._server.request_stop)
 
-    # TensorFlowOnSpark's pickle framing must never run on this server.
-    def receive(self, sock):
-        raise NotImplementedError("AuthServer does not read pickle frames")
+    def _answer(self, msg: Any) -> Any:
+        return self.reservations.answer(msg)
 
-    def send(self, sock, msg):
-        raise NotImplementedError("AuthServer does not write pickle frames")
+    @property
+    def done(self) -> bool:
+        """Whether the server has been asked to stop (TensorFlowOnSpark reads it)."""
+        return self._server.done
 
-    def start_listening_socket(self) -> socket.socket:
-        ports = self.get_server_ports()
-        errors = []
-        for port in ports:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((self.bind_host, port))
-                sock.listen(64)
-                return sock
-            except OSError as exc:
-                sock.close()
-                errors.append(f"{port}: {exc}")
-        raise OSError(
-            f"the reservation server cannot bind {self.bind_host} on port(s) "
-            f"{os.environ.get(tfos_reservation.TFOS_SERVER_PORT, 'any')}: {'; '.join(errors)}"
-        )
+    @property
+    def stopped(self) -> bool:
+        """Whether the server has stopped and closed its socket."""
+        return self._server.stopped
 
     def start(self) -> tuple[str, int]:
-        listener = self.start_listening_socket()
-        port = listener.getsockname()[1]
+        """Starts answering; returns the address the nodes reach it at.
+
+        Raises:
+            OSError: when no port of ``TFOS_SERVER_PORT`` can be bound.
+        """
+        port = self._server.listen(self.bind_host, server_ports())
         self.address = (self.advertise_host, port)
-        log.info("reservation server listening on %s:%d (authenticated)", self.bind_host, port)
-        self._thread = threading.Thread(
-            target=self._serve, args=(listener,), name="sparktf-reservations", daemon=True
-        )
-        self._thread.start()
         return self.address
 
     def stop(self) -> None:
-        """Stops the server; returns once its socket is closed (within ``POLL_S``)."""
-        self.done = True
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5 * POLL_S)
+        """Stops the server; returns once its socket is closed."""
+        self._server.stop()
 
     def stop_when_served(self, timeout_s: float = SERVED_TIMEOUT_S) -> None:
         """Stops the server (in the background) once every node has fetched the complete
         reservation list, or after ``timeout_s``."""
 
         def wait_and_stop() -> None:
-            if not self._all_served.wait(timeout_s):
+            if not self.reservations.all_served.wait(timeout_s):
                 log.debug("reservation server: not every node fetched the cluster; stopping")
             self.stop()
 
@@ -274,123 +246,21 @@ class AuthServer(tfos_reservation.Server):
             target=wait_and_stop, name="sparktf-reservations-stop", daemon=True
         ).start()
 
-    @property
-    def stopped(self) -> bool:
-        return self.done and (self._thread is None or not self._thread.is_alive())
-
-    def _serve(self, listener: socket.socket) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(listener, selectors.EVENT_READ)
-        connections: dict[socket.socket, _Connection] = {}
-
-        def close(sock: socket.socket) -> None:
-            selector.unregister(sock)
-            connections.pop(sock, None)
-            sock.close()
-
-        try:
-            while not self.done:
-                for key, _ in selector.select(POLL_S):
-                    sock = key.fileobj
-                    if sock is listener:
-                        self._accept(listener, selector, connections)
-                    elif not self._on_readable(sock, connections[sock]):
-                        close(sock)
-                now = time.monotonic()
-                for sock, conn in list(connections.items()):
-                    if now - conn.last > IDLE_S:
-                        close(sock)
-        except Exception:
-            log.exception("reservation server failed")
-        finally:
-            self.done = True
-            for sock in list(connections):
-                close(sock)
-            selector.close()
-            listener.close()
-            log.debug("reservation server stopped")
-
-    def _accept(self, listener, selector, connections) -> None:
-        try:
-            sock, peer = listener.accept()
-        except OSError:
-            return
-        address = f"{peer[0]}:{peer[1]}"
-        if len(connections) >= MAX_CONNECTIONS:
-            self._rejects.reject(address, f"more than {MAX_CONNECTIONS} open connections")
-            sock.close()
-            return
-        sock.settimeout(5.0)  # recv only after select says readable; bounds sendall
-        connections[sock] = _Connection(address, time.monotonic())
-        selector.register(sock, selectors.EVENT_READ)
-
-    def _on_readable(self, sock: socket.socket, conn: _Connection) -> bool:
-        """Reads what arrived and answers every complete frame; False closes the connection."""
-        try:
-            data = sock.recv(65536)
-        except OSError:
-            return False
-        if not data:
-            return False
-        conn.last = time.monotonic()
-        conn.buffer += data
-        while len(conn.buffer) >= 4:
-            (size,) = struct.unpack(">I", conn.buffer[:4])
-            if size > MAX_FRAME_BYTES:
-                self._rejects.reject(
-                    conn.peer, f"too large: {size} bytes announced, at most {MAX_FRAME_BYTES}"
-                )
-                return False
-            if len(conn.buffer) < 4 + size:
-                return True
-            frame = bytes(conn.buffer[4 : 4 + size])
-            del conn.buffer[: 4 + size]
-            try:
-                nonce, ciphertext = self._codec.verify(_ASK, frame)
-                if nonce in self._seen:
-                    raise Rejected("replayed message (nonce seen before)")
-                self._seen.add(nonce)
-                request = self._codec.open(nonce, ciphertext)
-            except Rejected as exc:
-                self._rejects.reject(conn.peer, str(exc))
-                return False
-            answer = self._answer(request.get("msg"))
-            reply, _ = self._codec.seal(_ANSWER, {"re": nonce.hex(), "msg": answer})
-            try:
-                sock.sendall(reply)
-            except OSError:
-                return False
-        return True
-
-    def _answer(self, msg: Any) -> Any:
-        """TensorFlowOnSpark's ``_handle_message``, on a verified message."""
-        if not isinstance(msg, dict):
-            return "ERR"
-        kind = msg.get("type")
-        if kind == "REG" and isinstance(msg.get("data"), dict):
-            self.reservations.add(msg["data"])
-            return "OK"
-        if kind == "QUERY":
-            return self.reservations.done()
-        if kind == "QINFO":
-            info = list(self.reservations.get())
-            if len(info) >= self.reservations.required:
-                self._served += 1
-                if self._served >= self.reservations.required:
-                    self._all_served.set()
-            return info
-        if kind == "STOP":
-            self.done = True
-            return "OK"
-        return "ERR"
-
-    def await_reservations(self, sc, status=None, timeout=600):
+    def await_reservations(self, sc, status=None, timeout=600) -> list[dict]:
         """TensorFlowOnSpark's wait for every node's reservation, checking every
-        ``AWAIT_POLL_S`` (its own sleeps a whole second between checks)."""
+        ``AWAIT_POLL_S``; returns the nodes.
+
+        When ``status`` holds an ``"error"`` (a node failed), does what TensorFlowOnSpark
+        does then: cancels ``sc``'s jobs, stops it and raises ``SystemExit``.
+
+        Raises:
+            Exception: after ``timeout`` seconds without every reservation (TensorFlowOnSpark's
+                message and type, which its callers expect).
+        """
         status = {} if status is None else status
         deadline = time.monotonic() + timeout
         while not self.reservations.done():
-            if "error" in status:  # a node failed: what TensorFlowOnSpark does then
+            if "error" in status:
                 sc.cancelAllJobs()
                 sc.stop()
                 sys.exit(1)
@@ -399,78 +269,62 @@ class AuthServer(tfos_reservation.Server):
             time.sleep(AWAIT_POLL_S)
         return self.reservations.get()
 
-    def _handle_message(self, sock, msg):  # TensorFlowOnSpark's pickle path: never used
-        raise NotImplementedError("AuthServer answers in _on_readable")
 
-
-# ----------------------------------------------------------------------------- client
-
-
-class AuthClient(tfos_reservation.Client):
-    """TensorFlowOnSpark's reservation client speaking :class:`AuthServer`'s frames.
+class AuthClient:
+    """TensorFlowOnSpark's reservation ``Client`` (``register``, ``get_reservations``,
+    ``await_reservations``, ``request_stop``, ``close``) speaking :class:`AuthServer`'s frames.
     TensorFlowOnSpark constructs it as ``reservation.Client(server_addr)``:
-    :func:`run_with_auth_client` binds the secret."""
+    :func:`run_with_auth_client` binds the secret.
+
+    Raises:
+        OSError: when the server cannot be reached.
+    """
 
     def __init__(self, server_addr, *, secret: bytes, timeout_s: float = CLIENT_TIMEOUT_S):
         self.server_addr = tuple(server_addr)
-        self._codec = Codec(secret)
-        self._timeout_s = timeout_s
-        self.sock = socket.create_connection(self.server_addr, timeout=timeout_s)
+        self._client = FramedClient(
+            self.server_addr,
+            Codec(secret),
+            what=WHAT,
+            timeout_s=timeout_s,
+            retries=tfos_reservation.MAX_RETRIES,
+            error=ReservationError,
+        )
         log.debug("connected to the reservation server at %s", self.server_addr)
 
-    def await_reservations(self):
+    def request(self, msg_type: str, msg_data: Any = None) -> Any:
+        """Sends one message of the protocol; returns the server's answer.
+
+        Raises:
+            ReservationError: when the answer cannot be used (see
+                :meth:`sparktf.train.frames.FramedClient.request`).
+        """
+        msg: dict[str, Any] = {"type": msg_type}
+        if msg_data:
+            msg["data"] = msg_data
+        return self._client.request(msg)
+
+    def register(self, reservation: dict) -> Any:
+        return self.request("REG", reservation)
+
+    def get_reservations(self) -> list[dict]:
+        return self.request("QINFO")
+
+    def await_reservations(self) -> list[dict]:
         """Asks every ``AWAIT_POLL_S`` until every node has registered, then returns the
         cluster (TensorFlowOnSpark's client sleeps a whole second, even after the answer)."""
-        while not self._request("QUERY"):
+        while not self.request("QUERY"):
             time.sleep(AWAIT_POLL_S)
         return self.get_reservations()
 
-    def receive(self, sock):
-        raise NotImplementedError("AuthClient does not read pickle frames")
+    def request_stop(self) -> Any:
+        return self.request("STOP")
 
-    def send(self, sock, msg):
-        raise NotImplementedError("AuthClient does not write pickle frames")
+    def close(self) -> None:
+        self._client.close()
 
-    def _request(self, msg_type, msg_data=None):
-        msg = {"type": msg_type}
-        if msg_data:
-            msg["data"] = msg_data
-        for attempt in range(tfos_reservation.MAX_RETRIES):
-            frame, nonce = self._codec.seal(_ASK, {"msg": msg})  # a new nonce on every try
-            try:
-                self.sock.sendall(frame)
-                break
-            except OSError:
-                if attempt == tfos_reservation.MAX_RETRIES - 1:
-                    raise
-                self.sock.close()
-                self.sock = socket.create_connection(self.server_addr, timeout=self._timeout_s)
-        return self._answer(nonce)
 
-    def _read(self, size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = self.sock.recv(min(65536, size - len(data)))
-            if not chunk:
-                raise ReservationError(
-                    f"the reservation server at {self.server_addr} closed the connection"
-                )
-            data += chunk
-        return bytes(data)
-
-    def _answer(self, nonce: bytes) -> Any:
-        (size,) = struct.unpack(">I", self._read(4))
-        where = f"the reservation server at {self.server_addr}"
-        if size > MAX_FRAME_BYTES:
-            raise ReservationError(f"{where} announced an answer of {size} bytes")
-        try:
-            answer_nonce, ciphertext = self._codec.verify(_ANSWER, self._read(size))
-            payload = self._codec.open(answer_nonce, ciphertext)
-        except Rejected as exc:
-            raise ReservationError(f"{where} sent an invalid answer: {exc}") from None
-        if payload.get("re") != nonce.hex():
-            raise ReservationError(f"{where} sent an answer to another request (replayed?)")
-        return payload.get("msg")
+# ----------------------------------------------------------------------------- executors
 
 
 def run_with_auth_client(f, secret: bytes, iterator):
@@ -529,8 +383,8 @@ def defer_tensorflow_import() -> None:
     """Makes ``tensorflowonspark.compat`` load on first use instead of at import.
 
     TensorFlowOnSpark's node module imports ``TFNode``, which imports ``compat``, which imports
-    TensorFlow at module level: seconds of CPU and hundreds of MiB in every Spark worker that
-    only runs the reservation and starts sparktf's own TensorFlow process. The module put in
+    TensorFlow at module level: a heavy import, in CPU time and memory, in every Spark worker
+    that only runs the reservation and starts sparktf's own TensorFlow process. The module put in
     its place loads the real one (from its file) the first time an attribute is asked for, so
     code that does use ``compat`` behaves as before. No-op once the real one is imported."""
     import importlib.util
@@ -584,6 +438,8 @@ class AuthenticatedNodes:
 
 @dataclass(frozen=True)
 class DriverAddress:
+    """Where the driver's servers listen (:func:`driver_address`)."""
+
     bind: str  # the IPv4 address the driver's servers bind
     advertise: str  # the name or address executors connect to
 

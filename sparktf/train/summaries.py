@@ -1,6 +1,6 @@
 """TensorBoard summaries written with TensorFlow's core ops only.
 
-TensorFlow 2.21 no longer depends on the ``tensorboard`` package, and without it
+TensorFlow does not install the ``tensorboard`` package, and without it
 ``tf.summary.scalar`` / ``histogram`` / ``image`` raise ``TBNotInstalledError``. The event
 format does not need the package: a summary is ``tf.summary.write`` of a tensor plus a
 ``SummaryMetadata`` naming the TensorBoard plugin that displays it. This module writes
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["EventWriter", "histogram", "histogram_buckets", "image", "scalar"]
+
 _DATA_CLASS = {"scalars": 1, "histograms": 2, "images": 3}  # SCALAR, TENSOR, BLOB_SEQUENCE
 
 
@@ -34,6 +36,7 @@ def _metadata(plugin: str, description: str = ""):
 
 
 def scalar(name: str, value, step: int) -> None:
+    """Writes ``value`` as a float32 scalar summary to the default writer."""
     import tensorflow as tf
 
     tf.summary.write(name, tf.cast(value, tf.float32), step=step, metadata=_metadata("scalars"))
@@ -53,6 +56,7 @@ def histogram_buckets(values: np.ndarray, bucket_count: int = 30) -> np.ndarray:
 
 
 def histogram(name: str, values, step: int, bucket_count: int = 30) -> None:
+    """Writes the histogram of ``values`` (:func:`histogram_buckets`) to the default writer."""
     import tensorflow as tf
 
     buckets = histogram_buckets(np.asarray(values), bucket_count)
@@ -62,7 +66,8 @@ def histogram(name: str, values, step: int, bucket_count: int = 30) -> None:
 
 
 def image(name: str, images, step: int, max_outputs: int = 16) -> None:
-    """``images``: uint8 [N, H, W, C] with C in (1, 3, 4)."""
+    """Writes up to ``max_outputs`` of ``images`` (uint8 [N, H, W, C] with C in (1, 3, 4);
+    other dtypes are converted) as PNGs to the default writer."""
     import tensorflow as tf
 
     images = tf.convert_to_tensor(images)[:max_outputs]

@@ -8,7 +8,9 @@
 * :func:`warm_start` -- loads those weights into a built Keras model, variable by variable,
   skipping the ``exclude_scopes`` (e.g. the classifier head when the number of classes
   changes: those keep their fresh initialisation). Returns and logs how many variables were
-  restored, excluded and missing.
+  restored, excluded and missing. Its steps: :func:`saved_variables` (what the source
+  holds), :func:`match_variables` (which saved variable each model variable takes, as a
+  :class:`Matching` that refuses a source that does not fit), then the assignment.
 * :func:`apply_trainable_scopes` -- freezes everything outside ``trainable_scopes`` and
   returns the variables left to train.
 
@@ -44,6 +46,24 @@ from typing import Any
 from sparktf import storage
 from sparktf.errors import SparktfError
 from sparktf.train.artifacts import CHECKPOINTS, EXPORT, STATE_FILE, latest_checkpoint
+
+__all__ = [
+    "OBJECT_GRAPH_KEY",
+    "SAVED_MODEL_FILE",
+    "Matching",
+    "SavedVariable",
+    "Source",
+    "WarmStartError",
+    "apply_trainable_scopes",
+    "by_name",
+    "in_scopes",
+    "local_checkpoint",
+    "match_variables",
+    "resolve_source",
+    "saved_variables",
+    "split_scopes",
+    "warm_start",
+]
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +303,128 @@ def _shape(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
 
 
+@dataclasses.dataclass
+class Matching:
+    """How the variables of a model pair with a source's (:func:`match_variables`).
+
+    ``pairs``: (model variable, saved variable) to assign; ``excluded``, ``missing``: Keras
+    paths of the variables left as they are (in ``exclude_scopes``; not in the source);
+    ``mismatched``, ``ambiguous``: descriptions of the variables that stop the warm start
+    (a shape that differs; a name the source holds several times in no known order);
+    ``unused``: the source's variables nothing took.
+    """
+
+    pairs: list[tuple[Any, SavedVariable]] = dataclasses.field(default_factory=list)
+    excluded: list[str] = dataclasses.field(default_factory=list)
+    missing: list[str] = dataclasses.field(default_factory=list)
+    mismatched: list[str] = dataclasses.field(default_factory=list)
+    ambiguous: list[str] = dataclasses.field(default_factory=list)
+    unused: list[str] = dataclasses.field(default_factory=list)
+
+    def check(self, what: str, saved_names: Iterable[str]) -> None:
+        """Raises :class:`WarmStartError` (``what``: "MODEL from SOURCE") unless every
+        variable that is not excluded or missing fits and at least one is restored."""
+        if self.mismatched:
+            raise WarmStartError(
+                f"cannot warm-start {what}: {len(self.mismatched)} variable(s) differ in shape: "
+                f"{'; '.join(self.mismatched)}. Leave them out with --checkpoint-exclude-scopes "
+                "(e.g. the classifier head when the number of classes changes)"
+            )
+        if self.ambiguous:
+            raise WarmStartError(
+                f"cannot warm-start {what}: the source holds several variables of the same "
+                f"name in no known order: {'; '.join(self.ambiguous)}. Warm-start from the "
+                "run's SavedModel export instead"
+            )
+        if not self.pairs:
+            names = sorted(saved_names)[:10]
+            raise WarmStartError(
+                f"cannot warm-start {what}: none of its variables is in the source (the "
+                f"source holds e.g. {names}; excluded: {len(self.excluded)})"
+            )
+
+
+def by_name(saved: Sequence[SavedVariable]) -> dict[str, list[SavedVariable]]:
+    """The saved variables grouped by TensorFlow name, each group in the source model's
+    variable order (those of unknown order last, by checkpoint key)."""
+    groups: dict[str, list[SavedVariable]] = {}
+    for var in saved:
+        groups.setdefault(var.name, []).append(var)
+    last = len(saved) + 1
+    for group in groups.values():
+        group.sort(key=lambda v: (v.order if v.order is not None else last, v.key))
+    return groups
+
+
+def match_variables(
+    model: Any, saved: Sequence[SavedVariable], exclude_scopes: Sequence[str]
+) -> Matching:
+    """Pairs every variable of ``model`` (random-generator states aside) with the saved
+    variable of the same TensorFlow name: the n-th of a name takes the n-th saved one."""
+    groups = by_name(saved)
+    out = Matching()
+    seen: dict[str, int] = {}
+    for variable in model.variables:
+        if _is_rng_state(variable):
+            continue
+        name = _tf_name(variable)
+        index = seen.get(name, 0)
+        seen[name] = index + 1
+        group = groups.get(name, [])
+        if in_scopes(variable, exclude_scopes, model.name):
+            out.excluded.append(variable.path)
+        elif index >= len(group):
+            out.missing.append(variable.path)
+        elif len(group) > 1 and any(v.order is None for v in group):
+            out.ambiguous.append(f"{variable.path} (saved as {name!r} {len(group)} times)")
+        elif tuple(group[index].shape) != tuple(int(d) for d in variable.shape):
+            out.mismatched.append(
+                f"{variable.path}: {_shape(variable.shape)} in the model, "
+                f"{_shape(group[index].shape)} in the source"
+            )
+        else:
+            out.pairs.append((variable, group[index]))
+    used = {match.key for _, match in out.pairs}
+    out.unused = sorted(v.name for v in saved if v.key not in used)
+    return out
+
+
+def _assign(prefix: str, pairs: Sequence[tuple[Any, SavedVariable]], log: logging.Logger) -> None:
+    """Assigns each saved value of the local checkpoint ``prefix`` to its model variable."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(prefix)
+    for variable, match in pairs:
+        value = reader.get_tensor(match.key)
+        if str(value.dtype) != str(variable.dtype):
+            value = tf.cast(value, variable.dtype)
+        variable.assign(value)
+        log.debug("warm start: %s <- %s", variable.path, match.key)
+
+
+def _log_matching(what: str, matching: Matching, scopes: Sequence[str], log) -> None:
+    scalars = sum(math.prod(match.shape) for _, match in matching.pairs)
+    log.info(
+        "warm start of %s: restored %d variables (%d scalars), excluded %d (scopes %s), "
+        "missing %d, unused in the source %d",
+        what,
+        len(matching.pairs),
+        scalars,
+        len(matching.excluded),
+        list(scopes),
+        len(matching.missing),
+        len(matching.unused),
+    )
+    if matching.excluded:
+        log.info("warm start: excluded (kept their initial values): %s", matching.excluded)
+    if matching.missing:
+        log.warning(
+            "warm start: not in the source (kept their initial values): %s", matching.missing
+        )
+    if matching.unused:
+        log.info("warm start: source variables not restored: %s", matching.unused)
+
+
 def warm_start(
     model: Any,
     path: str,
@@ -303,102 +445,20 @@ def warm_start(
     the source's variables nothing took) plus ``"source"`` (the checkpoint prefix or the
     SavedModel directory read) and ``"kind"``.
     """
-    import tensorflow as tf
-
     exclude_scopes = split_scopes(exclude_scopes)
     source = resolve_source(path)
+    what = f"{model.name} from {source.kind} {source.path}"
     with local_checkpoint(source) as prefix:
         saved = saved_variables(prefix)
-        by_name: dict[str, list[SavedVariable]] = {}
-        for var in saved:
-            by_name.setdefault(var.name, []).append(var)
-        big = len(saved) + 1
-        for group in by_name.values():
-            group.sort(key=lambda v: (v.order if v.order is not None else big, v.key))
-
-        seen: dict[str, int] = {}
-        pairs: list[tuple[Any, SavedVariable]] = []
-        excluded, missing, mismatched, ambiguous = [], [], [], []
-        used: set[str] = set()
-        for variable in model.variables:
-            if _is_rng_state(variable):
-                continue
-            name = _tf_name(variable)
-            index = seen.get(name, 0)
-            seen[name] = index + 1
-            if in_scopes(variable, exclude_scopes, model.name):
-                excluded.append(variable.path)
-                continue
-            group = by_name.get(name, [])
-            if index >= len(group):
-                missing.append(variable.path)
-                continue
-            if len(group) > 1 and any(v.order is None for v in group):
-                ambiguous.append(f"{variable.path} (saved as {name!r} {len(group)} times)")
-                continue
-            match = group[index]
-            if tuple(match.shape) != tuple(int(d) for d in variable.shape):
-                mismatched.append(
-                    f"{variable.path}: {_shape(variable.shape)} in the model, "
-                    f"{_shape(match.shape)} in the source"
-                )
-                continue
-            pairs.append((variable, match))
-            used.add(match.key)
-
-        where = f"{source.kind} {source.path}"
-        if mismatched:
-            raise WarmStartError(
-                f"cannot warm-start {model.name} from {where}: {len(mismatched)} variable(s) "
-                f"differ in shape: {'; '.join(mismatched)}. Leave them out with "
-                "--checkpoint-exclude-scopes (e.g. the classifier head when the number of "
-                "classes changes)"
-            )
-        if ambiguous:
-            raise WarmStartError(
-                f"cannot warm-start {model.name} from {where}: the source holds several "
-                f"variables of the same name in no known order: {'; '.join(ambiguous)}. "
-                "Warm-start from the run's SavedModel export instead"
-            )
-        if not pairs:
-            names = sorted(by_name)[:10]
-            raise WarmStartError(
-                f"cannot warm-start {model.name} from {where}: none of its variables is in "
-                f"the source (the source holds e.g. {names}; excluded: {len(excluded)})"
-            )
-        reader = tf.train.load_checkpoint(prefix)
-        for variable, match in pairs:
-            value = reader.get_tensor(match.key)
-            if str(value.dtype) != str(variable.dtype):
-                value = tf.cast(value, variable.dtype)
-            variable.assign(value)
-            log.debug("warm start: %s <- %s", variable.path, match.key)
-
-    unused = sorted(v.name for v in saved if v.key not in used)
-    scalars = sum(math.prod(match.shape) for _, match in pairs)
-    log.info(
-        "warm start of %s from %s: restored %d variables (%d scalars), excluded %d "
-        "(scopes %s), missing %d, unused in the source %d",
-        model.name,
-        where,
-        len(pairs),
-        scalars,
-        len(excluded),
-        list(exclude_scopes),
-        len(missing),
-        len(unused),
-    )
-    if excluded:
-        log.info("warm start: excluded (kept their initial values): %s", excluded)
-    if missing:
-        log.warning("warm start: not in the source (kept their initial values): %s", missing)
-    if unused:
-        log.info("warm start: source variables not restored: %s", unused)
+        matching = match_variables(model, saved, exclude_scopes)
+        matching.check(what, {v.name for v in saved})
+        _assign(prefix, matching.pairs, log)
+    _log_matching(what, matching, exclude_scopes, log)
     return {
-        "restored": len(pairs),
-        "excluded": len(excluded),
-        "missing": len(missing),
-        "unused": len(unused),
+        "restored": len(matching.pairs),
+        "excluded": len(matching.excluded),
+        "missing": len(matching.missing),
+        "unused": len(matching.unused),
         "source": source.path,
         "kind": source.kind,
     }

@@ -1,0 +1,115 @@
+"""What each executor runs: the ``mapInArrow`` function of :func:`sparktf.inference.predict`.
+
+:func:`predict_partition` decodes each Arrow batch of a partition
+(:func:`~sparktf.inference.decode.decode`), runs the model ``batch_size`` rows at a time
+(loaded through :class:`~sparktf.inference.cache.ModelCache`) and sends the kept columns
+back with the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparktf.datasets import formats
+from sparktf.errors import SparktfValueError
+from sparktf.inference.cache import LoadedSignature, ModelCache
+from sparktf.inference.decode import decode
+from sparktf.inference.plan import CLASSIFIER_KINDS, Plan
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pyarrow as pa
+
+__all__ = ["OUTPUT_BATCH_BYTES", "predict_partition"]
+
+# Outputs of one input Arrow batch are sent back as one batch, cut when they pass this many
+# bytes (a language model's next-word log-probabilities are V floats per row).
+OUTPUT_BATCH_BYTES = 8 << 20
+
+
+def predict_partition(plan: Plan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function: decode and check, run the model ``batch_size`` rows at a
+    time, and send the kept columns with the outputs back, one Arrow batch per input batch
+    (fewer, larger batches cost less on both sides of the Arrow stream)."""
+    import pyarrow as pa
+
+    model = None
+    for batch in batches:
+        keep = list(batch.schema.names) if plan.keep is None else list(plan.keep)
+        names = keep + list(plan.outputs)
+        parts: list[list[pa.Array]] = []
+        size = first = 0
+        for start in range(0, batch.num_rows, plan.batch_size):
+            chunk = batch.slice(start, plan.batch_size)
+            inputs = decode(plan, chunk)  # input errors surface before the model loads
+            if model is None:
+                model = ModelCache.get(plan.model_uri, plan.fingerprint, plan.signature)
+            columns = _run(plan, model, inputs, chunk.num_rows)
+            ModelCache.stats[plan.fingerprint]["batches"] += 1
+            parts.append(columns)
+            size += sum(c.nbytes for c in columns)
+            end = start + chunk.num_rows
+            if size >= OUTPUT_BATCH_BYTES or end == batch.num_rows:
+                kept = batch.slice(first, end - first)
+                outputs = [
+                    part[0] if len(parts) == 1 else pa.concat_arrays(list(part))
+                    for part in zip(*parts)
+                ]
+                yield pa.RecordBatch.from_arrays(
+                    [kept.column(kept.schema.get_field_index(c)) for c in keep] + outputs,
+                    names=names,
+                )
+                parts, size, first = [], 0, end
+
+
+def _list_array(matrix: np.ndarray) -> pa.Array:
+    """An ``array<...>`` column of the rows of ``matrix``, over its buffer."""
+    import pyarrow as pa
+
+    n, m = matrix.shape
+    offsets = np.arange(0, (n + 1) * m, m, dtype=np.int64)
+    if offsets[-1] >= 2**31:
+        raise SparktfValueError(
+            f"an output of {n} x {m} values is too large for one Arrow batch; lower batch_size"
+        )
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(np.ascontiguousarray(matrix).reshape(-1))
+    )
+
+
+def _run(plan: Plan, model: LoadedSignature, inputs: dict[str, Any], n: int) -> list[pa.Array]:
+    """The added columns of one chunk of ``n`` rows: the model run on the decoded inputs."""
+    import pyarrow as pa
+
+    if plan.kind in CLASSIFIER_KINDS:
+        out = model(**inputs)
+        scores = out["scores"].astype(np.float32, copy=False)
+        columns = [pa.array(out["classes"].astype(np.int64, copy=False)), _list_array(scores)]
+        if plan.top_k is not None:
+            best = np.argsort(-scores, axis=1, kind="stable")[:, : plan.top_k]
+            columns += [
+                _list_array(best.astype(np.int64)),
+                _list_array(np.take_along_axis(scores, best, axis=1)),
+            ]
+        return columns
+    if plan.kind == "tokens":
+        if plan.lm_output == "perplexity":
+            perplexity = np.empty(n, np.float64)
+            for index, tokens in inputs["groups"]:
+                log_probs = model(**{plan.input_key: tokens[:, :-1]})["log_probs"]
+                target = np.take_along_axis(log_probs, tokens[:, 1:, None], axis=2)[..., 0]
+                perplexity[index] = np.exp(-target.astype(np.float64).mean(axis=1))
+            return [pa.array(perplexity)]
+        next_words = np.empty(n, np.int64)
+        log_probs_out = np.empty((n, plan.vocab_size or 0), np.float32)
+        for index, tokens in inputs["groups"]:
+            last = model(**{plan.input_key: tokens})["log_probs"][:, -1, :]
+            if log_probs_out.shape[1] != last.shape[1]:
+                log_probs_out = np.empty((n, last.shape[1]), np.float32)
+            log_probs_out[index] = last
+            next_words[index] = last.argmax(axis=1)
+        return [pa.array(next_words), _list_array(log_probs_out)]
+    images = model(**inputs)["images"]
+    return [formats.encode_ndarray_column(np.asarray(images, dtype=np.uint8))]

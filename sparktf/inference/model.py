@@ -1,0 +1,191 @@
+"""The exported SavedModel as the driver sees it, without loading it.
+
+:func:`resolve_model` finds the version directory a path names, :func:`model_fingerprint`
+hashes it (the executors verify their local copies against it) and :func:`inspect_model`
+reads the signatures from ``saved_model.pb`` alone (the variables are not read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from sparktf import storage
+
+__all__ = [
+    "ModelInfo",
+    "ModelNotFoundError",
+    "Signature",
+    "TensorSpec",
+    "inspect_model",
+    "model_fingerprint",
+    "resolve_model",
+]
+
+# TensorFlow DataType enum values (tensorflow/core/framework/types.proto) -> numpy names.
+_TF_DTYPES = {
+    1: "float32",
+    2: "float64",
+    3: "int32",
+    4: "uint8",
+    5: "int16",
+    6: "int8",
+    7: "string",
+    9: "int64",
+    10: "bool",
+    19: "float16",
+}
+
+
+class ModelNotFoundError(storage.PathNotFoundError):
+    """No SavedModel at the given model path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a signature: numpy dtype name ("string" for tf.string) and
+    shape (``None`` for an unknown dimension; the first is the batch)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...] | None
+
+    def describe(self) -> str:
+        """``dtype[B,d1,...]``: ``B`` for an unknown batch dimension, ``?`` for another."""
+        if self.shape is None:
+            return f"{self.dtype}[?]"
+        dims = [
+            "B" if i == 0 and d is None else ("?" if d is None else str(d))
+            for i, d in enumerate(self.shape)
+        ]
+        return f"{self.dtype}[{','.join(dims)}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """One signature of a SavedModel: its inputs and outputs by name."""
+
+    name: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+
+    def describe(self) -> str:
+        """``name(input: spec, ...) -> (output: spec, ...)``, for messages."""
+        ins = ", ".join(f"{k}: {v.describe()}" for k, v in sorted(self.inputs.items()))
+        outs = ", ".join(f"{k}: {v.describe()}" for k, v in sorted(self.outputs.items()))
+        return f"{self.name}({ins}) -> ({outs})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What the driver knows about a SavedModel without loading it.
+
+    ``uri``: the version directory; ``version``: its name when numeric, else ``None``;
+    ``fingerprint``: :func:`model_fingerprint` of the directory, which names the executors'
+    local copies and verifies them.
+    """
+
+    uri: str
+    version: int | None
+    fingerprint: str
+    signatures: Mapping[str, Signature]
+
+
+def resolve_model(model: str | os.PathLike) -> str:
+    """The SavedModel directory that ``model`` names.
+
+    ``model`` is a local path, ``file://`` or ``hdfs://`` URI of a version directory (holding
+    ``saved_model.pb``), of ``MODEL_DIR/export`` (the highest numbered version is used) or of
+    ``MODEL_DIR`` itself (then ``MODEL_DIR/export``).
+
+    Raises :class:`ModelNotFoundError` naming the path when there is none.
+    """
+    path = os.fspath(model)
+    if not storage.exists(path):
+        raise ModelNotFoundError(f"model {path} does not exist")
+    if storage.exists(storage.join(path, "saved_model.pb")):
+        return path
+    versions = []
+    if storage.isdir(path):
+        for entry in storage.listdir(path):
+            name = posixpath.basename(storage.parse(entry).path)
+            if name.isdigit() and storage.exists(storage.join(entry, "saved_model.pb")):
+                versions.append((int(name), entry))
+    if versions:
+        return max(versions)[1]
+    export = storage.join(path, "export")
+    if storage.isdir(export):
+        return resolve_model(export)
+    raise ModelNotFoundError(
+        f"model {path} holds no SavedModel: expected saved_model.pb in it, or numbered version "
+        "directories holding one (MODEL_DIR/export/<version>/), or MODEL_DIR/export"
+    )
+
+
+def model_fingerprint(uri: str, *, graph: bytes | None = None) -> str:
+    """SHA-256 over a SavedModel directory (local or ``hdfs://``): the bytes of
+    ``saved_model.pb`` and ``variables/variables.index`` (the index holds the offset, size
+    and CRC32C of every variable, which TensorFlow checks when it reads one) and the
+    relative path and size of every file. The driver computes it from the source; an
+    executor recomputes it on its local copy and trusts the copy only when both agree.
+    ``graph``: the bytes of ``saved_model.pb`` when the caller has read them already."""
+    root = storage.parse(uri).path.rstrip("/")
+    digest = hashlib.sha256()
+    if graph is None:
+        graph = storage.read_bytes(storage.join(uri, "saved_model.pb"))
+    digest.update(b"saved_model.pb\0%d\0" % len(graph) + graph)
+    index = storage.join(uri, "variables", "variables.index")
+    if storage.exists(index):
+        data = storage.read_bytes(index)
+        digest.update(b"variables.index\0%d\0" % len(data) + data)
+    for path in storage.walk_files(uri):
+        rel = posixpath.relpath(storage.parse(path).path, root)
+        digest.update(f"file\0{rel}\0{storage.size(path)}\0".encode())
+    return digest.hexdigest()
+
+
+def inspect_model(model: str | os.PathLike) -> ModelInfo:
+    """Resolves ``model`` (:func:`resolve_model`) and reads its signatures from
+    ``saved_model.pb`` (no variables). Raises :class:`ModelNotFoundError` when there is no
+    model or its ``saved_model.pb`` is not a SavedModel."""
+    uri = resolve_model(model)  # before importing TensorFlow: a missing model fails fast
+    from tensorflow.core.protobuf import saved_model_pb2  # imports TensorFlow (driver only)
+
+    graph = storage.read_bytes(storage.join(uri, "saved_model.pb"))
+    fingerprint = model_fingerprint(uri, graph=graph)
+    proto = saved_model_pb2.SavedModel()
+    try:
+        proto.ParseFromString(graph)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ModelNotFoundError(f"{uri}/saved_model.pb is not a SavedModel: {exc}") from exc
+    if not proto.meta_graphs:
+        raise ModelNotFoundError(f"{uri}/saved_model.pb holds no meta graph")
+
+    def spec(key: str, info: Any) -> TensorSpec:
+        shape = (
+            None
+            if info.tensor_shape.unknown_rank
+            else tuple(None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim)
+        )
+        return TensorSpec(key, _TF_DTYPES.get(info.dtype, f"dtype{info.dtype}"), shape)
+
+    signatures = {
+        name: Signature(
+            name,
+            {k: spec(k, v) for k, v in sig.inputs.items()},
+            {k: spec(k, v) for k, v in sig.outputs.items()},
+        )
+        for name, sig in proto.meta_graphs[0].signature_def.items()
+        if not name.startswith("__")
+    }
+    name = posixpath.basename(storage.parse(uri).path)
+    return ModelInfo(
+        uri=uri,
+        version=int(name) if name.isdigit() else None,
+        fingerprint=fingerprint,
+        signatures=signatures,
+    )

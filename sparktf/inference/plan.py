@@ -1,0 +1,341 @@
+"""The driver's plan of a prediction: which signature, how its input is fed, what it adds.
+
+:func:`choose_signature` picks the signature, :func:`signature_kind` tells what kind of model
+it serves, and :func:`make_plan` checks the DataFrame's schema against it and returns the
+:class:`Plan` the executors follow (pickled into each task) with the Spark fields of the
+added columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sparktf.errors import SparktfError, SparktfValueError
+from sparktf.inference.model import ModelInfo, Signature, TensorSpec
+from sparktf.inference.schema import is_integral, is_numeric_array, leaf_type, spark_types
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pyspark.sql.types import StructField, StructType
+
+__all__ = [
+    "CLASSIFIER_KINDS",
+    "LM_OUTPUTS",
+    "Plan",
+    "PredictInputError",
+    "choose_signature",
+    "make_plan",
+    "signature_kind",
+]
+
+LM_OUTPUTS = ("perplexity", "next_word")
+# The kinds of signature that map an input to ``classes`` and ``scores``.
+CLASSIFIER_KINDS = ("images", "features", "examples")
+
+
+class PredictInputError(SparktfError, ValueError):
+    """The input DataFrame does not match what the model's signature expects.
+
+    Raised on the driver when the schema shows it (a missing column, a wrong Spark type),
+    otherwise on the executor at the first batch that shows it (wrong shape or dtype,
+    nulls, values out of range); Spark then fails the action, and its exception text holds
+    ``PredictInputError: column '...': ...``.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything an executor needs, decided on the driver (pickled into the task)."""
+
+    kind: str  # "images", "features", "examples", "tokens" or "generator"
+    model_uri: str
+    fingerprint: str
+    signature: str
+    input_col: str
+    input_key: str  # the signature's input name
+    shape: tuple[int, ...]  # per-row shape expected: (H, W, C), (z_dim,) or ()
+    batch_size: int
+    outputs: tuple[str, ...]  # names of the added columns, in order
+    top_k: int | None = None
+    lm_output: str = "perplexity"
+    vocab_size: int | None = None
+    label_col: str | None = None  # conditional generator
+    id_col: str | None = None  # used to name rows in error messages
+    keep: tuple[str, ...] | None = None  # input columns returned beside the outputs (None: all)
+
+    def contract(self) -> str:
+        """What the input column must hold, for error messages."""
+        if self.kind == "images":
+            h, w, c = self.shape
+            return (
+                f"a uint8 image of shape ({h}, {w}, {c}) per row: np.save bytes (as "
+                f"petastorm's NdarrayCodec writes), {h * w * c} raw bytes, or an array of "
+                f"{h * w * c} integers in [0, 255]"
+            )
+        if self.kind == "features":
+            size = math.prod(self.shape)
+            return (
+                f"a float vector of shape {self.shape} per row: an array of {size} numbers "
+                f"(array<float|double|int>, flat or nested), a Spark ML Vector of size {size} "
+                "(dense or sparse), or np.save bytes of that shape"
+            )
+        if self.kind == "examples":
+            return "a serialized tf.train.Example per row (binary)"
+        if self.kind == "tokens":
+            least = 2 if self.lm_output == "perplexity" else 1
+            return (
+                f"a 1-D sequence of at least {least} int64 token ids in [0, {self.vocab_size}) "
+                "per row: np.save bytes or an array of integers"
+            )
+        (z_dim,) = self.shape
+        return (
+            f"a float32 vector of shape ({z_dim},) per row (np.save bytes or an array of "
+            f"numbers), or an integer seed that draws z ~ U(-1, 1)"
+        )
+
+
+def choose_signature(info: ModelInfo, signature: str | None) -> Signature:
+    """``signature`` of the model, else the first it has of ``predict_images``,
+    ``predict_features`` and ``serving_default``; ValueError naming the model's signatures
+    when there is none."""
+    if signature is not None:
+        if signature not in info.signatures:
+            raise SparktfValueError(
+                f"model {info.uri} has no signature {signature!r}; it has {sorted(info.signatures)}"
+            )
+        return info.signatures[signature]
+    for name in ("predict_images", "predict_features", "serving_default"):
+        if name in info.signatures:
+            return info.signatures[name]
+    raise SparktfValueError(
+        f"model {info.uri} has neither a predict_images, a predict_features nor a serving_default "
+        f"signature (it has {sorted(info.signatures)}); pass signature="
+    )
+
+
+def _fixed_rank(spec: TensorSpec, rank: int | None = None, least: int | None = None) -> bool:
+    """The shape is known, of this rank (or at least ``least``), every non-batch dim fixed."""
+    if spec.shape is None:
+        return False
+    if rank is not None and len(spec.shape) != rank:
+        return False
+    if least is not None and len(spec.shape) < least:
+        return False
+    return all(d is not None for d in spec.shape[1:])
+
+
+def signature_kind(sig: Signature) -> str:
+    """What a signature serves, from its inputs and outputs: ``images``, ``features`` or
+    ``examples`` (classifiers), ``tokens`` (a language model) or ``generator``; ValueError
+    for any other signature."""
+    ins, outs = sig.inputs, sig.outputs
+    one = next(iter(ins.values())) if len(ins) == 1 else None
+    if {"classes", "scores"} <= set(outs) and one is not None:
+        if one.dtype == "uint8" and _fixed_rank(one, rank=4):
+            return "images"
+        if one.dtype in ("float32", "float64") and _fixed_rank(one, least=2):
+            return "features"
+        if one.dtype == "string" and one.shape is not None and len(one.shape) == 1:
+            return "examples"
+    if (
+        "log_probs" in outs
+        and one is not None
+        and one.dtype in ("int64", "int32")
+        and one.shape is not None
+        and len(one.shape) == 2
+    ):
+        return "tokens"
+    z = ins.get("z")
+    if (
+        "images" in outs
+        and z is not None
+        and z.shape is not None
+        and len(z.shape) == 2
+        and z.shape[1] is not None
+        and set(ins) <= {"z", "label"}
+    ):
+        return "generator"
+    raise SparktfValueError(
+        f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
+        "classifiers (uint8 images, float features or serialized Examples -> classes, "
+        "scores), language "
+        "models (int64 tokens -> log_probs) and generators (float32 z [+ int64 label] -> "
+        "images)"
+    )
+
+
+def _is_binary(dtype: Any) -> bool:
+    return isinstance(dtype, spark_types().BinaryType)
+
+
+def _is_int_array(dtype: Any) -> bool:
+    return isinstance(dtype, spark_types().ArrayType) and is_integral(leaf_type(dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How one kind of signature is fed and what it adds: the per-row input shape, the
+    default input column, the Spark types accepted there and the added fields."""
+
+    shape: tuple[int, ...]
+    default_col: str
+    accepts: Callable[[Any], bool]
+    fields: list[StructField]
+    vocab_size: int | None = None
+    label_col: str | None = None
+
+
+def _classifier_layout(
+    kind: str,
+    sig: Signature,
+    spec: TensorSpec,
+    output_col: str,
+    probabilities_col: str,
+    top_k: int | None,
+) -> _Layout:
+    T = spark_types()
+    num_classes = sig.outputs["scores"].shape[-1] if sig.outputs["scores"].shape else None
+    if top_k is not None and (top_k < 1 or (num_classes is not None and top_k > num_classes)):
+        raise SparktfValueError(f"top_k must be in [1, {num_classes}], got {top_k}")
+    accepts: Callable[[Any], bool] = {
+        "images": lambda t: _is_binary(t) or _is_int_array(t),
+        "features": lambda t: _is_binary(t) or is_numeric_array(t),
+    }.get(kind, _is_binary)
+    fields = [
+        T.StructField(output_col, T.LongType(), False),
+        T.StructField(probabilities_col, T.ArrayType(T.FloatType(), False), False),
+    ]
+    if top_k is not None:
+        fields += [
+            T.StructField("top_classes", T.ArrayType(T.LongType(), False), False),
+            T.StructField("top_probabilities", T.ArrayType(T.FloatType(), False), False),
+        ]
+    return _Layout(
+        shape=tuple(spec.shape[1:]) if kind in ("images", "features") else (),
+        default_col={"images": "image", "features": "features"}.get(kind, "example"),
+        accepts=accepts,
+        fields=fields,
+    )
+
+
+def _language_model_layout(
+    sig: Signature, output_col: str, log_probabilities_col: str, lm_output: str
+) -> _Layout:
+    T = spark_types()
+    if lm_output not in LM_OUTPUTS:
+        raise SparktfValueError(f"lm_output must be one of {LM_OUTPUTS}, got {lm_output!r}")
+    if lm_output == "perplexity":
+        fields = [T.StructField(output_col, T.DoubleType(), False)]
+    else:
+        fields = [
+            T.StructField(output_col, T.LongType(), False),
+            T.StructField(log_probabilities_col, T.ArrayType(T.FloatType(), False), False),
+        ]
+    return _Layout(
+        shape=(),
+        default_col="tokens",
+        accepts=lambda t: _is_binary(t) or _is_int_array(t),
+        fields=fields,
+        vocab_size=sig.outputs["log_probs"].shape[-1] if sig.outputs["log_probs"].shape else None,
+    )
+
+
+def _generator_layout(sig: Signature, spec: TensorSpec, output_col: str, label_col: str) -> _Layout:
+    T = spark_types()
+    return _Layout(
+        shape=(int(spec.shape[1]),),
+        default_col="z",
+        accepts=lambda t: _is_binary(t) or is_integral(t) or is_numeric_array(t),
+        fields=[T.StructField(output_col, T.BinaryType(), False)],
+        label_col=label_col if "label" in sig.inputs else None,
+    )
+
+
+def _check_column(
+    schema: StructType, col: str, plan_contract: str, ok: Callable[[Any], bool], role: str = "input"
+) -> None:
+    if col not in schema.names:
+        raise PredictInputError(
+            f"{role} column {col!r} is missing: expected {plan_contract}; the DataFrame has "
+            f"columns {schema.names}"
+        )
+    dtype = schema[col].dataType
+    if not ok(dtype):
+        raise PredictInputError(
+            f"column {col!r} has Spark type {dtype.simpleString()}: expected {plan_contract}"
+        )
+
+
+def _check_schema(schema: StructType, plan: Plan, layout: _Layout) -> None:
+    """The input (and label) columns exist with a type that can hold them; the added
+    columns clash neither with the input's nor with each other."""
+    _check_column(schema, plan.input_col, plan.contract(), layout.accepts)
+    if plan.label_col is not None:
+        _check_column(
+            schema,
+            plan.label_col,
+            "an integer class label per row (int64)",
+            is_integral,
+            role="label",
+        )
+    fields = layout.fields
+    clash = [f.name for f in fields if f.name in schema.names]
+    if clash:
+        raise PredictInputError(
+            f"output column(s) {clash} already exist in the input DataFrame: rename them or "
+            "choose other names (output_col=, probabilities_col=, log_probabilities_col=)"
+        )
+    if len({f.name for f in fields}) != len(fields):
+        raise SparktfValueError(f"output column names collide: {[f.name for f in fields]}")
+
+
+def make_plan(
+    schema: StructType,
+    info: ModelInfo,
+    sig: Signature,
+    *,
+    input_col: str | None,
+    output_col: str,
+    probabilities_col: str,
+    log_probabilities_col: str,
+    batch_size: int,
+    top_k: int | None,
+    lm_output: str,
+    label_col: str,
+) -> tuple[Plan, list[StructField]]:
+    """The plan of feeding ``sig`` of the model ``info`` from a DataFrame of ``schema``, and
+    the Spark fields of the columns it adds (the arguments are :func:`predict`'s).
+
+    Raises :class:`PredictInputError` when the schema cannot feed the signature or an added
+    column exists already, ValueError for a signature it cannot feed or an argument out of
+    range (``top_k``, ``lm_output``)."""
+    kind = signature_kind(sig)
+    key, spec = next((k, v) for k, v in sig.inputs.items() if k != "label")
+    if kind in CLASSIFIER_KINDS:
+        layout = _classifier_layout(kind, sig, spec, output_col, probabilities_col, top_k)
+    elif kind == "tokens":
+        layout = _language_model_layout(sig, output_col, log_probabilities_col, lm_output)
+    else:
+        layout = _generator_layout(sig, spec, output_col, label_col)
+    if top_k is not None and kind not in CLASSIFIER_KINDS:
+        raise SparktfValueError(f"top_k applies to classifiers; {sig.describe()} is not one")
+    plan = Plan(
+        kind=kind,
+        model_uri=info.uri,
+        fingerprint=info.fingerprint,
+        signature=sig.name,
+        input_col=input_col or layout.default_col,
+        input_key=key,
+        shape=layout.shape,
+        batch_size=batch_size,
+        outputs=tuple(f.name for f in layout.fields),
+        top_k=top_k,
+        lm_output=lm_output,
+        vocab_size=layout.vocab_size,
+        label_col=layout.label_col,
+        id_col="id" if "id" in schema.names else None,
+    )
+    _check_schema(schema, plan, layout)
+    return plan, layout.fields

@@ -1,0 +1,132 @@
+"""Paths and file systems: the one package through which sparktf reads and writes files.
+
+A path is a local path, a ``file://`` URI or an ``hdfs://host:port/path`` URI. HDFS is
+reached from Python through WebHDFS (the ``hdfs`` package); Spark reaches ``hdfs://``
+natively through its own Hadoop client. Reads and writes stream: files are read in ranges and
+written through a chunked upload, never buffered whole. ``publish`` writes a file or a
+directory atomically.
+
+Every public name is importable from here; each lives in one module:
+
+- :mod:`~sparktf.storage.errors`: the exceptions, all :class:`~sparktf.errors.SparktfError`;
+- :mod:`~sparktf.storage.uri`: parsing paths and URIs, names derived from them;
+- :mod:`~sparktf.storage.hdfs`: the NameNode's WebHDFS address, the HDFS user, the clients;
+- :mod:`~sparktf.storage.streams`: the file objects that stream an HDFS file;
+- :mod:`~sparktf.storage.native`: bulk reads through ``hdfs-native`` (``SPARKTF_HDFS_CLIENT``);
+- :mod:`~sparktf.storage.files`: opening, reading and writing files;
+- :mod:`~sparktf.storage.namespace`: existence, listings, directories, deletes, renames;
+- :mod:`~sparktf.storage.copies`: copies between file systems;
+- :mod:`~sparktf.storage.filesystem`: fsspec file systems for pyarrow and petastorm;
+- :mod:`~sparktf.storage.lock` and :mod:`~sparktf.storage.publishing`: the atomic publish.
+
+The settings re-exported here (``LOCK_STALE_S``, ``LEFTOVER_AGE_S``, ...) are copies: the code
+reads them from their own module, which is where to change them.
+"""
+
+from __future__ import annotations
+
+from sparktf.storage.copies import copy_file, copy_tree, local_copy
+from sparktf.storage.errors import (
+    NameNodeUnreachableError,
+    PathExistsError,
+    PathNotFoundError,
+    PublishConflictError,
+    StorageError,
+    StoragePermissionError,
+    UnknownSchemeError,
+)
+from sparktf.storage.files import (
+    iter_blocks,
+    open_file,
+    read_bytes,
+    read_range,
+    read_text,
+    write_bytes,
+    write_text,
+)
+from sparktf.storage.filesystem import fsspec_filesystem
+from sparktf.storage.hdfs import (
+    HDFS_DATA_TIMEOUT_S,
+    HDFS_TIMEOUT_S,
+    READ_BLOCK,
+    default_fs,
+    hdfs_user,
+    webhdfs_client,
+    webhdfs_url,
+)
+from sparktf.storage.lock import LOCK_HEARTBEAT_S, LOCK_STALE_S, LOCK_TAG, lock_path
+from sparktf.storage.namespace import (
+    delete,
+    exists,
+    isdir,
+    listdir,
+    makedirs,
+    rename,
+    size,
+    walk_files,
+)
+from sparktf.storage.native import HDFS_CLIENTS, hdfs_client_kind, native_client
+from sparktf.storage.publishing import LEFTOVER_AGE_S, publish
+from sparktf.storage.streams import SeekableReader
+from sparktf.storage.uri import (
+    SUPPORTED_SCHEMES,
+    Location,
+    is_hdfs,
+    join,
+    parse,
+    spark_uri,
+    temp_sibling,
+)
+
+__all__ = [
+    "HDFS_CLIENTS",
+    "HDFS_DATA_TIMEOUT_S",
+    "HDFS_TIMEOUT_S",
+    "LEFTOVER_AGE_S",
+    "LOCK_HEARTBEAT_S",
+    "LOCK_STALE_S",
+    "LOCK_TAG",
+    "READ_BLOCK",
+    "SUPPORTED_SCHEMES",
+    "Location",
+    "NameNodeUnreachableError",
+    "PathExistsError",
+    "PathNotFoundError",
+    "PublishConflictError",
+    "SeekableReader",
+    "StorageError",
+    "StoragePermissionError",
+    "UnknownSchemeError",
+    "copy_file",
+    "copy_tree",
+    "default_fs",
+    "delete",
+    "exists",
+    "fsspec_filesystem",
+    "hdfs_client_kind",
+    "hdfs_user",
+    "is_hdfs",
+    "isdir",
+    "iter_blocks",
+    "join",
+    "listdir",
+    "local_copy",
+    "lock_path",
+    "makedirs",
+    "native_client",
+    "open_file",
+    "parse",
+    "publish",
+    "read_bytes",
+    "read_range",
+    "read_text",
+    "rename",
+    "size",
+    "spark_uri",
+    "temp_sibling",
+    "walk_files",
+    "webhdfs_client",
+    "webhdfs_url",
+    "write_bytes",
+    "write_text",
+]

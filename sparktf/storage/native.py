@@ -1,0 +1,142 @@
+"""Bulk HDFS reads through ``hdfs-native`` (PyPI ``hdfs-native``), a native client of HDFS's
+own RPC and DataNode protocols; docs/hdfs-client.md compares it with WebHDFS.
+
+Set ``SPARKTF_HDFS_CLIENT=native`` to have whole-file scans and range reads (the dataset
+readers' bulk reads) go through it. It reads from the NameNode's RPC address (the
+``hdfs://host:port`` of the URI); when the package is missing, the port does not accept a
+connection within ``SPARKTF_HDFS_TIMEOUT`` or ``SPARKTF_HDFS_USER`` names another user than
+the native client would use, WebHDFS serves the reads (with a warning, once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from functools import lru_cache
+
+from sparktf.storage.errors import PathNotFoundError, StorageError, StoragePermissionError
+from sparktf.storage.hdfs import HDFS_TIMEOUT_S, hdfs_user
+from sparktf.storage.uri import Location
+
+__all__ = [
+    "HDFS_CLIENTS",
+    "hdfs_client_kind",
+    "native_blocks",
+    "native_client",
+    "native_client_for",
+    "native_errors",
+    "native_range",
+]
+
+log = logging.getLogger(__name__)
+
+HDFS_CLIENTS = ("webhdfs", "native")
+
+
+def hdfs_client_kind() -> str:
+    """The client of bulk HDFS reads: ``SPARKTF_HDFS_CLIENT``, "webhdfs" (default) or
+    "native" (hdfs-native); raises StorageError for another value."""
+    kind = os.environ.get("SPARKTF_HDFS_CLIENT", "webhdfs").strip().lower() or "webhdfs"
+    if kind not in HDFS_CLIENTS:
+        raise StorageError(
+            f"SPARKTF_HDFS_CLIENT must be one of {', '.join(HDFS_CLIENTS)}, got {kind!r}"
+        )
+    return kind
+
+
+@lru_cache(maxsize=16)
+def native_client(netloc: str, user: str):
+    """An hdfs-native client (cached) of the NameNode at ``netloc`` reading as ``user``, or
+    None when WebHDFS must serve the reads (the reason is logged)."""
+    try:
+        import hdfs_native
+    except ImportError:
+        log.warning("SPARKTF_HDFS_CLIENT=native but hdfs-native is not installed: using WebHDFS")
+        return None
+    native_user = os.environ.get("HADOOP_USER_NAME") or getpass.getuser()
+    if user != native_user:
+        log.warning(
+            "SPARKTF_HDFS_USER=%s but hdfs-native would read as %s (HADOOP_USER_NAME or the "
+            "login name): using WebHDFS",
+            user,
+            native_user,
+        )
+        return None
+    host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "8020")
+    try:  # hdfs-native retries a refused connection for minutes: fail over at once instead
+        socket.create_connection((host, int(port)), timeout=HDFS_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        log.warning(
+            "HDFS NameNode RPC at %s does not accept connections (%s): using WebHDFS", netloc, exc
+        )
+        return None
+    return hdfs_native.Client(f"hdfs://{netloc}")
+
+
+def native_client_for(loc: Location):
+    """The hdfs-native client of the HDFS location ``loc`` when ``SPARKTF_HDFS_CLIENT`` asks
+    for one and it can serve, else None (WebHDFS)."""
+    return native_client(loc.netloc, hdfs_user()) if hdfs_client_kind() == "native" else None
+
+
+@contextlib.contextmanager
+def native_errors(what: str, loc: Location) -> Iterator[None]:
+    """Raises hdfs-native's errors in the block as IsADirectoryError, PathNotFoundError,
+    StoragePermissionError or StorageError, naming ``what`` was done to ``loc``."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if "not a file" in str(exc):
+            raise IsADirectoryError(f"{what}: {loc.uri} is a directory") from exc
+        raise PathNotFoundError(f"{what}: no such file {loc.uri}") from exc
+    except PermissionError as exc:
+        raise StoragePermissionError(
+            f"{what}: permission denied on {loc.uri} for user {hdfs_user()!r}"
+        ) from exc
+    except OSError as exc:
+        if isinstance(exc, StorageError):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StorageError(f"HDFS {what} {loc.uri} failed (hdfs-native): {first}") from exc
+
+
+def native_blocks(client, loc: Location, block: int, first: int | None) -> Iterator[bytes]:
+    """The bytes of the file at ``loc`` read by ``client``, in blocks of ``block`` bytes (the
+    first one ``first`` bytes when given), as :func:`sparktf.storage.iter_blocks`."""
+    with native_errors("open", loc):
+        f = client.read(loc.path)
+        size = f.size
+        chunks = f.read_range_stream(0, size)
+    parts: list[bytes] = []  # the packets (64 KiB) of the stream, joined into blocks
+    held, want, total = 0, first or block, 0
+    while True:
+        with native_errors("read", loc):
+            chunk = next(chunks, None)
+        if chunk is None:
+            break
+        while held + len(chunk) >= want:  # a block is complete: cut the packet at its end
+            need = want - held
+            parts.append(chunk[:need])
+            yield parts[0] if len(parts) == 1 else b"".join(parts)
+            total += want
+            parts, held, want, chunk = [], 0, block, chunk[need:]
+        if chunk:
+            parts.append(chunk)
+            held += len(chunk)
+    if parts:
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
+        total += held
+    if total != size:
+        raise StorageError(f"read {loc.uri} (hdfs-native): got {total} of {size} bytes")
+
+
+def native_range(client, loc: Location, offset: int, length: int) -> bytes:
+    """``length`` bytes of the file at ``loc`` from byte ``offset`` (fewer at its end), read
+    by ``client``."""
+    with native_errors("read", loc):
+        f = client.read(loc.path)
+        return f.read_range(offset, max(0, min(length, f.size - offset)))

@@ -1,0 +1,71 @@
+"""Parameter servers that run as processes of the driver (``ScalingConfig.ps_on_driver``).
+
+Each is ``python -m sparktf.train.node`` (:func:`sparktf.train.node.start_process`), told its
+role through the control channel like any executor's process, with a temporary directory
+for its error file. :meth:`DriverPs.failure` reports one that exited; :meth:`DriverPs.stop`
+waits for them to leave after the run's stop or abort and kills what does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from sparktf.train import node
+from sparktf.train import roles as roles_lib
+from sparktf.train.plan import ProcessSpec, Role
+
+__all__ = ["DriverPs", "free_port"]
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a parameter server's TensorFlow server)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class DriverPs:
+    """The driver's own TensorFlow processes of one run (none unless ``ps_on_driver``)."""
+
+    def __init__(self) -> None:
+        self.processes: list[tuple[str, subprocess.Popen, str]] = []  # key, process, tmp dir
+        self._names: dict[str, str] = {}
+
+    def start(self, spec: ProcessSpec, roles: dict[str, Role]) -> None:
+        """Starts a process for every role of ``roles`` keyed for the driver."""
+        for key, role in roles.items():
+            if not roles_lib.is_driver_key(key):
+                continue
+            tmp = tempfile.mkdtemp(prefix="sparktf-ps-")
+            proc = node.start_process(spec.for_node(key), os.path.join(tmp, "error.json"))
+            self.processes.append((key, proc, tmp))
+            self._names[key] = role.name
+            log.info("started %s on the driver (pid %d)", role.name, proc.pid)
+
+    def failure(self, now: float | None = None) -> str | None:
+        """A message naming a process that exited before the run ended, else None (a
+        :class:`~sparktf.train.monitor.RunMonitor` check)."""
+        for key, proc, _ in self.processes:
+            if proc.poll() is not None:
+                return f"{self._names[key]} on the driver exited with code {proc.returncode}"
+        return None
+
+    def stop(self, deadline: float) -> None:
+        """Waits for every process to exit until ``deadline`` (monotonic), kills those that
+        do not, and removes their directories."""
+        for key, proc, tmp in self.processes:
+            try:
+                proc.wait(timeout=max(0.5, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s on the driver did not exit; killing it", key)
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(tmp, ignore_errors=True)

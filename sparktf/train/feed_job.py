@@ -1,0 +1,145 @@
+"""The driver's side of the ``spark`` input mode: the Spark job that feeds the rows.
+
+A :class:`FeedJob` runs on a thread of the driver: it reads the split's Parquet (or a
+DataFrame it is given), waits until every feeding process has said hello, then runs
+``feed_passes`` passes of ``DataFrame.mapInArrow`` with :func:`sparktf.train.feed.make_feeder`
+(``None``: until the run stops) and counts what each process received. When the passes are
+done it publishes those counts (the readers end on them). Its Spark jobs run in a job group
+of their own, cancelled only when the thread does not end with the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+
+from sparktf import spark as spark_lib
+from sparktf import storage
+from sparktf.train import feed as feed_lib
+from sparktf.train.control import ControlServer
+from sparktf.train.plan import RunPlan
+
+__all__ = ["FeedJob"]
+
+log = logging.getLogger(__name__)
+
+
+class FeedJob:
+    """Feeds one run's TensorFlow processes from Spark, on a thread of the driver.
+
+    ``nodes`` maps each feeding process's key to its TensorFlowOnSpark node (its manager's
+    ``addr`` and ``authkey``, its ``executor_id``); ``df``: a DataFrame to feed instead of
+    the split's Parquet.
+    """
+
+    def __init__(
+        self,
+        spark,
+        plan: RunPlan,
+        control: ControlServer,
+        nodes: dict[str, dict],
+        *,
+        df=None,
+    ):
+        self.spark = spark
+        self.plan = plan
+        self.control = control
+        self.nodes = nodes
+        self.df = df
+        self.group = f"sparktf-feed-{uuid.uuid4().hex[:8]}"
+        self.chunks: Counter = Counter()  # feed chunks per process key
+        self.rows_by: Counter = Counter()  # rows per process key
+        self.rows = 0
+        self.started_wall: float | None = None  # when the first pass was submitted
+        self.error: BaseException | None = None
+        self._ending = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> FeedJob:
+        self._thread = threading.Thread(target=self._run, name="sparktf-feed", daemon=True)
+        self._thread.start()
+        return self
+
+    def expect_end(self) -> None:
+        """From now on the run is ending: a feed that fails is not an error of the run."""
+        self._ending = True
+
+    def failure(self, now: float | None = None) -> str | None:
+        """A message when the feed failed, else None (a
+        :class:`~sparktf.train.monitor.RunMonitor` check)."""
+        if self.error is None:
+            return None
+        return f"feeding rows to TensorFlow failed: {spark_lib.spark_error_text(str(self.error))}"
+
+    def stop(self, deadline: float) -> None:
+        """Waits for the thread until ``deadline`` (monotonic); cancels the feed's Spark
+        jobs when it does not end."""
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(max(0.5, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.warning("the feed job did not end; cancelling it")
+            self.spark.sparkContext.cancelJobGroup(self.group)
+            thread.join(2.0)
+
+    def _await_hello(self, keys: list[str]) -> None:
+        """Returns once every feeding process has said hello (before it imports TensorFlow),
+        or at the start-up deadline (the monitor reports a process that never does): the
+        feed job's tasks then do not sit on executor cores waiting for a process that is
+        still starting."""
+        deadline = time.monotonic() + self.plan.run.startup_timeout_s
+        while not self.control.stop and not self.control.abort:
+            nodes = self.control.snapshot()
+            if all(k in nodes and nodes[k].pid for k in keys) or time.monotonic() > deadline:
+                return
+            self.control.wait(0.1)
+
+    def _frame(self, parts: int):
+        data = self.plan.data
+        df = self.df
+        if df is None:
+            df = self.spark.read.parquet(storage.spark_uri(data.parquet))
+        df = df.select(*data.names)
+        if df.rdd.getNumPartitions() < parts:
+            df = df.repartition(parts)
+        return df
+
+    def _run(self) -> None:
+        try:
+            self.spark.sparkContext.setJobGroup(
+                self.group, "sparktf: feed rows to TensorFlow", interruptOnCancel=False
+            )
+            keys = list(self.nodes)
+            df = self._frame(2 * len(keys))
+            executors = {
+                int(n["executor_id"]): {"addr": n["addr"], "authkey": n["authkey"], "key": key}
+                for key, n in self.nodes.items()
+            }
+            feeder = feed_lib.make_feeder(
+                executors,
+                self.control.token,
+                self.control.url,
+                feed_timeout_s=self.plan.run.feed_timeout_s,
+            )
+            done_passes = 0
+            self._await_hello(keys)
+            self.started_wall = time.time()
+            passes = self.plan.feed_passes
+            while passes is None or done_passes < passes:
+                if self.control.stop:
+                    return
+                for row in df.mapInArrow(feeder, feed_lib.SUMMARY_SCHEMA).collect():
+                    self.chunks[row.executor] += row.chunks
+                    self.rows_by[row.executor] += row.rows
+                    self.rows += row.rows
+                done_passes += 1
+                log.debug("fed pass %d: %d rows so far", done_passes, self.rows)
+            self.control.set_feed_end({key: self.chunks.get(key, 0) for key in keys})
+            log.info("feed complete: %d passes, %d rows", done_passes, self.rows)
+        except BaseException as exc:
+            if not self._ending and not self.control.abort:
+                self.error = exc

@@ -1,0 +1,452 @@
+"""Authenticated frames over TCP: the wire of the driver's reservation server.
+
+A request and its answer are each one frame of this shape::
+
+    length (4 bytes, big-endian)  tag (32)  nonce (16)  ciphertext
+
+* ``length`` is checked against :data:`MAX_FRAME_BYTES` before a byte of the body is read;
+* ``tag`` is HMAC-SHA256 (keyed from the run's secret) over the direction, the nonce and
+  the ciphertext, checked with :func:`hmac.compare_digest` before anything is decrypted or
+  decoded -- no data from the network is ever parsed unauthenticated;
+* the server refuses a nonce it has seen (a replayed message), and every answer names the
+  nonce of the request it answers (a replayed answer is refused by the client);
+* the ciphertext is the JSON body XOR a keystream of HMAC-SHA256 blocks (counter mode with
+  the nonce), so secrets in the messages are not readable on the wire either;
+* the body is JSON with a small tagged encoding for what the messages hold besides JSON
+  types: ``{"$bytes": base64}`` and ``{"$tuple": [...]}`` (``multiprocessing`` addresses
+  need real tuples). A request's body is ``{"msg": ...}``, an answer's
+  ``{"re": <the request's nonce, hex>, "msg": ...}``.
+
+:class:`FramedServer` answers requests on one address with a handler of the caller's (it
+knows nothing of what the messages mean); :class:`FramedClient` sends them. A rejected
+message (bad MAC, too large, replayed, not JSON) is logged at WARNING with the peer's
+address and the reason, its connection is closed, and nothing else happens.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparktf.errors import SparktfError, SparktfTypeError, SparktfValueError
+from sparktf.train.control import RejectLog
+
+__all__ = [
+    "ANSWER",
+    "MAX_CONNECTIONS",
+    "MAX_FRAME_BYTES",
+    "NONCE_BYTES",
+    "REQUEST",
+    "TAG_BYTES",
+    "Codec",
+    "FrameError",
+    "FramedClient",
+    "FramedServer",
+    "Rejected",
+    "decode",
+    "encode",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 1 << 20  # a reservation list of hundreds of nodes is a few hundred KiB
+TAG_BYTES = 32
+NONCE_BYTES = 16
+POLL_S = 0.5  # the listening loop wakes this often: stop() takes effect promptly
+IDLE_S = 60.0  # connections silent this long are closed (clients poll every second)
+MAX_CONNECTIONS = 256
+KEY_CONTEXT = b"sparktf-reservation"  # the keys' derivation label (part of the wire format)
+
+REQUEST, ANSWER = b"Q", b"A"  # directions: a request cannot be reflected as an answer
+
+
+class Rejected(SparktfError, Exception):
+    """A frame that failed a check; the message says which."""
+
+
+class FrameError(SparktfError, RuntimeError):
+    """The client side: a message could not be sent, or the server's answer not be used."""
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def encode(obj: Any) -> Any:
+    """JSON-ready copy of a message (bytes and tuples tagged).
+
+    Raises:
+        TypeError: for a value JSON cannot carry, or a dict key that is not a string or
+            starts with ``$``.
+    """
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, bytes):
+        return {"$bytes": base64.b64encode(obj).decode("ascii")}
+    if isinstance(obj, tuple):
+        return {"$tuple": [encode(v) for v in obj]}
+    if isinstance(obj, list):
+        return [encode(v) for v in obj]
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if not isinstance(key, str) or key.startswith("$"):
+                raise SparktfTypeError(f"framed messages need str keys without '$': {key!r}")
+            out[key] = encode(value)
+        return out
+    raise SparktfTypeError(f"cannot send a {type(obj).__name__} in a framed message")
+
+
+def decode(obj: Any) -> Any:
+    """Inverse of :func:`encode`; raises ValueError on a malformed tag."""
+    if isinstance(obj, list):
+        return [decode(v) for v in obj]
+    if isinstance(obj, dict):
+        if len(obj) == 1 and "$bytes" in obj:
+            value = obj["$bytes"]
+            if not isinstance(value, str):
+                raise SparktfValueError("$bytes must hold a base64 string")
+            return base64.b64decode(value, validate=True)
+        if len(obj) == 1 and "$tuple" in obj:
+            value = obj["$tuple"]
+            if not isinstance(value, list):
+                raise SparktfValueError("$tuple must hold a list")
+            return tuple(decode(v) for v in value)
+        if any(k.startswith("$") for k in obj):
+            raise SparktfValueError(f"unknown tag in {sorted(obj)}")
+        return {k: decode(v) for k, v in obj.items()}
+    return obj
+
+
+class Codec:
+    """Seals and opens frames with keys derived from one run's secret.
+
+    Raises:
+        ValueError: when ``secret`` is shorter than 16 bytes.
+    """
+
+    def __init__(self, secret: bytes):
+        if len(secret) < 16:
+            raise SparktfValueError("the reservation secret must have at least 16 bytes")
+        self._mac_key = hmac.new(secret, KEY_CONTEXT + b"/mac", hashlib.sha256).digest()
+        self._enc_key = hmac.new(secret, KEY_CONTEXT + b"/enc", hashlib.sha256).digest()
+
+    def _keystream(self, nonce: bytes, size: int) -> bytes:
+        blocks = (size + 31) // 32
+        return b"".join(
+            hmac.new(self._enc_key, nonce + i.to_bytes(4, "big"), hashlib.sha256).digest()
+            for i in range(blocks)
+        )[:size]
+
+    def _xor(self, nonce: bytes, data: bytes) -> bytes:
+        stream = self._keystream(nonce, len(data))
+        return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
+            len(data), "big"
+        )
+
+    def _tag(self, direction: bytes, nonce: bytes, ciphertext: bytes) -> bytes:
+        return hmac.new(self._mac_key, direction + nonce + ciphertext, hashlib.sha256).digest()
+
+    def seal(self, direction: bytes, payload: dict) -> tuple[bytes, bytes]:
+        """Returns (the length-prefixed frame, its nonce).
+
+        Raises:
+            FrameError: when the frame would exceed :data:`MAX_FRAME_BYTES`.
+            TypeError: when ``payload`` holds what :func:`encode` cannot carry.
+        """
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        body = json.dumps(encode(payload), separators=(",", ":")).encode()
+        ciphertext = self._xor(nonce, body)
+        frame = self._tag(direction, nonce, ciphertext) + nonce + ciphertext
+        if len(frame) > MAX_FRAME_BYTES:
+            raise FrameError(f"reservation message of {len(frame)} bytes is too large")
+        return struct.pack(">I", len(frame)) + frame, nonce
+
+    def verify(self, direction: bytes, frame: bytes) -> tuple[bytes, bytes]:
+        """Checks the tag of a frame (without its length prefix) before anything else;
+        returns (nonce, ciphertext).
+
+        Raises:
+            Rejected: a frame too short to hold a tag and a nonce, or a wrong tag.
+        """
+        if len(frame) < TAG_BYTES + NONCE_BYTES:
+            raise Rejected(f"frame of {len(frame)} bytes is too short")
+        tag, nonce = frame[:TAG_BYTES], frame[TAG_BYTES : TAG_BYTES + NONCE_BYTES]
+        ciphertext = frame[TAG_BYTES + NONCE_BYTES :]
+        if not hmac.compare_digest(tag, self._tag(direction, nonce, ciphertext)):
+            raise Rejected("bad MAC (not signed with this run's secret)")
+        return nonce, ciphertext
+
+    def open(self, nonce: bytes, ciphertext: bytes) -> dict:
+        """Decrypts and decodes a verified frame.
+
+        Raises:
+            Rejected: when the body is not a JSON object of the tagged encoding.
+        """
+        try:
+            payload = decode(json.loads(self._xor(nonce, ciphertext)))
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise Rejected(f"not JSON ({type(exc).__name__})") from None
+        if not isinstance(payload, dict):
+            raise Rejected("not a JSON object")
+        return payload
+
+
+# ----------------------------------------------------------------------------- server
+
+
+@dataclass
+class _Connection:
+    peer: str
+    last: float
+    buffer: bytearray = field(default_factory=bytearray)
+
+
+def _describe_ports(ports: Sequence[int]) -> str:
+    if list(ports) == [0]:
+        return "any"
+    return f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else str(ports[0])
+
+
+class FramedServer:
+    """Answers authenticated request frames on one address, on a thread of its own.
+
+    ``handler`` is called (on that thread) with each verified request's message and returns
+    the answer to send; ``what`` names the server in its log lines (``"<what>: rejected a
+    request from <peer>: <reason>"``).
+    """
+
+    def __init__(
+        self,
+        codec: Codec,
+        handler: Callable[[Any], Any],
+        *,
+        what: str,
+        logger: logging.Logger = log,
+    ):
+        self.done = False
+        self._codec = codec
+        self._handler = handler
+        self._what = what
+        self._log = logger
+        self._seen: set[bytes] = set()
+        self._thread: threading.Thread | None = None
+        self._rejects = RejectLog(logger, what)
+
+    def listen(self, host: str, ports: Sequence[int] = (0,)) -> int:
+        """Binds ``host`` on the first free port of ``ports`` (0: any), starts answering;
+        returns the port.
+
+        Raises:
+            OSError: when none of ``ports`` can be bound.
+        """
+        errors = []
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(64)
+                break
+            except OSError as exc:
+                sock.close()
+                errors.append(f"{port}: {exc}")
+        else:
+            raise OSError(
+                f"the {self._what} cannot bind {host} on port(s) "
+                f"{_describe_ports(ports)}: {'; '.join(errors)}"
+            )
+        port = sock.getsockname()[1]
+        self._log.info("%s listening on %s:%d (authenticated)", self._what, host, port)
+        self._thread = threading.Thread(
+            target=self._serve, args=(sock,), name="sparktf-reservations", daemon=True
+        )
+        self._thread.start()
+        return port
+
+    def request_stop(self) -> None:
+        """Stops the server within ``POLL_S``, without waiting (safe from the handler)."""
+        self.done = True
+
+    def stop(self) -> None:
+        """Stops the server; returns once its socket is closed (within ``POLL_S``)."""
+        self.done = True
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5 * POLL_S)
+
+    @property
+    def stopped(self) -> bool:
+        return self.done and (self._thread is None or not self._thread.is_alive())
+
+    def _serve(self, listener: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ)
+        connections: dict[socket.socket, _Connection] = {}
+
+        def close(sock: socket.socket) -> None:
+            selector.unregister(sock)
+            connections.pop(sock, None)
+            sock.close()
+
+        try:
+            while not self.done:
+                for key, _ in selector.select(POLL_S):
+                    sock = key.fileobj
+                    if sock is listener:
+                        self._accept(listener, selector, connections)
+                    elif not self._on_readable(sock, connections[sock]):
+                        close(sock)
+                now = time.monotonic()
+                for sock, conn in list(connections.items()):
+                    if now - conn.last > IDLE_S:
+                        close(sock)
+        except Exception:
+            self._log.exception("%s failed", self._what)
+        finally:
+            self.done = True
+            for sock in list(connections):
+                close(sock)
+            selector.close()
+            listener.close()
+            self._log.debug("%s stopped", self._what)
+
+    def _accept(self, listener, selector, connections) -> None:
+        try:
+            sock, peer = listener.accept()
+        except OSError:
+            return
+        address = f"{peer[0]}:{peer[1]}"
+        if len(connections) >= MAX_CONNECTIONS:
+            self._rejects.reject(address, f"more than {MAX_CONNECTIONS} open connections")
+            sock.close()
+            return
+        sock.settimeout(5.0)  # recv only after select says readable; bounds sendall
+        connections[sock] = _Connection(address, time.monotonic())
+        selector.register(sock, selectors.EVENT_READ)
+
+    def _on_readable(self, sock: socket.socket, conn: _Connection) -> bool:
+        """Reads what arrived and answers every complete frame; False closes the connection."""
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            return False
+        if not data:
+            return False
+        conn.last = time.monotonic()
+        conn.buffer += data
+        while len(conn.buffer) >= 4:
+            (size,) = struct.unpack(">I", conn.buffer[:4])
+            if size > MAX_FRAME_BYTES:
+                self._rejects.reject(
+                    conn.peer, f"too large: {size} bytes announced, at most {MAX_FRAME_BYTES}"
+                )
+                return False
+            if len(conn.buffer) < 4 + size:
+                return True
+            frame = bytes(conn.buffer[4 : 4 + size])
+            del conn.buffer[: 4 + size]
+            try:
+                nonce, ciphertext = self._codec.verify(REQUEST, frame)
+                if nonce in self._seen:
+                    raise Rejected("replayed message (nonce seen before)")
+                self._seen.add(nonce)
+                request = self._codec.open(nonce, ciphertext)
+            except Rejected as exc:
+                self._rejects.reject(conn.peer, str(exc))
+                return False
+            answer = self._handler(request.get("msg"))
+            reply, _ = self._codec.seal(ANSWER, {"re": nonce.hex(), "msg": answer})
+            try:
+                sock.sendall(reply)
+            except OSError:
+                return False
+        return True
+
+
+# ----------------------------------------------------------------------------- client
+
+
+class FramedClient:
+    """Sends requests to a :class:`FramedServer` on one connection and checks the answers.
+
+    ``what`` names the server in errors; they are raised as ``error`` (a subclass of
+    :class:`FrameError` of the caller's choosing).
+
+    Raises:
+        OSError: when the server cannot be reached.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        codec: Codec,
+        *,
+        what: str,
+        timeout_s: float,
+        retries: int = 3,
+        error: type[FrameError] = FrameError,
+    ):
+        self.address = tuple(address)
+        self._codec = codec
+        self._where = f"the {what} at {self.address}"
+        self._timeout_s = timeout_s
+        self._retries = retries
+        self._error = error
+        self.sock = socket.create_connection(self.address, timeout=timeout_s)
+
+    def request(self, msg: Any) -> Any:
+        """Sends ``msg`` (reconnecting when the connection broke) and returns the answer.
+
+        Raises:
+            FrameError: (``error``) the server closed the connection or answered with a
+                frame that is too large, not authentic, or the answer to another request.
+            OSError: the message could not be sent in ``retries`` tries.
+        """
+        for attempt in range(self._retries):
+            frame, nonce = self._codec.seal(REQUEST, {"msg": msg})  # a new nonce on every try
+            try:
+                self.sock.sendall(frame)
+                break
+            except OSError:
+                if attempt == self._retries - 1:
+                    raise
+                self.sock.close()
+                self.sock = socket.create_connection(self.address, timeout=self._timeout_s)
+        return self._answer(nonce)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _read(self, size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = self.sock.recv(min(65536, size - len(data)))
+            if not chunk:
+                raise self._error(f"{self._where} closed the connection")
+            data += chunk
+        return bytes(data)
+
+    def _answer(self, nonce: bytes) -> Any:
+        (size,) = struct.unpack(">I", self._read(4))
+        if size > MAX_FRAME_BYTES:
+            raise self._error(f"{self._where} announced an answer of {size} bytes")
+        try:
+            answer_nonce, ciphertext = self._codec.verify(ANSWER, self._read(size))
+            payload = self._codec.open(answer_nonce, ciphertext)
+        except Rejected as exc:
+            raise self._error(f"{self._where} sent an invalid answer: {exc}") from None
+        if payload.get("re") != nonce.hex():
+            raise self._error(f"{self._where} sent an answer to another request (replayed?)")
+        return payload.get("msg")

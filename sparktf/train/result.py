@@ -1,0 +1,94 @@
+"""What one training process reports to the driver when it has finished: :class:`ProcessResult`.
+
+The chief's :class:`~sparktf.train.trainer.Trainer` makes it, sends it as the ``done`` event of
+the control channel (:mod:`sparktf.train.control`, a JSON object: :meth:`ProcessResult.to_dict`)
+and the driver reads it back (:meth:`ProcessResult.from_dict`) to build the run's
+:class:`~sparktf.train.config.TrainResult`. No TensorFlow here: the driver imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ProcessResult"]
+
+
+def _float_map(values: Any) -> dict[str, float]:
+    return {str(k): float(v) for k, v in (values or {}).items()}
+
+
+def _evaluation(values: dict[str, Any]) -> dict[str, Any]:
+    """One evaluation: its integer ``step`` and its metrics as floats."""
+    return {
+        "step": int(values["step"]),
+        **_float_map({k: v for k, v in values.items() if k != "step"}),
+    }
+
+
+def _optional(kind: type, value: Any) -> Any:
+    return None if value is None else kind(value)
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """The end of one training process: its steps, metrics, artifacts and counters.
+
+    ``metrics``: the last step's training metrics (the chief's; empty on other processes);
+    ``examples_per_sec``: from the end of the first step to the end of the last (the final
+    checkpoint, evaluation and export are not counted); ``first_step_wall``: ``time.time()``
+    when the first step ended; ``fed_rows``/``dropped_rows``: the ``spark`` input mode's rows
+    received and left over (None for ``files``); ``progress``: the last progress report (the
+    heartbeat's format, which the driver keeps as the process's latest state);
+    ``eval_metrics``: the last evaluation, ``eval_history`` every evaluation with its
+    ``step``; ``best_export``: the best evaluation's export (``RunConfig.export_best``).
+    """
+
+    start_step: int
+    final_step: int
+    end_reason: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None
+    export_path: str | None = None
+    examples: int = 0
+    examples_per_sec: float = 0.0
+    first_step_wall: float | None = None
+    fed_rows: int | None = None
+    dropped_rows: int | None = None
+    gpus: list[str] = field(default_factory=list)
+    progress: dict[str, Any] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    eval_history: list[dict[str, Any]] = field(default_factory=list)
+    best_export: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON object (only dicts, lists, strings, numbers and None)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessResult:
+        """The result :meth:`to_dict` wrote, after a trip through JSON.
+
+        Raises ``KeyError`` when a required field (the steps, the end reason) is missing and
+        ``TypeError``/``ValueError`` when a value has the wrong type; absent optional fields
+        take their defaults.
+        """
+        return cls(
+            start_step=int(data["start_step"]),
+            final_step=int(data["final_step"]),
+            end_reason=str(data["end_reason"]),
+            metrics=_float_map(data.get("metrics")),
+            checkpoint=_optional(str, data.get("checkpoint")),
+            export_path=_optional(str, data.get("export_path")),
+            examples=int(data.get("examples") or 0),
+            examples_per_sec=float(data.get("examples_per_sec") or 0.0),
+            first_step_wall=_optional(float, data.get("first_step_wall")),
+            fed_rows=_optional(int, data.get("fed_rows")),
+            dropped_rows=_optional(int, data.get("dropped_rows")),
+            gpus=[str(g) for g in data.get("gpus") or []],
+            progress=dict(data.get("progress") or {}),
+            eval_metrics=_float_map(data.get("eval_metrics")),
+            eval_history=[_evaluation(e) for e in data.get("eval_history") or []],
+            best_export=_optional(str, data.get("best_export")),
+        )
