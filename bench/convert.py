@@ -1,4 +1,4 @@
-"""CIFAR-format conversion: the Spark job against a single process doing the book's way.
+"""CIFAR-format conversion: the Spark job against one plain process writing both formats.
 
     .venv/bin/python bench/convert.py [--sizes 12500 50000] [--shards 4] [--rounds 3]
 
@@ -11,7 +11,7 @@ every time the whole job from its start to the last file written:
 - ``spark_tfrecord`` / ``spark_parquet``: one format alone, at the larger size;
 - ``spark_tfrecord_small_dataset`` / ``spark_parquet_small_dataset``: one format alone for a
   2k-record dataset (``--overhead-records``): the fixed overhead;
-- ``book_both``: one process doing the book's way from one pass over the input: numpy
+- ``book_both``: one plain process (the reference way) from one pass over the input: numpy
   parse, ``tf.train.Example`` + ``tf.io.TFRecordWriter`` (one Example per record,
   written in order, as the reference writer does),
   plus pyarrow for the Parquet (``pq.write_table``), at the larger size;
@@ -20,7 +20,7 @@ every time the whole job from its start to the last file written:
 
 The Spark session is started and warmed up before and reported apart (``startup_s``).
 Goals: Parquet alone <= 1.3x the TFRecord alone's time; both formats
->= 1.0x the book's way (speed); <= 3 s per format for the 2k-record dataset; peak memory
+>= 1.0x that plain process (speed); <= 3 s per format for the 2k-record dataset; peak memory
 flat (<= 1.2x) from the smaller to the larger size. Prints a JSON result and writes it to
 bench/results/.
 """
@@ -76,7 +76,7 @@ def baseline_sparktf(raw: Path, out: Path) -> int:
 
 
 def baseline_tf(raw: Path, out: Path, parquet: bool = True) -> int:
-    """The book's way, one process, one pass: numpy parse + tf.train.Example +
+    """The reference way, one process, one pass: numpy parse + tf.train.Example +
     tf.io.TFRecordWriter, and (``parquet``) pyarrow's ParquetWriter for the same records."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -101,7 +101,9 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str) -> dict:
     plan = RunPlan(
         train=train,
         scaling=ScalingConfig(strategy="allreduce", num_workers=2),
-        run=RunConfig(model_dir=model_dir, feed_timeout_s=120, failure_timeout_s=120),
+        run=RunConfig(
+            model_dir=model_dir, failure={"feed_timeout_s": 120, "failure_timeout_s": 120}
+        ),
         model_config={},
         global_batch=batch_size * 2,
         steps_per_epoch=1,

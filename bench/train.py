@@ -21,9 +21,9 @@ strategy x input mode:
   server on the driver: one process computes, with TensorFlow's default threads (sparktf's
   default ``threads_per_worker=0``).
 
-Neither side evaluates: sparktf runs with ``eval_split="none"`` (its default evaluates the test
-split once per epoch on the chief, which the Keras ``fit`` baseline does not do, and which
-would fall inside sparktf's window).
+Neither side evaluates: sparktf runs with ``EvalConfig(split="none")`` (its default evaluates
+the test split once per epoch on the chief, which the Keras ``fit`` baseline does not do, and
+which would fall inside sparktf's window).
 
 Same window for both (bench/common.py): examples/s from the end of the first step to the
 end of the last; what comes before the first step (process or cluster start, model build,
@@ -165,14 +165,13 @@ def sparktf_run(
                 steps=steps,
                 batch_size=batch,
                 model_config={"precision": precision},
-                eval_split="none",  # the baseline does not evaluate either
             ),
             scaling(strategy, gpus),
             RunConfig(
                 model_dir=model_dir,
-                checkpoint_every_steps=10 * steps,
-                summary_every_steps=10,
-                export=False,
+                checkpoint={"every_steps": 10 * steps, "export": False},
+                evaluation={"split": "none"},  # the baseline does not evaluate either
+                tracking={"summary_every_steps": 10},
             ),
             spark=spark,
         )

@@ -1,4 +1,4 @@
-"""Train the label-conditioned DCGAN on MNIST (book 10.3).
+"""Train the label-conditioned DCGAN on MNIST.
 
     ./scripts/submit.sh jobs/train_dcgan.py                       # the embedded default
     ./scripts/submit.sh jobs/train_dcgan.py --data hdfs://nn:8020/data/DATASET \\

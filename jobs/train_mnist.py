@@ -1,4 +1,4 @@
-"""Train the book's 5.2 MNIST network, ps/worker (asynchronous) by default.
+"""Train an MNIST network (the softmax model or the MLP), ps/worker (asynchronous) by default.
 
     ./scripts/submit.sh jobs/train_mnist.py                       # the embedded default
     ./scripts/submit.sh jobs/train_mnist.py --data hdfs://nn:8020/data/DATASET \\

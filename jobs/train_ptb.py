@@ -1,4 +1,4 @@
-"""Train the PTB LSTM language model (book 11.2).
+"""Train the word-level LSTM language model on the Penn Treebank (PTB).
 
     ./scripts/submit.sh jobs/train_ptb.py                       # the embedded default
     ./scripts/submit.sh jobs/train_ptb.py --data hdfs://nn:8020/data/DATASET \\

@@ -1,4 +1,4 @@
-"""Train ResNet on CIFAR-10 (book chapter 9): all-reduce on two local executors by default.
+"""Train ResNet on CIFAR-10: all-reduce on two local executors by default.
 
     ./scripts/submit.sh jobs/train_resnet.py                       # the embedded default
     ./scripts/submit.sh jobs/train_resnet.py --data hdfs://nn:8020/data/DATASET \\

@@ -115,18 +115,24 @@ def parse(
     return args
 
 
-def run(main: Callable[[], int | None]) -> None:
-    """Runs a job's main and exits with its status; errors give a readable message."""
+def run(
+    main: Callable[[], int | None], for_command_line: Callable[[str], str] | None = None
+) -> None:
+    """Runs a job's main and exits with its status; errors give a readable message.
+
+    ``for_command_line`` rewrites an error message for a command-line user (the API
+    parameters it names become the job's flags)."""
+    words = for_command_line or str
     try:
         code = main()
     except UsageError as exc:
-        log.error("%s", exc)
+        log.error("%s", words(str(exc)))
         sys.exit(2)
     except KeyboardInterrupt:
         log.error("interrupted")
         sys.exit(130)
     except Exception as exc:  # the job failed: say why in one line, keep the details at debug
         log.debug("traceback", exc_info=True)
-        log.error("%s: %s", type(exc).__name__, exc)
+        log.error("%s: %s", type(exc).__name__, words(str(exc)))
         sys.exit(1)
     sys.exit(code or 0)

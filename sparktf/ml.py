@@ -186,7 +186,8 @@ class _TrainParams(_ColumnParams):
     )
     runConfig = _param(
         "runConfig",
-        "more sparktf.train.RunConfig fields (a dict), e.g. failure_timeout_s",
+        "more sparktf.train.RunConfig fields (a dict; its groups as dicts), e.g. "
+        "{'failure': {'failure_timeout_s': 60}}",
         _to_dict,
     )
 
@@ -233,7 +234,9 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
       parameter servers for ``ps``).
     * ``epochs``, ``steps`` (whichever ends first), ``batchSize`` (global; default the
       model's), ``seed`` (0): the :class:`sparktf.train.TrainConfig`; ``runConfig``: more
-      :class:`sparktf.train.RunConfig` fields (a dict).
+      :class:`sparktf.train.RunConfig` fields (a dict, its groups as dicts, e.g.
+      ``{"checkpoint": {"every_steps": 100}, "failure": {"max_restarts": 1}}``); the fit
+      does not evaluate during training (``EvalConfig.split`` is ``"none"``).
     * ``inputCol`` (``"features"``): a Spark ML ``Vector``, an ``array`` of numbers or
       ``numpy.save`` bytes of the model's input size; ``labelCol`` (``"label"``): integer
       classes in ``[0, num_classes)`` (integral doubles, as ``StringIndexer`` gives, are
@@ -357,7 +360,6 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
                 steps=self._maybe(self.steps),
                 batch_size=self._maybe(self.batchSize),
                 seed=self.getOrDefault(self.seed),
-                eval_split="none",
             )
             result = fit(train, scaling, run, spark=dataset.sparkSession)
         finally:
@@ -366,7 +368,9 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
             except Exception as exc:  # the run's error matters more
                 log.warning("could not remove %s: %s", data_dir, exc)
         if not result.export_path:
-            raise TrainingError(f"training {name} wrote no export (RunConfig.export is off?)")
+            raise TrainingError(
+                f"training {name} wrote no export (CheckpointConfig.export is off?)"
+            )
         out = TFModel(
             exportDir=result.export_path,
             inputCol=self.getInputCol(),
@@ -379,7 +383,8 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         return out
 
     def _scaling_and_run(self) -> tuple[Any, Any]:
-        """The run's ScalingConfig and RunConfig, from the Params."""
+        """The run's ScalingConfig and RunConfig, from the Params (no evaluation during
+        training: the fit's data has no evaluation split)."""
         from sparktf.train import RunConfig, ScalingConfig
 
         scaling = ScalingConfig(
@@ -390,7 +395,9 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
             threads_per_worker=self.getOrDefault(self.threadsPerWorker),
         )
         model_dir = storage.parse(self.getOrDefault(self.modelDir)).uri
-        return scaling, RunConfig(model_dir=model_dir, **self.getOrDefault(self.runConfig))
+        run = RunConfig.from_dict({**self.getOrDefault(self.runConfig), "model_dir": model_dir})
+        no_eval = dataclasses.replace(run.evaluation, split="none")
+        return scaling, dataclasses.replace(run, evaluation=no_eval)
 
 
 class _FitIterator:

@@ -1,6 +1,6 @@
 """The architecture of sparktf, checked on its import graph (grimp, the library under
-import-linter): no import cycles anywhere, ``sparktf.models`` a leaf (it may raise sparktf.errors), and the layers contract of
-pyproject.toml.
+import-linter): no import cycles anywhere, ``sparktf.models`` a leaf (it may raise
+sparktf.errors), and the layers contract of pyproject.toml.
 
 Every import statement counts, including those inside functions and under ``TYPE_CHECKING``:
 a lazy import still ties two modules together. A package ``__init__`` that imports its

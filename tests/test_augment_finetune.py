@@ -195,7 +195,7 @@ def test_flags_become_model_config_and_train_fields(tmp_path):
             job_args("--model", "mnist_mlp", "--checkpoint-exclude-scopes", "logits")
         )
     started = time.monotonic()
-    with pytest.raises(cli.UsageError, match="no such checkpoint"):
+    with pytest.raises(cli.UsageError, match="^--checkpoint-path .*: no such checkpoint"):
         train_job.finetune_and_augment_options(
             job_args("--model", "mnist_mlp", "--checkpoint-path", str(tmp_path / "nothing"))
         )
@@ -295,7 +295,7 @@ def test_a_shape_mismatch_without_exclusion_is_a_clear_error_and_assigns_nothing
             warm_start(target, path)
         message = str(err.value)
         assert "logits/kernel: [16, 5] in the model, [16, 10] in the source" in message
-        assert "--checkpoint-exclude-scopes" in message
+        assert "TrainConfig.checkpoint_exclude_scopes" in message
         assert all(v.tobytes() == fresh[k].tobytes() for k, v in values(target).items())
     with pytest.raises(WarmStartError, match="none of its variables"):
         warm_start(models.get_task("ptb_small", **TINY_PTB).build_model(), model_dir)

@@ -490,7 +490,7 @@ def test_ptb_unknown_word(spark, tmp_path):
         tmp_path / "out",
         "ptb.valid.txt",
         "'zebra' is not in the vocabulary",
-        "--unk",
+        "convert(unk=...)",
     )
     # The message names the file by its path and the byte offset of the word in that file.
     valid = tmp_path / "raw" / "ptb.valid.txt"
@@ -662,3 +662,9 @@ def test_job_end_to_end(spark, hdfs, tmp_path, caplog):
     with pytest.raises(cli.UsageError, match="already exists"):
         job.main("mnist", argv, spark=spark)
     assert json.loads(storage.read_text(f"{out}/manifest.json")) == manifest
+
+
+def test_errors_name_the_parameter_and_the_jobs_their_flag():
+    message = "convert(unk=...) 'x' is not a word; see convert(output_formats=...)"
+    assert convert.for_command_line(message) == "--unk 'x' is not a word; see --format"
+    assert convert.for_command_line("convert(seq_len=...)") == "--seq-len"

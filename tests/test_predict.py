@@ -140,11 +140,11 @@ def test_the_package_keeps_its_public_names():
     assert inference.ModelNotFoundError is model.ModelNotFoundError
     assert inference.PredictInputError is plan.PredictInputError
     assert inference.ModelCache is cache.ModelCache
+    assert not hasattr(inference, "OUTPUT_BATCH_BYTES"), "a setting lives in its own module"
     assert issubclass(inference.ModelNotFoundError, storage.PathNotFoundError)
     assert set(inference.__all__) >= {
         "LM_OUTPUTS",
         "NPZ_MAGIC",
-        "OUTPUT_BATCH_BYTES",
         "ModelCache",
         "ModelCacheError",
         "ModelCacheMismatchError",

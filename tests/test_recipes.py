@@ -46,9 +46,9 @@ def test_recipe_loads_builds_and_trains_two_steps(recipe):
         assert task.config["optimizer"] == {"name": "momentum", "momentum": 0.9}
         assert (task.config["learning_rate"], train.batch_size, train.steps) == (0.1, 128, 64000)
         assert task.config["lr_schedule"] == "piecewise"
-        assert run.export_best == "accuracy" and task.config["augment"] is True
+        assert run.evaluation.export_best == "accuracy" and task.config["augment"] is True
     if train.model.startswith("ptb"):
-        assert train.shuffle is False and train.eval_split == "valid"
+        assert train.shuffle is False and run.evaluation.split == "valid"
     # Two steps on a tiny batch (the recipe's own batch would not fit a unit test).
     small = dict(train.model_config, batch_size=2)
     if task.kind == "language_model":

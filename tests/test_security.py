@@ -489,8 +489,8 @@ def test_forged_pickle_during_a_real_start_runs_nothing(
             ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
             RunConfig(
                 model_dir=str(tmp_path / "model"),
-                checkpoint_every_steps=2,
-                failure_timeout_s=60.0,
+                checkpoint={"every_steps": 2},
+                failure={"failure_timeout_s": 60.0},
             ),
             spark=spark,
         )

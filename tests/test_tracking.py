@@ -74,14 +74,24 @@ def test_the_job_without_mlflow_fails_before_spark_naming_the_extra(tmp_path):
 
 
 def test_fit_without_mlflow_raises_before_reading_anything(tmp_path, monkeypatch):
-    from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig, fit
+    from sparktf.train import (
+        ConfigError,
+        RunConfig,
+        ScalingConfig,
+        TrackingConfig,
+        TrainConfig,
+        fit,
+    )
 
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(ConfigError, match=r"pip install 'sparktf\[mlflow\]'"):
         fit(
             TrainConfig(model="mnist_softmax", data=str(tmp_path / "no-such-data")),
             ScalingConfig(),
-            RunConfig(model_dir=str(tmp_path / "m"), mlflow_tracking_uri=str(tmp_path / "mr")),
+            RunConfig(
+                model_dir=str(tmp_path / "m"),
+                tracking=TrackingConfig(mlflow_tracking_uri=str(tmp_path / "mr")),
+            ),
         )
     assert not (tmp_path / "m").exists() and not (tmp_path / "mr").exists()
 
@@ -95,27 +105,35 @@ def test_job_flags_reach_the_run_config(file_store):
     help_text = " ".join(parser.format_help().split())  # unwrapped
     assert "--mlflow-tracking-uri URI" in help_text and INSTALL_HINT in help_text
     _, _, run = job.configs(cli.parse(parser, argv))
-    assert (run.mlflow_tracking_uri, run.mlflow_experiment) == (None, "sparktf")
+    assert (run.tracking.mlflow_tracking_uri, run.tracking.mlflow_experiment) == (None, "sparktf")
     more = ["--mlflow-tracking-uri", file_store, "--mlflow-experiment", "e1"]
     _, _, run = job.configs(cli.parse(parser, argv + more))
-    assert (run.mlflow_tracking_uri, run.mlflow_experiment) == (file_store, "e1")
+    assert (run.tracking.mlflow_tracking_uri, run.tracking.mlflow_experiment) == (file_store, "e1")
 
 
 def test_tracking_settings_are_checked(tmp_path, file_store):
-    from sparktf.train import ConfigError, RunConfig, tracking
+    from sparktf.jobs import train as job
+    from sparktf.train import ConfigError, RunConfig, TrackingConfig, tracking
 
-    with pytest.raises(ConfigError, match="mlflow_tracking_uri"):
-        RunConfig(model_dir="/m", mlflow_tracking_uri="  ")
-    with pytest.raises(ConfigError, match="mlflow_experiment"):
-        RunConfig(model_dir="/m", mlflow_tracking_uri=file_store, mlflow_experiment="")
-    # A store MLflow cannot open: the error names the flag and the URI (without a password).
-    with pytest.raises(ConfigError, match=r"nosuch://u:\*\*\*@h/x \(--mlflow-tracking-uri\)") as e:
-        tracking.check(RunConfig(model_dir="/m", mlflow_tracking_uri="nosuch://u:secret@h/x"))
+    with pytest.raises(ConfigError, match=r"TrackingConfig\.mlflow_tracking_uri"):
+        TrackingConfig(mlflow_tracking_uri="  ")
+    with pytest.raises(ConfigError, match=r"TrackingConfig\.mlflow_experiment"):
+        RunConfig(
+            model_dir="/m",
+            tracking={"mlflow_tracking_uri": file_store, "mlflow_experiment": ""},
+        )
+    # A store MLflow cannot open: the error names the setting and the URI (without a
+    # password); the job shows the flag in its place.
+    bad = RunConfig(model_dir="/m", tracking={"mlflow_tracking_uri": "nosuch://u:secret@h/x"})
+    named = r"nosuch://u:\*\*\*@h/x \(TrackingConfig\.mlflow_tracking_uri\)"
+    with pytest.raises(ConfigError, match=named) as e:
+        tracking.check(bad)
     assert "secret" not in str(e.value)
+    assert "(--mlflow-tracking-uri)" in job.for_command_line(str(e.value))
     # A local path is the driver's: made absolute.
     assert tracking.tracking_uri("mlruns") == (Path.cwd() / "mlruns").as_uri()
     assert tracking.tracking_uri("http://mlflow:5000") == "http://mlflow:5000"
-    tracking.check(RunConfig(model_dir="/m", mlflow_tracking_uri=file_store))
+    tracking.check(RunConfig(model_dir="/m", tracking={"mlflow_tracking_uri": file_store}))
     client = _client(file_store)
     assert client.get_experiment_by_name("sparktf") is not None  # created when missing
 
@@ -137,7 +155,16 @@ def test_run_is_recorded_params_metrics_evaluations_and_export(
     spark, hdfs, mnist, tmp_path, file_store
 ):
     from sparktf import models
-    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
+    from sparktf.train import (
+        CheckpointConfig,
+        EvalConfig,
+        FailureConfig,
+        RunConfig,
+        ScalingConfig,
+        TrackingConfig,
+        TrainConfig,
+        fit,
+    )
 
     model_dir = hdfs.fresh("tracked")
     result = fit(
@@ -145,13 +172,15 @@ def test_run_is_recorded_params_metrics_evaluations_and_export(
         ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
         RunConfig(
             model_dir=model_dir,
-            checkpoint_every_steps=15,
-            summary_every_steps=2,
-            progress_every_s=1.0,
-            eval_every_steps=15,
-            failure_timeout_s=60.0,
-            mlflow_tracking_uri=file_store,
-            mlflow_experiment="sparktf-tests",
+            checkpoint=CheckpointConfig(every_steps=15),
+            failure=FailureConfig(failure_timeout_s=60.0),
+            evaluation=EvalConfig(every_steps=15),
+            tracking=TrackingConfig(
+                summary_every_steps=2,
+                progress_every_s=1.0,
+                mlflow_tracking_uri=file_store,
+                mlflow_experiment="sparktf-tests",
+            ),
         ),
         spark=spark,
     )
@@ -234,7 +263,9 @@ def test_a_run_that_fails_is_recorded_failed_with_its_error(spark, mnist, tmp_pa
         fit(
             TrainConfig(model="mnist_softmax", data=str(mnist), steps=2, batch_size=8),
             ScalingConfig(strategy="allreduce", num_workers=1),
-            RunConfig(model_dir=str(tmp_path / "model"), mlflow_tracking_uri=file_store),
+            RunConfig(
+                model_dir=str(tmp_path / "model"), tracking={"mlflow_tracking_uri": file_store}
+            ),
             spark=spark,
         )
     client = _client(file_store)

@@ -33,7 +33,7 @@ TINY_MLP = {"hidden_units": 8}
 
 
 def test_configs_validate_and_count_executors():
-    from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig
+    from sparktf.train import ConfigError, FailureConfig, RunConfig, ScalingConfig, TrainConfig
 
     assert ScalingConfig(strategy="allreduce", num_workers=3).num_executors == 3
     assert ScalingConfig(strategy="ps", num_workers=2, num_ps=2).num_executors == 5
@@ -46,7 +46,8 @@ def test_configs_validate_and_count_executors():
         TrainConfig(model="resnet20", data="/d", input_mode="queue")
     with pytest.raises(ConfigError, match="model_dir"):
         RunConfig(model_dir="")
-    assert RunConfig(model_dir="/m", failure_timeout_s=120).heartbeat_timeout_s == 60
+    failure = RunConfig(model_dir="/m", failure=FailureConfig(failure_timeout_s=120)).failure
+    assert failure.heartbeat_timeout_s == 60
 
 
 def test_feed_decodes_columns_and_rebatches_exactly():
@@ -227,10 +228,11 @@ def _fit(
     model="mnist_mlp",
     model_config=None,
     train_options=None,
-    **run,
+    **groups,
 ):
-    """A run on the session's two executors; ``run`` are RunConfig fields,
-    ``train_options`` more TrainConfig fields."""
+    """A run on the session's two executors; ``groups`` are RunConfig groups as dicts
+    (``checkpoint={"every_steps": 5}``) over the defaults below, ``train_options`` more
+    TrainConfig fields."""
     from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
 
     scaling = ScalingConfig(
@@ -241,13 +243,12 @@ def _fit(
         threads_per_worker=1,
     )
     run = {
-        "checkpoint_every_steps": 4,
-        "summary_every_steps": 2,
-        "progress_every_s": 2.0,
-        "failure_timeout_s": 60.0,
-        "feed_timeout_s": 60.0,
-        **run,
+        "checkpoint": {"every_steps": 4},
+        "tracking": {"summary_every_steps": 2, "progress_every_s": 2.0},
+        "failure": {"failure_timeout_s": 60.0, "feed_timeout_s": 60.0},
     }
+    for name, values in groups.items():
+        run[name] = {**run.get(name, {}), **values}
     return fit(
         TrainConfig(
             model=model,
@@ -371,7 +372,7 @@ def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_p
         input_mode="spark",
         epochs=1,
         batch_size=6,
-        checkpoint_every_steps=100,
+        checkpoint={"every_steps": 100},
     )
     # One pass: every row reached exactly one of the two processes ...
     assert len(result.fed_rows) == 2
@@ -398,8 +399,7 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
         strategy="ps",
         input_mode="files",
         steps=8,
-        eval_every_steps=2,
-        export_best="loss",
+        evaluation={"every_steps": 2, "export_best": "loss"},
     )
     assert (second.start_step, second.final_step) == (4, 8)
     # Evaluated at steps 6 and 8; export_best/ holds the export of the lower test loss only.
@@ -537,7 +537,7 @@ def _signal_a_worker_mid_run(spark, mnist, model_dir, sig, **fit_options):
     from sparktf.train import artifacts
 
     join = _run_in_thread(lambda: _fit(spark, mnist / "data", model_dir, **fit_options))
-    first = fit_options["checkpoint_every_steps"]
+    first = fit_options["checkpoint"]["every_steps"]
     _wait_for(
         lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= first, 240, "a checkpoint"
     )
@@ -562,8 +562,8 @@ def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, 
         strategy="allreduce",
         input_mode="files",
         steps=100000,
-        checkpoint_every_steps=5,
-        failure_timeout_s=30.0,
+        checkpoint={"every_steps": 5},
+        failure={"failure_timeout_s": 30.0},
     )
     stopped = time.monotonic()
     try:
@@ -604,8 +604,8 @@ def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
         strategy=strategy,
         input_mode=input_mode,
         steps=steps,
-        checkpoint_every_steps=10,
-        max_restarts=1,
+        checkpoint={"every_steps": 10},
+        failure={"max_restarts": 1},
     )
     killed = time.monotonic()
     result = join()
@@ -826,7 +826,7 @@ def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
             strategy="allreduce",
             input_mode="files",
             steps=50,
-            failure_timeout_s=60.0,
+            failure={"failure_timeout_s": 60.0},
         )
     elapsed = time.monotonic() - started
     message = str(failure.value)
@@ -887,7 +887,7 @@ def test_progress_watch_start_up_and_stall_deadlines():
     from sparktf.train.control import NodeState
     from sparktf.train.monitor import ProgressWatch
 
-    run = RunConfig(model_dir="/m", startup_timeout_s=10, stall_timeout_s=5)
+    run = RunConfig(model_dir="/m", failure={"startup_timeout_s": 10, "stall_timeout_s": 5})
     watch = ProgressWatch(run, ["a", "b"])
     t0 = watch.started
     nodes = {"a": NodeState("a", role="chief:0"), "b": NodeState("b", role="worker:0")}

@@ -44,7 +44,7 @@ def test_every_config_field_has_a_flag_a_help_and_a_group():
             flag = found.pop((cls, path))
             assert flag.name.startswith("--") and flag.field.metadata["help"].strip()
             assert flag.field.metadata["group"] in flags.GROUPS
-            doc = " ".join(cls.__doc__.split())
+            doc = " ".join(flag.owner.__doc__.split())  # the class that declares the field
             assert " ".join(flag.field.metadata["help"].split()) in doc, flag.qualnames[0]
     assert not found
 
@@ -137,11 +137,11 @@ def test_errors_name_the_field_for_python_and_the_flag_on_the_command_line():
     with pytest.raises(ConfigError, match=r"TrainConfig\.input_mode must be one of") as error:
         TrainConfig(model="m", data="/d", input_mode="queue")
     assert flags.for_command_line(str(error.value)).startswith("--input-mode must be one of")
-    with pytest.raises(ConfigError, match=r"RunConfig\.checkpoint_every_steps must be > 0"):
-        RunConfig(model_dir="/m", checkpoint_every_steps=0)
+    with pytest.raises(ConfigError, match=r"CheckpointConfig\.every_steps must be > 0"):
+        RunConfig(model_dir="/m", checkpoint={"every_steps": 0})
     with pytest.raises(ConfigError, match=r"ScalingConfig\.num_workers"):
         ScalingConfig(num_workers=0)
-    text = "RunConfig.export_best needs TrainConfig.eval_split. RunConfig.model_dir_x stays"
+    text = "EvalConfig.export_best needs RunConfig.evaluation.split. RunConfig.model_dir_x stays"
     assert (
         flags.for_command_line(text)
         == "--export-best needs --eval-split. RunConfig.model_dir_x stays"
@@ -201,3 +201,35 @@ def test_a_field_without_help_or_a_shared_flag_is_refused():
 
     with pytest.raises(ValueError, match="share --a"):
         flags.flags(Twice)
+
+
+def test_run_config_is_grouped_and_each_group_keeps_its_flags():
+    from sparktf.train import CheckpointConfig, EvalConfig, FailureConfig, TrackingConfig
+
+    run = RunConfig(
+        model_dir="/m",
+        checkpoint=CheckpointConfig(every_steps=5, export=False),
+        failure={"max_restarts": 2, "failure_timeout_s": 40.0},
+        evaluation=EvalConfig(split="test", export_best="accuracy"),
+    )
+    assert (run.checkpoint.every_steps, run.checkpoint.keep, run.checkpoint.export) == (
+        5,
+        3,
+        False,
+    )
+    assert run.failure == FailureConfig(max_restarts=2, failure_timeout_s=40.0)
+    assert run.failure.heartbeat_timeout_s == 20.0
+    assert run.tracking == TrackingConfig()
+    assert RunConfig.from_dict(dataclasses.asdict(run)) == run
+    with pytest.raises(ConfigError, match=r"RunConfig\.failure: .*'nope'"):
+        RunConfig(model_dir="/m", failure={"nope": 1})
+    with pytest.raises(ConfigError, match=r"RunConfig\.evaluation must be a EvalConfig"):
+        RunConfig(model_dir="/m", evaluation="test")
+    with pytest.raises(ConfigError, match=r"RunConfig: .*'checkpoint_every_steps'"):
+        RunConfig.from_dict({"model_dir": "/m", "checkpoint_every_steps": 5})
+    names = flags.flag_names(*flags.CONFIGS)
+    assert names["EvalConfig.split"] == names["RunConfig.evaluation.split"] == "--eval-split"
+    assert names["CheckpointConfig.every_steps"] == "--checkpoint-every"
+    assert names["FailureConfig.max_restarts"] == "--max-restarts"
+    assert names["TrackingConfig.mlflow_tracking_uri"] == "--mlflow-tracking-uri"
+    assert "eval_split" not in {f.name for f in dataclasses.fields(TrainConfig)}

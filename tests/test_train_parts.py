@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from sparktf.train.config import TrainingError
 from sparktf.train.evaluation import BestMetric, EvaluationTracker
 from sparktf.train.result import ProcessResult
 
@@ -59,9 +60,9 @@ def test_process_result_of_a_process_that_fed_nothing_and_evaluated_nothing():
     assert (result.fed_rows, result.first_step_wall, result.best_export) == (None, None, None)
     assert result.eval_history == [] and result.metrics == {}
     assert ProcessResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
-    with pytest.raises(KeyError, match="final_step"):
+    with pytest.raises(TrainingError, match="lacks 'final_step'"):
         ProcessResult.from_dict({"start_step": 0, "end_reason": "x"})
-    with pytest.raises(ValueError):
+    with pytest.raises(TrainingError, match="malformed"):
         ProcessResult.from_dict({**minimal, "metrics": {"loss": "not a number"}})
 
 
@@ -199,7 +200,7 @@ def _reporter(task, events, latest_evaluation=lambda: None):
         global_batch=8,
         target_steps=4,
         steps_per_epoch=2,
-        run=SimpleNamespace(summary_every_steps=2, progress_every_s=60.0),
+        run=SimpleNamespace(tracking=SimpleNamespace(summary_every_steps=2, progress_every_s=60.0)),
     )
     role = SimpleNamespace(is_chief=events.enabled)
     control = _Control()

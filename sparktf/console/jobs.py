@@ -30,6 +30,15 @@ class Job:
             return module.main(options.pop("dataset"), argv, description=self.description)
         return module.main(argv, description=self.description, **options)
 
+    def for_command_line(self, text: str) -> str:
+        """An error message of this job as its command-line user reads it: the API parameters
+        it names become the job's flags (its module's ``for_command_line``, if any)."""
+        from importlib import import_module
+
+        module = import_module(f"sparktf.jobs.{self.module}")
+        translate = getattr(module, "for_command_line", None)
+        return translate(text) if translate else text
+
 
 JOBS = {
     "convert_cifar10": Job(
@@ -55,22 +64,23 @@ JOBS = {
     ),
     "train_resnet": Job(
         "train",
-        "Train ResNet on CIFAR-10 (book chapter 9): all-reduce on two local executors by default.",
+        "Train ResNet on CIFAR-10: all-reduce on two local executors by default.",
         (("section", "train_resnet"), ("default_model", "resnet20")),
     ),
     "train_mnist": Job(
         "train",
-        "Train the book's 5.2 MNIST network, ps/worker (asynchronous) by default.",
+        "Train an MNIST network (softmax regression or the MLP), ps/worker (asynchronous) by "
+        "default.",
         (("section", "train_mnist"), ("default_model", "mnist_mlp")),
     ),
     "train_ptb": Job(
         "train",
-        "Train the PTB LSTM language model (book 11.2).",
+        "Train the word-level LSTM language model on Penn Treebank text.",
         (("section", "train_ptb"), ("default_model", "ptb_small")),
     ),
     "train_dcgan": Job(
         "train",
-        "Train the label-conditioned DCGAN on MNIST (book 10.3).",
+        "Train the label-conditioned DCGAN on MNIST digits.",
         (("section", "train_dcgan"), ("default_model", "dcgan")),
     ),
     "evaluate": Job(
@@ -88,4 +98,5 @@ CONVERT_DATASETS = ("cifar10", "mnist", "ptb")
 def run_job(name: str) -> None:
     """The entry point of ``jobs/NAME.py`` and of ``sparktf submit NAME``: the job on
     ``sys.argv[1:]`` with exit codes (``sparktf.cli.run``)."""
-    cli.run(lambda: JOBS[name].main(sys.argv[1:]))
+    job = JOBS[name]
+    cli.run(lambda: job.main(sys.argv[1:]), job.for_command_line)

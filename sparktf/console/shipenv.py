@@ -10,7 +10,7 @@ with its interpreter::
     cmd = ["spark-submit", *shipenv.submit_args(archive), "jobs/train_resnet.py", ...]
 
 What is packed: every file of the prefix but the Spark jars of its ``pyspark``
-(``site-packages/pyspark/jars``, about 440 MB: executors run Spark's own JVM, with jars from the
+(``site-packages/pyspark/jars``, hundreds of MB: executors run Spark's own JVM, with jars from the
 cluster's Spark or ``spark.yarn.jars``, never the Python package's) and venv-pack's own
 exclusions (``activate`` scripts, replaced by relocatable ones). ``__pycache__`` stays: without
 it every Python worker would compile the modules it imports (TensorFlow's thousands) again.
@@ -27,14 +27,13 @@ at the same absolute path (or ship a relocatable environment, e.g. conda-pack's,
 Editable installs (``pip install -e``) keep pointing at the driver's source tree: ship that
 code with ``--py-files`` as usual.
 
-Formats, measured on this project's 3.1 GB venv with 2 cores (pyspark's jars left out):
-``tar.gz`` (the default; gzip level 1, Python's zlib on one core) packs in about 50 s into
-0.85 GB and unpacks everywhere: YARN and Spark's own ``--archives`` (standalone, Kubernetes,
-local) extract it with the system ``tar``. ``tar`` packs in about 15 s into 2.6 GB, but only
-YARN extracts it with the system ``tar``: Spark extracts ``.tar`` with Hadoop's Java untar,
-which refuses ``bin/python3.11``, a link to an absolute path outside the archive ("would
-create entry outside of ..."), so use it on YARN only, where it also saves the executors the
-gunzip (about 40 s per node here) at the cost of moving three times the bytes on every submit.
+Formats (docs/performance.md has their sizes and times): ``tar.gz`` (the default; gzip
+level 1) unpacks everywhere: YARN and Spark's own ``--archives`` (standalone, Kubernetes,
+local) extract it with the system ``tar``. ``tar`` packs faster into an archive about three
+times larger, but only YARN extracts it with the system ``tar``: Spark extracts ``.tar`` with
+Hadoop's Java untar, which refuses ``bin/python3.11``, a link to an absolute path outside the
+archive ("would create entry outside of ..."), so use it on YARN only, where it also saves
+the executors the gunzip at the cost of moving more bytes on every submit.
 """
 
 from __future__ import annotations
@@ -74,8 +73,8 @@ FORMATS = ("tar", "tar.gz")
 DEFAULT_FORMAT = "tar.gz"
 # Paths (relative to the prefix, fnmatch patterns) that executors never use.
 EXCLUDES = ("lib/python*/site-packages/pyspark/jars/*",)
-# gzip level of "tar.gz": 1 packs in 3/4 of the time of venv-pack's default 4 for an archive
-# 8% larger (measured: 57 s, 858 MiB against 76 s, 793 MiB).
+# gzip level of "tar.gz": 1 packs markedly faster than venv-pack's default 4 for an archive
+# slightly larger (docs/performance.md).
 COMPRESS_LEVEL = 1
 ENV_DIR = "environment"  # the name of the unpacked archive in each executor's working directory
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -42,35 +43,35 @@ from sparktf.datasets import formats, plan, sources, tasks
 from sparktf.datasets.formats import FORMATS, PARQUET
 from sparktf.datasets.plan import (
     BLOCK_RECORDS,
-    SHARD_MULTIPLE,
-    SHARD_TARGET_BYTES,
     TEXT_RANGE_BYTES,
     HashPlan,
     OptionError,
     Options,
-    shard_count,
 )
 from sparktf.datasets.sources import SourceError
 from sparktf.errors import SparktfError
 
-__all__ = [
-    "BLOCK_RECORDS",
-    "SHARD_MULTIPLE",
-    "SHARD_TARGET_BYTES",
-    "TEXT_RANGE_BYTES",
-    "ConversionError",
-    "OptionError",
-    "Options",
-    "convert",
-    "run_tasks",
-    "shard_count",
-]
+__all__ = ["ConversionError", "OptionError", "convert", "for_command_line", "run_tasks"]
 
 log = logging.getLogger(__name__)
 
 
 class ConversionError(SparktfError, RuntimeError):
     """A conversion that failed for a reason other than its input (the message says why)."""
+
+
+_FLAGS = {"output_formats": "--format"}  # the parameters whose flag is not their own name
+
+
+def for_command_line(text: str) -> str:
+    """``text`` with each parameter of :func:`convert` it names (``convert(unk=...)``) replaced
+    by its flag of the convert jobs (``--unk``): an error message as a command-line user reads
+    it."""
+    return re.sub(
+        r"convert\((\w+)=\.\.\.\)",
+        lambda m: _FLAGS.get(m.group(1), "--" + m.group(1).replace("_", "-")),
+        text,
+    )
 
 
 def convert(
@@ -112,7 +113,8 @@ def convert(
     spec = plan.check_options(dataset, output_formats, options)
     if not overwrite and storage.exists(output):
         raise storage.PathExistsError(
-            f"{output} already exists: refusing to replace it (pass --overwrite to replace it)"
+            f"{output} already exists: refusing to replace it (replace it with "
+            "convert(overwrite=...))"
         )
     containers = sources.discover(dataset, input_path)
     plan.precheck(dataset, containers)

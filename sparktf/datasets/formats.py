@@ -103,7 +103,6 @@ __all__ = [
     "schema_metadata",
     "split_files",
     "split_id",
-    "split_records",
     "table_manifest",
     "write_common_metadata",
 ]
@@ -713,11 +712,6 @@ def split_files(manifest: dict, dataset_dir: str, split: str, fmt: str) -> list[
             f"(it has {', '.join(manifest['formats'])})"
         )
     return [storage.join(dataset_dir, rel) for rel in manifest["splits"][split][fmt]["files"]]
-
-
-def split_records(manifest: dict, split: str, fmt: str) -> list[int]:
-    """Record counts of the part files of one split in one format, in order."""
-    return list(manifest["splits"][split][fmt]["records"])
 
 
 def load_vocab(dataset_dir: str, manifest: dict | None = None) -> list[str]:

@@ -438,7 +438,8 @@ def vocabulary(train: dict, pieces: list[tuple[dict, dict]], unk: str | None) ->
     if unk is not None:
         if unk not in ids:
             raise OptionError(
-                f"--unk {unk!r} is not a word of ptb.train.txt, so it is not in the vocabulary"
+                f"convert(unk=...) {unk!r} is not a word of ptb.train.txt, so it is not in the "
+                "vocabulary"
             )
         unk_id = ids[unk]
     return Vocabulary(words, ids, unk_id)
@@ -473,7 +474,8 @@ def text_units(
     if chunks == 0:
         raise SourceError(
             f["label"],
-            f"{tokens} tokens is fewer than the {seq_len} of one record (--seq-len): empty input",
+            f"{tokens} tokens is fewer than the {seq_len} of one record "
+            "(convert(seq_len=...)): empty input",
             offset=0,
         )
     starts = [r["start"] for _, r in pieces]

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from sparktf.datasets.formats import make_id
+from sparktf.errors import SparktfValueError
 
 __all__ = [
     "MARKOV_LINE_WORDS",
@@ -314,4 +315,4 @@ def write_raw(
         per_line = MARKOV_LINE_WORDS if learnable else 8
         lines = tuple(max(1, -(-n // per_line)) for n in (n_train, n_test, n_test))
         return write_ptb(directory, lines=lines, vocab_size=200, seed=seed, learnable=learnable)
-    raise ValueError(f"unknown dataset {dataset!r}: expected cifar10, mnist or ptb")
+    raise SparktfValueError(f"unknown dataset {dataset!r}: expected cifar10, mnist or ptb")

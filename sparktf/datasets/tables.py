@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparktf import storage
 from sparktf.datasets import formats
+from sparktf.datasets.columns import is_vector, leaf_type
 from sparktf.errors import SparktfError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -236,7 +237,7 @@ def _float_array(x: Any, ftype: DataType, input_col: str) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    if type(ftype).__name__ == "VectorUDT":  # pyspark.ml's or pyspark.mllib's Vector
+    if is_vector(ftype):  # pyspark.ml's or pyspark.mllib's Vector
         from pyspark.ml.functions import vector_to_array
 
         return vector_to_array(x, "float32")
@@ -245,10 +246,7 @@ def _float_array(x: Any, ftype: DataType, input_col: str) -> Any:
             f"column {input_col!r} has Spark type {ftype.simpleString()}: expected a Vector "
             "(VectorAssembler), an array of numbers or numpy.save bytes"
         )
-    element = ftype
-    while isinstance(element, T.ArrayType):
-        element = element.elementType
-    if not isinstance(element, T.NumericType):
+    if not isinstance(leaf_type(ftype), T.NumericType):
         raise TableInputError(
             f"column {input_col!r} has Spark type {ftype.simpleString()}: expected a "
             "Vector, an array of numbers or numpy.save bytes"

@@ -323,7 +323,8 @@ def token_blocks(
                         raise SourceError(
                             unit["label"],
                             f"word {word!r} is not in the vocabulary built "
-                            "from ptb.train.txt (pass --unk WORD to map such words to WORD)",
+                            "from ptb.train.txt (map such words to a word of it with "
+                            "convert(unk=...))",
                             offset=sources.word_offset(line, pos, first + k),
                         )
                     ids[k] = unk_id

@@ -40,7 +40,6 @@ __all__ = [
     "mask",
     "read_records",
     "token_examples",
-    "write_records",
 ]
 
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
@@ -152,13 +151,6 @@ def frame(records: Sequence[bytes]) -> bytes:
     ):
         parts += (length, struct.pack("<I", lcrc), record, struct.pack("<I", dcrc))
     return b"".join(parts)
-
-
-def write_records(stream: IO[bytes], records: Sequence[bytes]) -> int:
-    """Appends ``records`` to a binary stream as TFRecords; returns the bytes written."""
-    data = frame(records)
-    stream.write(data)
-    return len(data)
 
 
 def iter_record_batches(

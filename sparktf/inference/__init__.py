@@ -25,7 +25,6 @@ The modules, each importing only those above it in this list:
 
 - :mod:`~sparktf.inference.model` — the SavedModel as the driver sees it: where it is, its
   fingerprint, its signatures;
-- :mod:`~sparktf.inference.schema` — which Spark column types can hold a model input;
 - :mod:`~sparktf.inference.plan` — the plan of a prediction: signature, input contract,
   added columns, checked against the DataFrame's schema;
 - :mod:`~sparktf.inference.decode` — Arrow batches to checked model inputs (executors);
@@ -45,7 +44,6 @@ from sparktf.inference.cache import (
     model_cache_dir,
 )
 from sparktf.inference.decode import NPZ_MAGIC
-from sparktf.inference.execute import OUTPUT_BATCH_BYTES
 from sparktf.inference.model import (
     ModelInfo,
     ModelNotFoundError,
@@ -60,7 +58,6 @@ from sparktf.inference.plan import LM_OUTPUTS, PredictInputError
 __all__ = [
     "LM_OUTPUTS",
     "NPZ_MAGIC",
-    "OUTPUT_BATCH_BYTES",
     "ModelCache",
     "ModelCacheError",
     "ModelCacheMismatchError",

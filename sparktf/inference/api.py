@@ -15,11 +15,11 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sparktf.datasets.columns import is_vector
 from sparktf.errors import SparktfTypeError, SparktfValueError
 from sparktf.inference.execute import predict_partition
 from sparktf.inference.model import inspect_model
 from sparktf.inference.plan import PredictInputError, choose_signature, make_plan, signature_kind
-from sparktf.inference.schema import is_vector
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import DataFrame

@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sparktf.datasets.columns import is_integral, is_numeric_array, leaf_type, spark_types
 from sparktf.errors import SparktfError, SparktfValueError
 from sparktf.inference.model import ModelInfo, Signature, TensorSpec
-from sparktf.inference.schema import is_integral, is_numeric_array, leaf_type, spark_types
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql.types import StructField, StructType

@@ -14,16 +14,12 @@ from collections.abc import Sequence
 
 from sparktf import cli, storage
 from sparktf.datasets import formats
-from sparktf.datasets.convert import (
-    SHARD_MULTIPLE,
-    SHARD_TARGET_BYTES,
-    OptionError,
-    convert,
-)
+from sparktf.datasets.convert import OptionError, convert, for_command_line
 from sparktf.datasets.formats import FORMATS
+from sparktf.datasets.plan import SHARD_MULTIPLE, SHARD_TARGET_BYTES
 from sparktf.datasets.sources import SourceError
 
-__all__ = ["JOB_HELP", "add_job_flags", "main", "run"]
+__all__ = ["JOB_HELP", "add_job_flags", "for_command_line", "main", "run"]
 
 JOB_HELP = {
     "cifar10": "CIFAR-10 binary version: a directory holding data_batch_1.bin ... "
@@ -116,7 +112,7 @@ def run(dataset: str, args, spark=None) -> int:
             spark=session if spark is None else spark,
         )
     except (SourceError, OptionError, storage.PathExistsError, storage.UnknownSchemeError) as exc:
-        raise cli.UsageError(str(exc)) from exc
+        raise cli.UsageError(for_command_line(str(exc))) from exc
     finally:
         for spark in sessions:  # a clean stop: executors are not relaunched at exit
             spark.stop()

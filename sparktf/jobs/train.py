@@ -8,8 +8,8 @@ prepares a small synthetic dataset under ``.local/demo`` first (see
 The flags of the config fields are generated from the configs' metadata
 (:mod:`sparktf.train.flags`); this module adds the optimizer options (entries of the model's
 config), ``--no-augment`` and ``--result-json``. A :class:`~sparktf.train.ConfigError`
-names a config field (``TrainConfig.eval_split``); the job prints it with the flag
-(``--eval-split``).
+names a config field (``EvalConfig.split``); the job prints it with the flag
+(``--eval-split``), and so for a :class:`~sparktf.train.TrainingError` that names one.
 
 Exit codes: 0 trained and exported; 1 the run failed (the first error is logged); 2 the
 command line or the input cannot work.
@@ -38,6 +38,7 @@ from sparktf.train import (
     RunConfig,
     ScalingConfig,
     TrainConfig,
+    TrainingError,
     demo,
     fit,
     flags,
@@ -55,6 +56,7 @@ __all__ = [
     "parser",
     "scaling_config",
     "session_overrides",
+    "for_command_line",
     "usage_error",
 ]
 
@@ -169,10 +171,16 @@ def parser(description: str, section: str, default_model: str | None) -> argpars
     return p
 
 
+def for_command_line(text: str) -> str:
+    """A message as a command-line user reads it: the config fields it names
+    (``EvalConfig.split``) become their flags (``--eval-split``)."""
+    return flags.for_command_line(text, *CONFIGS)
+
+
 def usage_error(exc: Exception) -> cli.UsageError:
     """``exc`` (a :class:`ConfigError`, ...) as a command-line error: the config fields its
     message names become their flags (:func:`sparktf.train.flags.for_command_line`)."""
-    return cli.UsageError(flags.for_command_line(str(exc), *CONFIGS))
+    return cli.UsageError(for_command_line(str(exc)))
 
 
 def scaling_config(args: argparse.Namespace) -> ScalingConfig:
@@ -186,7 +194,7 @@ def configs(args: argparse.Namespace) -> tuple[TrainConfig, ScalingConfig, RunCo
     Raises :class:`sparktf.cli.UsageError` (naming flags) for flags that cannot work."""
     try:
         train, scaling, run = (flags.build(cls, args) for cls in CONFIGS)
-        if run.mlflow_tracking_uri:
+        if run.tracking.mlflow_tracking_uri:
             tracking.require_mlflow()  # the extra is missing: say so before anything else
     except ConfigError as exc:
         raise usage_error(exc) from None
@@ -275,6 +283,8 @@ def main(
             result = fit(train, scaling, run, spark=spark)
         except ConfigError as exc:
             raise usage_error(exc) from None
+        except TrainingError as exc:  # e.g. a time limit: named by its flag
+            raise TrainingError(for_command_line(str(exc))) from exc
     text = json.dumps(result.to_dict(), indent=2, default=str)
     if args.result_json:
         with open(args.result_json, "w") as f:
@@ -335,7 +345,7 @@ def finetune_and_augment_options(args) -> dict:
                     "--checkpoint-path %s: will start from %s %s", path, source.kind, source.path
                 )
         except (warmstart.WarmStartError, storage.StorageError) as exc:
-            raise cli.UsageError(str(exc)) from None
+            raise usage_error(exc) from None
     return {
         "model_config": model_config,
         "train": {

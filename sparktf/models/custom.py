@@ -73,6 +73,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.errors import SparktfTypeError, SparktfValueError
 from sparktf.models.classifier import ClassifierTask, check_regularisation
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import ScaleImage, count_params
@@ -136,11 +137,13 @@ class CustomModel:
 
     def __post_init__(self) -> None:
         if not callable(self.build_fn):
-            raise TypeError(f"build_fn must be callable, got {self.build_fn!r}")
+            raise SparktfTypeError(f"build_fn must be callable, got {self.build_fn!r}")
         if self.kind not in KINDS:
-            raise ValueError(f"kind {self.kind!r} is not supported; custom models are {KINDS}")
+            raise SparktfValueError(
+                f"kind {self.kind!r} is not supported; custom models are {KINDS}"
+            )
         if not callable(self.loss) and self.loss not in LOSSES:
-            raise ValueError(
+            raise SparktfValueError(
                 f"loss must be one of {LOSSES} or a function (labels, logits) -> per-example "
                 f"losses, got {self.loss!r}"
             )
@@ -156,7 +159,7 @@ class CustomModel:
         }
         clash = sorted(set(out) & set(_TASK_KEYS))
         if clash:
-            raise ValueError(
+            raise SparktfValueError(
                 f"build function {_describe(self.build_fn)}: keyword argument(s) {clash} clash "
                 "with the task's own config keys; rename them"
             )
@@ -235,7 +238,7 @@ def _build_parameters(fn: Callable) -> tuple[list[inspect.Parameter], bool]:
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
     if len(positional) < 2:
-        raise TypeError(
+        raise SparktfTypeError(
             f"build function {_describe(fn)} must take (input_shape, num_classes, **config)"
         )
     rest = [p for p in params if p not in positional[:2]]
@@ -277,7 +280,7 @@ class CustomClassifierTask(ClassifierTask):
     def input_shape(self) -> tuple[int, ...]:
         shape = self.config["input_shape"]
         if shape is None:
-            raise ValueError(
+            raise SparktfValueError(
                 f"model {self.name!r}: input_shape is not known: set it (register, "
                 "--model-config, modelConfig) or train on a dataset (it is read from there)"
             )
@@ -287,13 +290,15 @@ class CustomClassifierTask(ClassifierTask):
     def image_shape(self) -> tuple[int, int, int]:
         shape = self.input_shape
         if len(shape) != 3:
-            raise ValueError(f"model {self.name!r} takes inputs of shape {shape}, not images")
+            raise SparktfValueError(
+                f"model {self.name!r} takes inputs of shape {shape}, not images"
+            )
         return shape  # type: ignore[return-value]
 
     @property
     def num_classes(self) -> int:
         if self.config["num_classes"] is None:
-            raise ValueError(
+            raise SparktfValueError(
                 f"model {self.name!r}: num_classes is not known: set it or train on a dataset "
                 "whose label records num_classes"
             )
@@ -322,27 +327,35 @@ class CustomClassifierTask(ClassifierTask):
             or not shape
             or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
         ):
-            raise ValueError(f"input_shape must be a list of positive integers, got {shape!r}")
+            raise SparktfValueError(
+                f"input_shape must be a list of positive integers, got {shape!r}"
+            )
         if c["input_dtype"] not in (None, *INPUT_DTYPES):
-            raise ValueError(f"input_dtype must be one of {INPUT_DTYPES}, got {c['input_dtype']!r}")
+            raise SparktfValueError(
+                f"input_dtype must be one of {INPUT_DTYPES}, got {c['input_dtype']!r}"
+            )
         if c["num_classes"] is not None and (
             not isinstance(c["num_classes"], int) or c["num_classes"] < 2
         ):
-            raise ValueError(f"num_classes must be an integer >= 2, got {c['num_classes']!r}")
+            raise SparktfValueError(
+                f"num_classes must be an integer >= 2, got {c['num_classes']!r}"
+            )
         if c["scaling"] not in ScaleImage.MODES:
-            raise ValueError(f"scaling must be one of {ScaleImage.MODES}, got {c['scaling']!r}")
+            raise SparktfValueError(
+                f"scaling must be one of {ScaleImage.MODES}, got {c['scaling']!r}"
+            )
         if c["loss"] not in (*LOSSES, CALLABLE_LOSS) or (
             c["loss"] == CALLABLE_LOSS and not callable(type(self).spec.loss)
         ):
-            raise ValueError(f"loss must be one of {LOSSES}, got {c['loss']!r}")
+            raise SparktfValueError(f"loss must be one of {LOSSES}, got {c['loss']!r}")
         unknown = sorted(set(c["metrics"]) - set(TRAIN_METRICS))
         if unknown:
-            raise ValueError(f"metrics {unknown} are not known; choose from {TRAIN_METRICS}")
+            raise SparktfValueError(f"metrics {unknown} are not known; choose from {TRAIN_METRICS}")
         check_regularisation(c)
         params, _ = _build_parameters(type(self).spec.build_fn)
         missing = [p.name for p in params if p.name not in c]
         if missing:
-            raise ValueError(
+            raise SparktfValueError(
                 f"build function {_describe(type(self).spec.build_fn)} needs {missing}: give "
                 "them defaults, or set them with config= / --model-config"
             )
@@ -363,13 +376,13 @@ class CustomClassifierTask(ClassifierTask):
         fn = type(self).spec.build_fn
         network = fn(tuple(shape), num_classes, **self.build_config)
         if not isinstance(network, keras.Model):
-            raise TypeError(
+            raise SparktfTypeError(
                 f"build function {_describe(fn)} returned {type(network).__name__}, "
                 "not a keras.Model"
             )
         logits = network(x)
         if tuple(logits.shape[1:]) != (num_classes,):
-            raise ValueError(
+            raise SparktfValueError(
                 f"build function {_describe(fn)} returns outputs of shape "
                 f"{tuple(logits.shape)}; expected logits [B, {num_classes}]"
             )
@@ -484,7 +497,7 @@ def config_from_dataset(
     elif len(arrays) == 1:
         column = arrays[0]
     else:
-        raise ValueError(
+        raise SparktfValueError(
             f"model {task.name!r}: {where} has ndarray columns "
             f"{[f.name for f in arrays]}: set feature= to the one it reads"
         )
@@ -496,13 +509,13 @@ def config_from_dataset(
     dtype = str(np.dtype(column.dtype))
     if c["input_dtype"] is None:
         if dtype not in INPUT_DTYPES:
-            raise ValueError(
+            raise SparktfValueError(
                 f"model {task.name!r}: column {column.name!r} of {where} holds {dtype}; "
                 f"custom models read {INPUT_DTYPES}"
             )
         out["input_dtype"] = dtype
     elif c["input_dtype"] != dtype:
-        raise ValueError(
+        raise SparktfValueError(
             f"model {task.name!r} reads {c['input_dtype']} but column {column.name!r} of "
             f"{where} holds {dtype}"
         )
@@ -510,7 +523,7 @@ def config_from_dataset(
     if c["input_shape"] is None:
         out["input_shape"] = shape
     elif list(c["input_shape"]) != shape and math.prod(c["input_shape"]) != math.prod(shape):
-        raise ValueError(
+        raise SparktfValueError(
             f"model {task.name!r} expects input_shape {tuple(c['input_shape'])} but column "
             f"{column.name!r} of {where} holds {dtype} of shape {tuple(shape)}"
         )
@@ -554,12 +567,12 @@ def register(name: str, build_fn: Callable[..., keras.Model], **options: Any) ->
     description). Registering a name again replaces it; the registry's own names cannot be
     taken. Returns ``name``."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(
+        raise SparktfValueError(
             f"model name {name!r}: use letters, digits, '_', '.', '-' (a 'module:attr' name "
             "needs no registration)"
         )
     if name in task_names() and not _is_custom(name):
-        raise ValueError(f"model name {name!r} is one of the registry's own models")
+        raise SparktfValueError(f"model name {name!r} is one of the registry's own models")
     spec = custom_model(build_fn, **options)
     _task_class_for(name, spec).make(name, {})  # a config that cannot work fails here
     _REGISTERED[name] = spec
@@ -571,11 +584,11 @@ def module_task_class(name: str) -> type[CustomClassifierTask]:
     name table); a ValueError naming what is missing."""
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"model {name!r}: expected 'package.module:attribute'")
+        raise SparktfValueError(f"model {name!r}: expected 'package.module:attribute'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(
+        raise SparktfValueError(
             f"model {name!r}: cannot import module {module_name!r} ({exc}); it must be "
             "importable in the driver and on every executor (an installed package, "
             "PYTHONPATH or --py-files)"
@@ -583,14 +596,14 @@ def module_task_class(name: str) -> type[CustomClassifierTask]:
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise ValueError(f"model {name!r}: module {module_name!r} has no {attr!r}")
+            raise SparktfValueError(f"model {name!r}: module {module_name!r} has no {attr!r}")
         target = getattr(target, part)
     if isinstance(target, CustomModel):
         spec = target
     elif callable(target):
         spec = CustomModel(target)
     else:
-        raise ValueError(
+        raise SparktfValueError(
             f"model {name!r}: {attr!r} is {type(target).__name__}; expected a build function "
             "(input_shape, num_classes, **config) -> keras.Model or a "
             "sparktf.models.custom_model(...)"

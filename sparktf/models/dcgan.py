@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.errors import SparktfValueError
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import SERIALIZABLE_PACKAGE, ScaleImage, images_to_uint8
 from sparktf.models.optim import apply_gradients, current_learning_rate, optimizer_from_config
@@ -201,7 +202,7 @@ class DCGAN(RegistryConfigMixin, keras.Model):
         if not self.conditional:
             return first
         if labels is None:
-            raise ValueError("this DCGAN is conditioned on the label: pass labels")
+            raise SparktfValueError("this DCGAN is conditioned on the label: pass labels")
         return [first, tf.reshape(tf.cast(labels, tf.int64), [-1])]
 
     def generate(
@@ -298,7 +299,9 @@ class DCGANTask(ModelTask):
     def validate(self) -> None:
         h, w, _ = self.config["image_shape"]
         if self.config["conditional"] and (h % 4 or w % 4):
-            raise ValueError(f"a conditional DCGAN needs H and W divisible by 4, got {h}x{w}")
+            raise SparktfValueError(
+                f"a conditional DCGAN needs H and W divisible by 4, got {h}x{w}"
+            )
 
     def build_model(self) -> keras.Model:
         model = DCGAN(self.name, self.config)

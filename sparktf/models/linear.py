@@ -48,7 +48,7 @@ def least_squares_fit(x: np.ndarray = BOOK_X, y: np.ndarray = BOOK_Y) -> tuple[f
 class LinearRegressionTask(ModelTask):
     family: ClassVar[str] = "linear_regression"
     kind: ClassVar[str] = "regression"
-    description: ClassVar[str] = "y = W x + b on the book's 17 points (3.6)"
+    description: ClassVar[str] = "y = W x + b on a 17-point data set"
     defaults: ClassVar[Mapping[str, Any]] = {
         "batch_size": len(BOOK_X),
         "epochs": None,

@@ -31,6 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.errors import SparktfRuntimeError, SparktfTypeError, SparktfValueError
 from sparktf.models.export import Endpoint, write_saved_model
 from sparktf.models.layers import SERIALIZABLE_PACKAGE
 from sparktf.models.optim import (
@@ -73,7 +74,9 @@ def to_jsonable(value: Any) -> Any:
         return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise TypeError(f"config value {value!r} ({type(value).__name__}) is not JSON-serialisable")
+    raise SparktfTypeError(
+        f"config value {value!r} ({type(value).__name__}) is not JSON-serialisable"
+    )
 
 
 # --------------------------------------------------------------------------- name table
@@ -100,13 +103,13 @@ def _register(cls: type[ModelTask]) -> None:
     for preset, overrides in cls.presets.items():
         unknown = sorted(set(overrides) - set(cls.defaults))
         if unknown:
-            raise RuntimeError(f"preset {preset!r} sets unknown config keys {unknown}")
+            raise SparktfRuntimeError(f"preset {preset!r} sets unknown config keys {unknown}")
     names = (cls.family, *cls.presets)
     for name in names:
         existing = _TASK_CLASSES.get(name)
         # Re-defining the same class (a module reload) replaces it; another class clashes.
         if existing is not None and _qualified(existing) != _qualified(cls):
-            raise RuntimeError(f"model name {name!r} registered twice")
+            raise SparktfRuntimeError(f"model name {name!r} registered twice")
     for name in names:
         _TASK_CLASSES[name] = cls
 
@@ -133,7 +136,7 @@ def task_class(name: str) -> type[ModelTask]:
             found = resolve(name)
             if found is not None:
                 return found
-        raise ValueError(
+        raise SparktfValueError(
             f"unknown model {name!r}; known models: {task_names()} (or a user's build "
             "function: sparktf.models.register(name, build_fn) or 'package.module:build')"
         ) from None
@@ -198,11 +201,11 @@ class ModelTask:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"{type(self).__name__}.kind must be one of {KINDS}")
+            raise SparktfValueError(f"{type(self).__name__}.kind must be one of {KINDS}")
         try:
             self._validate_training()
         except ValueError as exc:
-            raise ValueError(f"model {self.name!r}: {exc}") from None
+            raise SparktfValueError(f"model {self.name!r}: {exc}") from None
         self.validate()
 
     def _validate_training(self) -> None:
@@ -213,9 +216,11 @@ class ModelTask:
         if decay is not None and not (
             isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 < decay < 1
         ):
-            raise ValueError(f"moving_average_decay must be None or in (0, 1), got {decay!r}")
+            raise SparktfValueError(
+                f"moving_average_decay must be None or in (0, 1), got {decay!r}"
+            )
         if self.config.get("precision", "fp32") not in PRECISIONS:
-            raise ValueError(
+            raise SparktfValueError(
                 f"precision must be one of {sorted(PRECISIONS)}, got {self.config['precision']!r}"
             )
 
@@ -224,7 +229,7 @@ class ModelTask:
         """Defaults, then ``presets[name]`` (if any), then ``overrides``."""
         unknown = sorted(set(overrides) - set(cls.defaults))
         if unknown:
-            raise ValueError(
+            raise SparktfValueError(
                 f"unknown config key(s) {unknown} for model {name!r}; "
                 f"known keys: {sorted(cls.defaults)}"
             )

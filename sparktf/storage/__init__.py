@@ -19,8 +19,9 @@ Every public name is importable from here; each lives in one module:
 - :mod:`~sparktf.storage.filesystem`: fsspec file systems for pyarrow and petastorm;
 - :mod:`~sparktf.storage.lock` and :mod:`~sparktf.storage.publishing`: the atomic publish.
 
-The settings re-exported here (``LOCK_STALE_S``, ``LEFTOVER_AGE_S``, ...) are copies: the code
-reads them from their own module, which is where to change them.
+Settings (timeouts, block sizes, the publish lock's timing) are not re-exported: each lives in
+its module (``storage.hdfs.HDFS_TIMEOUT_S``, ``storage.lock.LOCK_STALE_S``, ...), which reads
+it when it is used, so that is where to change it.
 """
 
 from __future__ import annotations
@@ -46,15 +47,12 @@ from sparktf.storage.files import (
 )
 from sparktf.storage.filesystem import fsspec_filesystem
 from sparktf.storage.hdfs import (
-    HDFS_DATA_TIMEOUT_S,
-    HDFS_TIMEOUT_S,
-    READ_BLOCK,
     default_fs,
     hdfs_user,
     webhdfs_client,
     webhdfs_url,
 )
-from sparktf.storage.lock import LOCK_HEARTBEAT_S, LOCK_STALE_S, LOCK_TAG, lock_path
+from sparktf.storage.lock import LOCK_TAG, lock_path
 from sparktf.storage.namespace import (
     delete,
     exists,
@@ -66,7 +64,7 @@ from sparktf.storage.namespace import (
     walk_files,
 )
 from sparktf.storage.native import HDFS_CLIENTS, hdfs_client_kind, native_client
-from sparktf.storage.publishing import LEFTOVER_AGE_S, publish
+from sparktf.storage.publishing import publish
 from sparktf.storage.streams import SeekableReader
 from sparktf.storage.uri import (
     SUPPORTED_SCHEMES,
@@ -80,13 +78,7 @@ from sparktf.storage.uri import (
 
 __all__ = [
     "HDFS_CLIENTS",
-    "HDFS_DATA_TIMEOUT_S",
-    "HDFS_TIMEOUT_S",
-    "LEFTOVER_AGE_S",
-    "LOCK_HEARTBEAT_S",
-    "LOCK_STALE_S",
     "LOCK_TAG",
-    "READ_BLOCK",
     "SUPPORTED_SCHEMES",
     "Location",
     "NameNodeUnreachableError",

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from sparktf.errors import SparktfValueError
+from sparktf.storage import hdfs
 from sparktf.storage.errors import PathExistsError, PathNotFoundError, StoragePermissionError
 from sparktf.storage.hdfs import READ_BLOCK, WebHdfs
 from sparktf.storage.native import native_blocks, native_client_for, native_range
@@ -58,7 +59,7 @@ def open_file(
         if st["type"] != "FILE":
             raise IsADirectoryError(f"open: {loc.uri} is a directory")
         stream: IO = io.BufferedReader(
-            HdfsReader(fs, loc.path, st["length"]), buffer_size=READ_BLOCK
+            HdfsReader(fs, loc.path, st["length"]), buffer_size=hdfs.READ_BLOCK
         )
     else:
         if not overwrite and fs.status(loc.path) is not None:

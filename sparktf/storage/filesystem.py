@@ -6,11 +6,9 @@ from __future__ import annotations
 from functools import lru_cache
 from urllib.parse import urlparse
 
+from sparktf.storage import hdfs
 from sparktf.storage.errors import StorageError
 from sparktf.storage.hdfs import (
-    HDFS_DATA_TIMEOUT_S,
-    HDFS_TIMEOUT_S,
-    READ_BLOCK,
     hdfs_user,
     webhdfs_url,
 )
@@ -56,7 +54,7 @@ def _webhdfs_class():
                 return out.content
             location = self.fs._apply_proxy(out.headers["Location"])
             with self.fs.session.get(
-                location, stream=True, timeout=(HDFS_TIMEOUT_S, HDFS_DATA_TIMEOUT_S)
+                location, stream=True, timeout=(hdfs.HDFS_TIMEOUT_S, hdfs.HDFS_DATA_TIMEOUT_S)
             ) as response:
                 response.raise_for_status()
                 parts, want = [], end - start
@@ -80,7 +78,7 @@ def _webhdfs_class():
                 self,
                 path,
                 mode=mode,
-                block_size=block_size or READ_BLOCK,
+                block_size=block_size or hdfs.READ_BLOCK,
                 tempdir=self.tempdir,
                 autocommit=autocommit,
                 **kwargs,

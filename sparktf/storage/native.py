@@ -18,8 +18,9 @@ import socket
 from collections.abc import Iterator
 from functools import lru_cache
 
+from sparktf.storage import hdfs
 from sparktf.storage.errors import PathNotFoundError, StorageError, StoragePermissionError
-from sparktf.storage.hdfs import HDFS_TIMEOUT_S, hdfs_user
+from sparktf.storage.hdfs import hdfs_user
 from sparktf.storage.uri import Location
 
 __all__ = [
@@ -68,7 +69,7 @@ def native_client(netloc: str, user: str):
         return None
     host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "8020")
     try:  # hdfs-native retries a refused connection for minutes: fail over at once instead
-        socket.create_connection((host, int(port)), timeout=HDFS_TIMEOUT_S).close()
+        socket.create_connection((host, int(port)), timeout=hdfs.HDFS_TIMEOUT_S).close()
     except (OSError, ValueError) as exc:
         log.warning(
             "HDFS NameNode RPC at %s does not accept connections (%s): using WebHDFS", netloc, exc

@@ -9,8 +9,9 @@ import queue
 import threading
 from collections.abc import Iterator
 
+from sparktf.storage import hdfs
 from sparktf.storage.errors import StorageError
-from sparktf.storage.hdfs import READ_BLOCK, WebHdfs
+from sparktf.storage.hdfs import WebHdfs
 
 __all__ = ["HdfsReader", "HdfsWriter", "SeekableReader"]
 
@@ -54,7 +55,7 @@ class HdfsReader(SeekableReader):
     def readall(self) -> bytes:
         # RawIOBase.readall would read 8 KiB at a time: take READ_BLOCK instead.
         chunks = []
-        while block := self.read(READ_BLOCK):
+        while block := self.read(hdfs.READ_BLOCK):
             chunks.append(block)
         return b"".join(chunks)
 

@@ -88,7 +88,7 @@ def _strategy(tf, plan: RunPlan, role: Role):
     # A collective that waits longer than the stall timeout (a peer stuck or gone) fails
     # the step instead of hanging the process.
     options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=plan.run.stall_timeout_s
+        timeout_seconds=plan.run.failure.stall_timeout_s
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), None
 
@@ -103,7 +103,7 @@ def _restore(tf, plan: RunPlan, model_dir: ModelDir, model, optimizer, global_st
         global_step=global_step,
         **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
     )
-    restored = model_dir.attach(checkpoint, keep=plan.run.keep_checkpoints)
+    restored = model_dir.attach(checkpoint, keep=plan.run.checkpoint.keep)
     if train.checkpoint_path and restored:
         log.info(
             "resuming from %s: --checkpoint-path %s is ignored", restored, train.checkpoint_path

@@ -26,7 +26,7 @@ ps nodes get their control message; nothing waits in ``Server.join()``.
 
 Failure: a process's exception reaches the driver through the control channel at once (with
 its message: a corrupt file names the file); a process that dies silently is noticed when
-its heartbeats stop (``RunConfig.heartbeat_timeout_s``); a failed Spark job (TensorFlowOnSpark's
+its heartbeats stop (``FailureConfig.heartbeat_timeout_s``); a failed Spark job (TensorFlowOnSpark's
 start job, the feed) is noticed from its thread. The driver then aborts the run: every
 TensorFlow process exits within a second or two, feeding tasks fail fast, and
 :class:`~sparktf.train.config.TrainingError` carries the first error. Spark tasks are not
@@ -110,7 +110,7 @@ class ClusterRun:
 
         plan, scaling, run = self.plan, self.plan.scaling, self.plan.run
         sc = self.spark.sparkContext
-        await_executors(sc, scaling.num_executors, run.startup_timeout_s)
+        await_executors(sc, scaling.num_executors, run.failure.startup_timeout_s)
         address = reservation.driver_address(sc)  # loopback on the local profile
         self.control = ControlServer(
             address.advertise, bind_host=address.bind, on_event=self._first_error.record
@@ -119,8 +119,8 @@ class ClusterRun:
             plan=plan,
             control_url=self.control.url,
             token=self.control.token,
-            driver_lost_s=max(30.0, run.failure_timeout_s / 2),
-            startup_timeout_s=run.startup_timeout_s,
+            driver_lost_s=max(30.0, run.failure.failure_timeout_s / 2),
+            startup_timeout_s=run.failure.startup_timeout_s,
             consume_only=self.bench.consume_only,
         )
         log.info(
@@ -183,7 +183,7 @@ class ClusterRun:
             control.request_abort(reason or "the driver ended the run")
         else:
             control.request_stop()
-        deadline = time.monotonic() + self.plan.run.cleanup_timeout_s
+        deadline = time.monotonic() + self.plan.run.failure.cleanup_timeout_s
         # Processes leave on stop/abort; wait for their goodbyes (a dead one never says it).
         await_goodbyes(control, list(self.roles), deadline)
         self.tfos.stop_ps_nodes(deadline)

@@ -5,8 +5,10 @@
 * :class:`ScalingConfig` -- *where and how many*: the distribution strategy, the number of
   workers and parameter servers, GPUs and threads per TensorFlow process.
 * :class:`RunConfig` -- run-level policy: the model directory (checkpoints, TensorBoard
-  events, exports; local or ``hdfs://``), how often to checkpoint and report, and the time
-  limits that bound a failure or a stalled feed.
+  events, exports; local or ``hdfs://``) and four groups: :class:`CheckpointConfig` (how
+  often, how many kept, the export), :class:`FailureConfig` (the time limits that bound a
+  failure or a stalled feed, restarts), :class:`EvalConfig` (evaluation during training)
+  and :class:`TrackingConfig` (summaries, progress, MLflow).
 
 Everything is plain data (JSON-able with :func:`dataclasses.asdict`), validated on
 construction; the driver's :class:`~sparktf.train.plan.RunPlan` carries the three unchanged
@@ -15,7 +17,7 @@ to every TensorFlow process.
 Each field carries its documentation in its metadata (``help``, appended to the class
 docstring) with how the training jobs show it (``group``, ``flag``, ...): the jobs' flags
 are generated from it (:mod:`sparktf.train.flags`). A :class:`ConfigError` names the field
-as ``Class.field``; the jobs print the flag in its place.
+as ``Class.field`` (``EvalConfig.split``); the jobs print the flag in its place.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +35,14 @@ __all__ = [
     "FILE_FORMATS",
     "INPUT_MODES",
     "STRATEGIES",
+    "CheckpointConfig",
     "ConfigError",
+    "EvalConfig",
+    "FailureConfig",
     "RunConfig",
     "ScalingConfig",
     "TrainConfig",
+    "TrackingConfig",
     "TrainResult",
     "TrainingError",
     "steps_for",
@@ -48,7 +55,7 @@ FILE_FORMATS = ("tfrecord", "parquet")
 
 class ConfigError(SparktfError, ValueError):
     """A configuration that cannot run; the message names the setting (``Class.field``, e.g.
-    ``TrainConfig.eval_split``) and says why. The training jobs show the flag instead
+    ``EvalConfig.split``) and says why. The training jobs show the flag instead
     (:func:`sparktf.train.flags.for_command_line`)."""
 
 
@@ -155,7 +162,7 @@ class ScalingConfig:
     gpus_per_worker: int = _setting(
         0,
         help="GPUs per TensorFlow process, requested through Spark's resource "
-        "scheduling (scripts/gpu_discovery.sh); 0: CPU",
+        "scheduling (conf/spark/gpu_discovery.sh); 0: CPU",
         group="strategy",
     )
     threads_per_worker: int = _setting(
@@ -194,49 +201,167 @@ class ScalingConfig:
 
 @_documented
 @dataclass(frozen=True)
-class RunConfig:
-    """Where results go and the policies of one run.
+class CheckpointConfig:
+    """Checkpoints and exports in the model directory (``RunConfig.checkpoint``).
 
-    ``model_dir`` (local path or ``hdfs://``) receives ``checkpoints/`` (every
-    ``checkpoint_every_steps`` and at the end; a rerun resumes from the latest),
-    ``events/train`` (TensorBoard), ``export/<global step>/`` (SavedModel) and
-    ``sparktf_train.json`` (the run's configs).
+    A checkpoint is written every ``every_steps`` and at the end, in
+    ``MODEL_DIR/checkpoints/``; a rerun with the same model directory resumes from the
+    latest. With ``export`` the final weights are also written as a SavedModel to
+    ``MODEL_DIR/export/<global step>/``.
 
-    Time limits: ``failure_timeout_s`` bounds the time from a failure in any TensorFlow
-    process (an exception, a crash, a lost executor, a process that stops responding) to the
-    end of the run with an error; ``startup_timeout_s`` bounds bringing the cluster up, from
-    the start of the run to the chief's first step; ``stall_timeout_s`` bounds the time
-    without global-step progress after that (also the all-reduce collective timeout), so a
-    process that still heart-beats but makes no progress fails the run; ``feed_timeout_s`` is
-    how long the ``spark`` input mode waits for a TensorFlow process to take more rows
-    (feeder side) or for rows to arrive (TensorFlow side) before it fails.
+    Raises :class:`ConfigError` for a setting that cannot work.
+    """
+
+    every_steps: int = _setting(
+        500, help="steps between checkpoints", group="checkpoints", flag="--checkpoint-every"
+    )
+    keep: int = _setting(
+        3,
+        help="newest checkpoints kept in the model directory (across resumes)",
+        group="checkpoints",
+        flag="--keep-checkpoints",
+    )
+    export: bool = _setting(
+        True,
+        help="write the SavedModel export at the end",
+        group="checkpoints",
+        flag="--no-export",
+        flag_help="skip the SavedModel export at the end",
+    )
+
+    def __post_init__(self) -> None:
+        _positive(self, "every_steps")
+        _positive(self, "keep")
+
+
+@_documented
+@dataclass(frozen=True)
+class FailureConfig:
+    """How a run fails, and how it recovers (``RunConfig.failure``).
+
+    ``failure_timeout_s`` bounds the time from a failure in any TensorFlow process (an
+    exception, a crash, a lost executor, a process that stops responding) to the end of the
+    run with an error; ``startup_timeout_s`` bounds bringing the cluster up, from the start
+    of the run to the chief's first step; ``stall_timeout_s`` bounds the time without
+    global-step progress after that (also the all-reduce collective timeout), so a process
+    that still heart-beats but makes no progress fails the run; ``feed_timeout_s`` is how
+    long the ``spark`` input mode waits for a TensorFlow process to take more rows (feeder
+    side) or for rows to arrive (TensorFlow side) before it fails.
 
     ``max_restarts``: when a TensorFlow process, its executor or a Spark job of the run
     fails, the driver takes the TensorFlow cluster down and starts it again from the latest
     checkpoint, up to this many times (0: the first failure ends the run). At most one
     checkpoint interval of work is lost per restart.
 
-    Experiment tracking (optional, the ``mlflow`` extra): with ``mlflow_tracking_uri`` the
-    driver records the run in the MLflow experiment ``mlflow_experiment`` -- parameters,
-    training metrics and evaluations with their steps, the export as an artifact (see
-    :mod:`sparktf.train.tracking`).
+    Raises :class:`ConfigError` for a setting that cannot work.
+    """
+
+    max_restarts: int = _setting(
+        0,
+        help="times the TensorFlow cluster is started again from the latest checkpoint after a "
+        "failure (a lost process or executor) before the run fails",
+        group="failure",
+    )
+    failure_timeout_s: float = _setting(
+        120.0,
+        help="bound in seconds from a failure in any TensorFlow process to the end of the run",
+        group="failure",
+        flag="--failure-timeout",
+    )
+    startup_timeout_s: float = _setting(
+        300.0,
+        help="seconds from the start of the run to the first training step before it fails",
+        group="failure",
+        flag="--startup-timeout",
+    )
+    stall_timeout_s: float = _setting(
+        300.0,
+        help="seconds without global-step progress before the run fails, naming the processes "
+        "that stopped advancing (also the all-reduce collective timeout)",
+        group="failure",
+        flag="--stall-timeout",
+    )
+    feed_timeout_s: float = _setting(
+        300.0,
+        help="seconds the spark input mode waits for rows to move before failing",
+        group="failure",
+        flag="--feed-timeout",
+    )
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_restarts", allow_zero=True)
+        for name in ("failure_timeout_s", "startup_timeout_s", "stall_timeout_s", "feed_timeout_s"):
+            _positive(self, name)
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """Silence after which the driver declares a TensorFlow process dead."""
+        return max(5.0, min(60.0, self.failure_timeout_s / 2))
+
+    @property
+    def cleanup_timeout_s(self) -> float:
+        """Time left to take the run down once a failure is known: detection (at most
+        ``heartbeat_timeout_s``) plus clean-up stay within ``failure_timeout_s``."""
+        return max(3.0, min(30.0, self.failure_timeout_s - self.heartbeat_timeout_s - 3.0))
+
+
+@_documented
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation during training (``RunConfig.evaluation``).
+
+    The chief evaluates the weights of every ``every_steps``-th step (0: once per epoch)
+    and of the final step on the dataset's ``split``: ``"auto"`` takes ``valid`` when the
+    dataset has it, else ``test``; ``"none"`` turns evaluation off. With ``export_best``
+    (a metric the model is evaluated on) the export of the best evaluation so far is kept
+    in ``MODEL_DIR/export_best/<step>/``.
 
     Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    model_dir: str = _setting(
-        help="checkpoints, TensorBoard events and exports (local or hdfs://); a "
-        "rerun with the same directory resumes",
-        group="checkpoints",
+    split: str = _setting(
+        "auto",
+        help="split evaluated during training: 'auto' (valid if the dataset has it, else "
+        "test), a split name, or 'none'",
+        group="evaluation",
+        flag="--eval-split",
     )
-    checkpoint_every_steps: int = _setting(
-        500, help="steps between checkpoints", group="checkpoints", flag="--checkpoint-every"
+    every_steps: int = _setting(
+        0,
+        help="steps between evaluations (0: once per epoch); always at the end",
+        group="evaluation",
+        flag="--eval-every",
     )
-    keep_checkpoints: int = _setting(
-        3,
-        help="newest checkpoints kept in the model directory (across resumes)",
-        group="checkpoints",
+    export_best: str | None = _setting(
+        None,
+        help="a metric: also keep the export of the best evaluation so far in "
+        "MODEL_DIR/export_best/ (e.g. accuracy, top5_accuracy, perplexity, loss)",
+        group="evaluation",
+        metavar="METRIC",
     )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.split, str) or not self.split:
+            raise ConfigError(f"EvalConfig.split must be a split name, got {self.split!r}")
+        _positive(self, "every_steps", allow_zero=True)
+
+
+@_documented
+@dataclass(frozen=True)
+class TrackingConfig:
+    """What the run reports, and where (``RunConfig.tracking``).
+
+    TensorBoard events in ``MODEL_DIR/events/train`` (scalars every ``summary_every_steps``,
+    weight histograms every ``histogram_every_steps``), copied to an ``hdfs://`` model
+    directory every ``sync_every_s``; a progress line on the driver every
+    ``progress_every_s``. Experiment tracking (optional, the ``mlflow`` extra): with
+    ``mlflow_tracking_uri`` the driver records the run in the MLflow experiment
+    ``mlflow_experiment`` -- parameters, training metrics and evaluations with their steps,
+    the export as an artifact (see :mod:`sparktf.train.tracking`).
+
+    Raises :class:`ConfigError` for a setting that cannot work.
+    """
+
     summary_every_steps: int = _setting(
         20, help="steps between scalar summaries", group="tracking", flag="--summary-every"
     )
@@ -259,57 +384,6 @@ class RunConfig:
         group="tracking",
         flag="--sync-every",
     )
-    feed_timeout_s: float = _setting(
-        300.0,
-        help="seconds the spark input mode waits for rows to move before failing",
-        group="failure",
-        flag="--feed-timeout",
-    )
-    failure_timeout_s: float = _setting(
-        120.0,
-        help="bound in seconds from a failure in any TensorFlow process to the end of the run",
-        group="failure",
-        flag="--failure-timeout",
-    )
-    startup_timeout_s: float = _setting(
-        300.0,
-        help="seconds from the start of the run to the first training step before it fails",
-        group="failure",
-        flag="--startup-timeout",
-    )
-    stall_timeout_s: float = _setting(
-        300.0,
-        help="seconds without global-step progress before the run fails, naming the processes "
-        "that stopped advancing (also the all-reduce collective timeout)",
-        group="failure",
-        flag="--stall-timeout",
-    )
-    max_restarts: int = _setting(
-        0,
-        help="times the TensorFlow cluster is started again from the latest checkpoint after a "
-        "failure (a lost process or executor) before the run fails",
-        group="failure",
-    )
-    eval_every_steps: int = _setting(
-        0,
-        help="steps between evaluations (0: once per epoch); always at the end",
-        group="evaluation",
-        flag="--eval-every",
-    )
-    export_best: str | None = _setting(
-        None,
-        help="a metric: also keep the export of the best evaluation so far in "
-        "MODEL_DIR/export_best/ (e.g. accuracy, top5_accuracy, perplexity, loss)",
-        group="evaluation",
-        metavar="METRIC",
-    )
-    export: bool = _setting(
-        True,
-        help="write the SavedModel export at the end",
-        group="checkpoints",
-        flag="--no-export",
-        flag_help="skip the SavedModel export at the end",
-    )
     mlflow_tracking_uri: str | None = _setting(
         None,
         help="MLflow tracking URI: a tracking server (http(s)://...; credentials through "
@@ -327,45 +401,98 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
-        if not self.model_dir:
-            raise ConfigError("RunConfig.model_dir is required (a local path or hdfs:// URI)")
         if self.mlflow_tracking_uri is not None and (
             not isinstance(self.mlflow_tracking_uri, str) or not self.mlflow_tracking_uri.strip()
         ):
             raise ConfigError(
-                "RunConfig.mlflow_tracking_uri must be an MLflow tracking URI (http(s)://, "
+                "TrackingConfig.mlflow_tracking_uri must be an MLflow tracking URI (http(s)://, "
                 f"file://, a local path), got {self.mlflow_tracking_uri!r}"
             )
         if not isinstance(self.mlflow_experiment, str) or not self.mlflow_experiment.strip():
             raise ConfigError(
-                "RunConfig.mlflow_experiment must be an experiment name, got "
+                "TrackingConfig.mlflow_experiment must be an experiment name, got "
                 f"{self.mlflow_experiment!r}"
             )
-        for name in (
-            "checkpoint_every_steps",
-            "keep_checkpoints",
-            "summary_every_steps",
-            "progress_every_s",
-            "sync_every_s",
-            "feed_timeout_s",
-            "failure_timeout_s",
-            "startup_timeout_s",
-            "stall_timeout_s",
-        ):
+        for name in ("summary_every_steps", "progress_every_s", "sync_every_s"):
             _positive(self, name)
-        for name in ("histogram_every_steps", "max_restarts", "eval_every_steps"):
-            _positive(self, name, allow_zero=True)
+        _positive(self, "histogram_every_steps", allow_zero=True)
 
-    @property
-    def heartbeat_timeout_s(self) -> float:
-        """Silence after which the driver declares a TensorFlow process dead."""
-        return max(5.0, min(60.0, self.failure_timeout_s / 2))
 
-    @property
-    def cleanup_timeout_s(self) -> float:
-        """Time left to take the run down once a failure is known: detection (at most
-        ``heartbeat_timeout_s``) plus clean-up stay within ``failure_timeout_s``."""
-        return max(3.0, min(30.0, self.failure_timeout_s - self.heartbeat_timeout_s - 3.0))
+@_documented
+@dataclass(frozen=True)
+class RunConfig:
+    """Where results go and the policies of one run, grouped (after Ray Train's RunConfig).
+
+    ``model_dir`` (local path or ``hdfs://``) receives ``checkpoints/``, ``events/train``
+    (TensorBoard), ``export/<global step>/`` (SavedModel) and ``sparktf_train.json`` (the
+    run's record: model, config, steps, exports, evaluations). The policies:
+    ``checkpoint`` (:class:`CheckpointConfig`: how often, how many kept, the export),
+    ``failure`` (:class:`FailureConfig`: time limits and restarts),
+    ``evaluation`` (:class:`EvalConfig`: which split, how often, the best export) and
+    ``tracking`` (:class:`TrackingConfig`: summaries, progress, MLflow)::
+
+        RunConfig(
+            model_dir="hdfs://nn:8020/models/resnet20",
+            checkpoint=CheckpointConfig(every_steps=1000),
+            failure=FailureConfig(max_restarts=2),
+            evaluation=EvalConfig(split="test", export_best="accuracy"),
+        )
+
+    Each group may also be given as a dict of its fields
+    (``failure={"max_restarts": 2}``); :meth:`from_dict` reads the whole config back from
+    :func:`dataclasses.asdict`'s form.
+
+    Raises :class:`ConfigError` for a setting that cannot work (naming it as
+    ``Group.field``, e.g. ``FailureConfig.stall_timeout_s``).
+    """
+
+    model_dir: str = _setting(
+        help="checkpoints, TensorBoard events and exports (local or hdfs://); a "
+        "rerun with the same directory resumes",
+        group="checkpoints",
+    )
+    checkpoint: CheckpointConfig = _setting(
+        help="checkpoints and the export (CheckpointConfig)",
+        group="checkpoints",
+        factory=CheckpointConfig,
+    )
+    failure: FailureConfig = _setting(
+        help="time limits and restarts (FailureConfig)", group="failure", factory=FailureConfig
+    )
+    evaluation: EvalConfig = _setting(
+        help="evaluation during training (EvalConfig)", group="evaluation", factory=EvalConfig
+    )
+    tracking: TrackingConfig = _setting(
+        help="summaries, progress and MLflow tracking (TrackingConfig)",
+        group="tracking",
+        factory=TrackingConfig,
+    )
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise ConfigError("RunConfig.model_dir is required (a local path or hdfs:// URI)")
+        for f in dataclasses.fields(self)[1:]:
+            value, kind = getattr(self, f.name), f.default_factory
+            if isinstance(value, Mapping):
+                try:
+                    value = kind(**value)
+                except TypeError as exc:
+                    raise ConfigError(f"RunConfig.{f.name}: {exc}") from None
+                object.__setattr__(self, f.name, value)  # frozen: set once, while constructed
+            elif not isinstance(value, kind):
+                raise ConfigError(
+                    f"RunConfig.{f.name} must be a {kind.__name__} (or a dict of its fields), "
+                    f"got {value!r}"
+                )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """The config that :func:`dataclasses.asdict` gave (its groups as dicts), or any dict
+        of fields. Raises :class:`ConfigError` for unknown keys or values that cannot work."""
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"RunConfig: {exc}") from None
 
 
 @_documented
@@ -385,10 +512,6 @@ class TrainConfig:
     local or ``hdfs://``) initialises the model when ``model_dir`` has no checkpoint of its
     own (a resume wins), except the variables whose path starts with one of
     ``checkpoint_exclude_scopes``; with ``trainable_scopes`` only those variables train.
-
-    ``eval_split``: the split evaluated during training (every ``RunConfig.eval_every_steps``
-    and at the end): ``"auto"`` takes ``valid`` when the dataset has it, else ``test``;
-    ``"none"`` turns evaluation off.
 
     Length: ``steps`` (global steps, counted across resumes) and/or ``epochs`` (passes over
     the split); training stops at whichever comes first. Neither: the model's own
@@ -448,12 +571,6 @@ class TrainConfig:
         flag_help="keep file order",
     )
     seed: int = _setting(0, help="shuffle seed", group="input")
-    eval_split: str = _setting(
-        "auto",
-        help="split evaluated during training: 'auto' (valid if the dataset has it, else "
-        "test), a split name, or 'none'",
-        group="evaluation",
-    )
     checkpoint_path: str | None = _setting(
         None,
         help="start from the weights of another run (local or hdfs://): a checkpoint prefix "
@@ -514,12 +631,12 @@ class TrainResult:
     # the last evaluation ({} without one) and every evaluation with its step
     eval_metrics: dict[str, float] = field(default_factory=dict)
     eval_history: list[dict[str, float]] = field(default_factory=list)
-    best_export_path: str | None = None  # RunConfig.export_best
-    # one entry per restart: {"cause": ..., "resumed_from_step": ...} (RunConfig.max_restarts)
+    best_export_path: str | None = None  # EvalConfig.export_best
+    # one entry per restart: {"cause": ..., "resumed_from_step": ...} (FailureConfig.max_restarts)
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # spark input mode: rows fed to each training process (by node key), one number per process
     fed_rows: dict[str, int] | None = None
-    mlflow_run_id: str | None = None  # RunConfig.mlflow_tracking_uri: the MLflow run
+    mlflow_run_id: str | None = None  # TrackingConfig.mlflow_tracking_uri: the MLflow run
 
     def to_dict(self) -> dict[str, Any]:
         """The result as plain data (JSON-able)."""

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfRuntimeError, SparktfValueError
 
 __all__ = [
     "BEAT_INTERVAL_S",
@@ -175,7 +175,7 @@ class ControlServer:
                 try:
                     request = json.loads(self.rfile.read(length) or b"{}")
                     if not isinstance(request, dict):
-                        raise ValueError("not a JSON object")
+                        raise SparktfValueError("not a JSON object")
                 except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                     server.rejects.reject(self._peer(), f"not JSON ({type(exc).__name__})")
                     self._reply(400, {"error": "the request is not a JSON object"}, close=True)
@@ -342,7 +342,7 @@ class ControlClient:
             try:
                 answer = self.post("hello", {"pid": os.getpid(), "host": os.uname().nodename})
                 if answer.get("abort"):
-                    raise RuntimeError(f"the run was aborted: {answer['abort']}")
+                    raise SparktfRuntimeError(f"the run was aborted: {answer['abort']}")
                 if answer.get("plan"):
                     return answer["plan"]
             except (urllib.error.URLError, OSError) as exc:
@@ -436,7 +436,7 @@ class RunFlags:
         except Exception:
             return
         if self._client.abort:
-            raise RuntimeError(f"the run was aborted: {self._client.abort}")
+            raise SparktfRuntimeError(f"the run was aborted: {self._client.abort}")
 
     @property
     def stopped(self) -> bool:

@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from sparktf import paths, storage
+from sparktf.errors import SparktfValueError
 
 __all__ = ["SIZES", "STAMP", "dataset_for", "demo_dir", "ensure_dataset", "stamp_for"]
 
@@ -52,7 +53,7 @@ def dataset_for(model: str) -> str:
         return "mnist"
     if shape == (32, 32, 3):
         return "cifar10"
-    raise ValueError(f"no demo dataset for {model} (images {shape}); pass --data")
+    raise SparktfValueError(f"no demo dataset for {model} (images {shape}); pass --data")
 
 
 def stamp_for(dataset: str) -> dict:

@@ -61,12 +61,13 @@ def fit(
 
     Parameters:
         train: what to train (the model, its dataset and split, the input mode, the length
-            of the run, the evaluation split).
+            of the run).
         scaling: the strategy and how many TensorFlow processes run it, with their GPUs
-            and threads (``ScalingConfig()``: all-reduce over two processes).
+            and threads (``ScalingConfig()`` is all-reduce over two processes).
         run: where and how the run keeps its state: ``model_dir`` (local or ``hdfs://``;
-            a run resumes from its latest checkpoint), checkpoint, summary and evaluation
-            cadence, export, restarts, timeouts, MLflow tracking.
+            a run resumes from its latest checkpoint), ``checkpoint`` (cadence, how many
+            kept, the export), ``failure`` (timeouts, restarts), ``evaluation`` (split,
+            cadence, best export), ``tracking`` (summaries, progress, MLflow).
         spark: the SparkSession to run on (default ``sparktf.spark.get_session``, with the
             GPU settings of ``scaling``: :func:`gpu_spark_conf`). It must have exactly
             ``scaling.num_executors`` executors.
@@ -74,7 +75,7 @@ def fit(
     Returns:
         A :class:`~sparktf.train.config.TrainResult`: the steps trained, the last training
         metrics and evaluations, the checkpoint and export paths, the throughput, the
-        restarts; with ``run.mlflow_tracking_uri`` the MLflow run it was recorded in
+        restarts; with ``run.tracking.mlflow_tracking_uri`` the MLflow run it was recorded in
         (``mlflow_run_id``, see :mod:`sparktf.train.tracking`).
 
     Raises:
@@ -83,11 +84,11 @@ def fit(
             input mode without ``spark.python.worker.reuse``, MLflow missing or a tracking
             store that refuses).
         TrainingError: a TensorFlow process or a Spark job of the run failed (after
-            ``run.max_restarts`` restarts from the latest checkpoint).
+            ``run.failure.max_restarts`` restarts from the latest checkpoint).
 
     In both cases nothing of the run is left running.
     """
-    if run.mlflow_tracking_uri:
+    if run.tracking.mlflow_tracking_uri:
         tracking.require_mlflow()  # before anything is read or started
     # Local paths are resolved here, on the driver: executors run in their own work dirs.
     run = dataclasses.replace(run, model_dir=storage.parse(run.model_dir).uri)
@@ -170,7 +171,7 @@ def _attempts(
     spark, plan: RunPlan, tracker: tracking.Tracker | tracking.NullTracker
 ) -> tuple[ProcessResult, list[dict], ClusterRun]:
     """Runs the TensorFlow cluster until the chief is done, starting it again from the
-    latest checkpoint after a failure (at most ``run.max_restarts`` times); the chief's
+    latest checkpoint after a failure (at most ``run.failure.max_restarts`` times); the chief's
     result, the restarts and the cluster of the last attempt."""
     run = plan.run
     restarts: list[dict] = []
@@ -182,7 +183,7 @@ def _attempts(
                     result = ProcessResult.from_dict(cluster.wait())
             return result, restarts, cluster
         except TrainingError as exc:
-            if len(restarts) >= run.max_restarts:
+            if len(restarts) >= run.failure.max_restarts:
                 raise
             step = artifacts.latest_checkpoint_step(run.model_dir)
             restarts.append({"cause": str(exc), "resumed_from_step": step})
@@ -191,7 +192,7 @@ def _attempts(
                 "restart %d of %d: the TensorFlow cluster is started again from the checkpoint "
                 "of step %d after: %s",
                 len(restarts),
-                run.max_restarts,
+                run.failure.max_restarts,
                 step,
                 exc,
             )

@@ -4,7 +4,7 @@
 * :class:`EvaluationTracker` -- the chief's evaluations of one run, in step order: each
   logged, written to TensorBoard (``events/eval``), sent to the driver, and exported to
   ``export_best/<step>`` when its metric beat the best so far (:class:`BestMetric`,
-  ``RunConfig.export_best``); under ps each runs beside training
+  ``EvalConfig.export_best``); under ps each runs beside training
   (:class:`AsideEvaluation`).
 
 The chief copies the weights into a model built outside the strategy (as for the export)
@@ -19,8 +19,9 @@ and makes one pass over the evaluation split (``files`` readers, whatever the in
 * DCGAN: the discriminator and generator losses of ``eval_step`` on the real images.
 
 Other processes do not evaluate: under all-reduce they wait for the chief at their next
-step (the evaluation counts towards ``stall_timeout_s``); under ps they go on training while
-the chief evaluates in a thread beside its scheduling (one evaluation at a time).
+step (the evaluation counts towards ``FailureConfig.stall_timeout_s``); under ps they go on
+training while the chief evaluates in a thread beside its scheduling (one evaluation at a
+time).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class FeedJob:
         or at the start-up deadline (the monitor reports a process that never does): the
         feed job's tasks then do not sit on executor cores waiting for a process that is
         still starting."""
-        deadline = time.monotonic() + self.plan.run.startup_timeout_s
+        deadline = time.monotonic() + self.plan.run.failure.startup_timeout_s
         while not self.control.stop and not self.control.abort:
             nodes = self.control.snapshot()
             if all(k in nodes and nodes[k].pid for k in keys) or time.monotonic() > deadline:
@@ -123,7 +123,7 @@ class FeedJob:
                 executors,
                 self.control.token,
                 self.control.url,
-                feed_timeout_s=self.plan.run.feed_timeout_s,
+                feed_timeout_s=self.plan.run.failure.feed_timeout_s,
             )
             done_passes = 0
             self._await_hello(keys)

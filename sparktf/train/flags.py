@@ -10,8 +10,8 @@ Every field of :class:`~sparktf.train.config.TrainConfig`,
   flags instead;
 * ``group`` -- the section of ``--help`` it belongs to, a key of :data:`GROUPS`;
 * ``flag`` (optional) -- the flag when it is not ``--<field-name>``, e.g.
-  ``--checkpoint-every`` for ``checkpoint_every_steps``. A switch that is on by default is
-  turned off by ``--no-<name>``;
+  ``--checkpoint-every`` for ``CheckpointConfig.every_steps`` (``RunConfig.checkpoint``). A
+  switch that is on by default is turned off by ``--no-<name>``;
 * ``flag_help``, ``choices``, ``metavar`` (optional) -- the help where the command line
   differs from the Python API (``--no-export``), the allowed values, the value's name.
 
@@ -212,7 +212,7 @@ def _pattern(classes: tuple[type, ...]) -> re.Pattern[str]:
 
 
 def for_command_line(text: str, *classes: type) -> str:
-    """``text`` with each config field it names (``TrainConfig.eval_split``) replaced by its
+    """``text`` with each config field it names (``EvalConfig.split``) replaced by its
     flag (``--eval-split``): an error message or a help text as a command-line user reads it."""
     names = flag_names(*classes)
     return _pattern(classes).sub(lambda m: names[m.group(1)], text)

@@ -170,7 +170,7 @@ class Codec:
         ciphertext = self._xor(nonce, body)
         frame = self._tag(direction, nonce, ciphertext) + nonce + ciphertext
         if len(frame) > MAX_FRAME_BYTES:
-            raise FrameError(f"reservation message of {len(frame)} bytes is too large")
+            raise FrameError(f"a message of {len(frame)} bytes is too large")
         return struct.pack(">I", len(frame)) + frame, nonce
 
     def verify(self, direction: bytes, frame: bytes) -> tuple[bytes, bytes]:
@@ -415,7 +415,10 @@ class FramedClient:
             OSError: the message could not be sent in ``retries`` tries.
         """
         for attempt in range(self._retries):
-            frame, nonce = self._codec.seal(REQUEST, {"msg": msg})  # a new nonce on every try
+            try:
+                frame, nonce = self._codec.seal(REQUEST, {"msg": msg})  # a new nonce each try
+            except FrameError as exc:
+                raise self._error(f"to {self._where}: {exc}") from None
             try:
                 self.sock.sendall(frame)
                 break

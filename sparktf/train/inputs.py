@@ -72,7 +72,7 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
             key=spec.key,
             fields=list(plan.data.fields),
             control=control,
-            feed_timeout_s=plan.run.feed_timeout_s,
+            feed_timeout_s=plan.run.failure.feed_timeout_s,
             shuffle_seed=seed,
         ).open()
         exit_hooks.on_exit(lambda: reader.close("failed"))
@@ -140,7 +140,7 @@ def stream_layout(tokens, ids, batch_size: int, num_shards: int = 1, shard: int 
     if steps == 0:
         raise ConfigError(
             f"the split has {len(tokens)} token chunks, fewer than the global "
-            f"batch of {rows} streams: use a smaller --batch-size"
+            f"batch of {rows} streams: use a smaller TrainConfig.batch_size"
         )
     order = np.argsort(ids, kind="stable")
     used = order[: rows * steps]

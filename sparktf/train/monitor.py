@@ -110,7 +110,10 @@ class RunMonitor:
             if stalled:
                 self._fail(stalled)
             progress = nodes[chief_key].progress
-            if progress.get("step") is not None and now - last_log >= self.run.progress_every_s:
+            if (
+                progress.get("step") is not None
+                and now - last_log >= self.run.tracking.progress_every_s
+            ):
                 last_log = now
                 log.info("%s", format_progress(progress))
 
@@ -130,20 +133,21 @@ class RunMonitor:
         silent_since_start = [
             k
             for k in self.roles
-            if nodes[k].pid is None and now - self.started > run.startup_timeout_s
+            if nodes[k].pid is None and now - self.started > run.failure.startup_timeout_s
         ]
         if silent_since_start:
             names = ", ".join(f"{self.roles[k].name} ({k})" for k in sorted(silent_since_start))
             self._fail(
-                f"the TensorFlow cluster did not start within {run.startup_timeout_s:.0f} s "
-                f"(startup_timeout_s): {names} never reached the driver (its executor busy, "
+                "the TensorFlow cluster did not start within "
+                f"{run.failure.startup_timeout_s:.0f} s (FailureConfig.startup_timeout_s): "
+                f"{names} never reached the driver (its executor busy, "
                 "its Python environment broken, or the driver unreachable from it?)"
             )
         for key in self.roles:
             node = nodes[key]
             silent = now - node.last_seen
             if node.pid is not None and not node.bye and node.done is None:
-                if silent > run.heartbeat_timeout_s:
+                if silent > run.failure.heartbeat_timeout_s:
                     self._fail(
                         f"{self.roles[key].name} ({key}, pid {node.pid} on {node.host}) stopped "
                         f"responding {silent:.0f} s ago: its process died or hangs (out of "
@@ -208,26 +212,27 @@ class ProgressWatch:
             if step is not None and self.seen.get(key, (None,))[0] != step:
                 self.seen[key] = (step, now)
         chief = nodes[chief_key].progress
+        failure = self.run.failure
         if chief_key not in self.seen:
-            if now - self.started <= self.run.startup_timeout_s:
+            if now - self.started <= failure.startup_timeout_s:
                 return None
             waiting = ", ".join(f"{nodes[k].role} ({k})" for k in self.keys if k not in self.seen)
             return (
-                f"the TensorFlow cluster did not start within {self.run.startup_timeout_s:.0f} s "
-                f"(startup_timeout_s): no first training step yet from {waiting} (still "
-                "building the model, restoring a checkpoint or reading the first batch)"
+                f"the TensorFlow cluster did not start within {failure.startup_timeout_s:.0f} s "
+                f"(FailureConfig.startup_timeout_s): no first training step yet from {waiting} "
+                "(still building the model, restoring a checkpoint or reading the first batch)"
             )
         step, since = self.seen[chief_key]
-        if now - since <= self.run.stall_timeout_s or step >= chief.get("target", step + 1):
+        if now - since <= failure.stall_timeout_s or step >= chief.get("target", step + 1):
             return None
         stuck = [
             f"{nodes[k].role} ({k}, at step {self.seen[k][0] if k in self.seen else 'none'})"
             for k in self.keys
-            if k not in self.seen or now - self.seen[k][1] > self.run.stall_timeout_s
+            if k not in self.seen or now - self.seen[k][1] > failure.stall_timeout_s
         ]
         return (
-            f"no training progress for {now - since:.0f} s (stall_timeout_s "
-            f"{self.run.stall_timeout_s:.0f}): the global step is stuck at {step}; processes "
+            f"no training progress for {now - since:.0f} s (FailureConfig.stall_timeout_s "
+            f"{failure.stall_timeout_s:.0f}): the global step is stuck at {step}; processes "
             f"that stopped advancing: {', '.join(stuck)}"
         )
 

@@ -126,8 +126,8 @@ class RunPlan:
 
     @property
     def eval_every_steps(self) -> int:
-        """Steps between evaluations: ``RunConfig.eval_every_steps``, else one epoch."""
-        return self.run.eval_every_steps or self.steps_per_epoch
+        """Steps between evaluations: ``EvalConfig.every_steps``, else one epoch."""
+        return self.run.evaluation.every_steps or self.steps_per_epoch
 
     @property
     def per_process_batch(self) -> int:
@@ -213,30 +213,29 @@ EVAL_METRICS = {
 
 
 def _eval_data(train: TrainConfig, run: RunConfig, task, manifest: dict) -> DataInfo | None:
-    """The evaluation split's description: ``eval_split``, or for ``auto`` the dataset's
-    ``valid`` split, else its ``test`` split (never the training split)."""
+    """The evaluation split's description: ``EvalConfig.split``, or for ``auto`` the
+    dataset's ``valid`` split, else its ``test`` split (never the training split)."""
     splits = manifest["splits"]
-    if train.eval_split == "none":
+    evaluation = run.evaluation
+    if evaluation.split == "none":
         split = None
-    elif train.eval_split == "auto":
+    elif evaluation.split == "auto":
         split = next((s for s in ("valid", "test") if s in splits and s != train.split), None)
-    elif train.eval_split not in splits:
+    elif evaluation.split not in splits:
         raise ConfigError(
-            f"TrainConfig.eval_split {train.eval_split!r}: {train.data} has no such split "
+            f"EvalConfig.split {evaluation.split!r}: {train.data} has no such split "
             f"(it has {', '.join(splits)}; 'none' turns evaluation off)"
         )
     else:
-        split = train.eval_split
-    if run.export_best:
+        split = evaluation.split
+    if evaluation.export_best:
         metrics = EVAL_METRICS.get(task.kind, {})
         if split is None:
+            raise ConfigError("EvalConfig.export_best needs an evaluation split (EvalConfig.split)")
+        if evaluation.export_best not in metrics:
             raise ConfigError(
-                "RunConfig.export_best needs an evaluation split (TrainConfig.eval_split)"
-            )
-        if run.export_best not in metrics:
-            raise ConfigError(
-                f"RunConfig.export_best {run.export_best!r}: {train.model} is evaluated on "
-                f"{', '.join(metrics)}"
+                f"EvalConfig.export_best {evaluation.export_best!r}: {train.model} is evaluated "
+                f"on {', '.join(metrics)}"
             )
     return describe_data(train.data, split, task.features, manifest) if split else None
 

@@ -3,11 +3,11 @@
 * :class:`Meter` -- examples and examples/s of one process; the rates start when the first
   step has ended (that step traces the step function).
 * :class:`Reporter` -- every process sends its step to the driver (its stall check reads it).
-  The chief, every ``summary_every_steps`` and at least every second or two, also sends its
-  progress (step, epoch, the step's metrics, examples/s, the last evaluation) and writes the
-  scalars to TensorBoard; with every weight snapshot it writes the weights' histograms and
-  what the task draws (:meth:`~sparktf.models.task.ModelTask.summary_images`: a GAN's
-  samples).
+  The chief, every ``TrackingConfig.summary_every_steps`` and at least every second or two,
+  also sends its progress (step, epoch, the step's metrics, examples/s, the last evaluation)
+  and writes the scalars to TensorBoard; with every weight snapshot it writes the weights'
+  histograms and what the task draws
+  (:meth:`~sparktf.models.task.ModelTask.summary_images`: a GAN's samples).
 """
 
 from __future__ import annotations
@@ -109,9 +109,9 @@ class Reporter:
         now = time.monotonic()
         run = self.plan.run
         if not (
-            step % run.summary_every_steps == 0
+            step % run.tracking.summary_every_steps == 0
             or step == self.plan.target_steps
-            or now - self._last_progress >= min(run.progress_every_s, 2.0)
+            or now - self._last_progress >= min(run.tracking.progress_every_s, 2.0)
         ):
             return
         self._last_progress = now

@@ -137,10 +137,6 @@ class ReservationBook:
         with self._lock:
             return len(self._nodes) >= self.required
 
-    def remaining(self) -> int:
-        with self._lock:
-            return self.required - len(self._nodes)
-
     def answer(self, msg: Any) -> Any:
         """The answer to one verified message (``"ERR"`` to anything unknown)."""
         if not isinstance(msg, dict):
@@ -493,8 +489,8 @@ def authenticated_startup(
     address: DriverAddress, *, served_timeout_s: float = SERVED_TIMEOUT_S
 ) -> Iterator[Startup]:
     """For the block (one ``TFCluster.run``), TensorFlowOnSpark creates :class:`AuthServer`
-    instead of its own server; pass ``startup.wrap`` the node RDD (``_GuardedContext`` does)
-    so the executors use :class:`AuthClient`.
+    instead of its own server; pass ``startup.wrap`` the node RDD (as
+    ``tfos_cluster.GuardedContext`` does) so the executors use :class:`AuthClient`.
 
     Leaving the block restores TensorFlowOnSpark's ``Server`` and stops the server: at once
     when the block raised (anything, ``SystemExit`` included), else once every node has

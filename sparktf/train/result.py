@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktf.train.config import TrainingError
+
 __all__ = ["ProcessResult"]
 
 
@@ -42,7 +44,7 @@ class ProcessResult:
     received and left over (None for ``files``); ``progress``: the last progress report (the
     heartbeat's format, which the driver keeps as the process's latest state);
     ``eval_metrics``: the last evaluation, ``eval_history`` every evaluation with its
-    ``step``; ``best_export``: the best evaluation's export (``RunConfig.export_best``).
+    ``step``; ``best_export``: the best evaluation's export (``EvalConfig.export_best``).
     """
 
     start_step: int
@@ -70,10 +72,19 @@ class ProcessResult:
     def from_dict(cls, data: dict[str, Any]) -> ProcessResult:
         """The result :meth:`to_dict` wrote, after a trip through JSON.
 
-        Raises ``KeyError`` when a required field (the steps, the end reason) is missing and
-        ``TypeError``/``ValueError`` when a value has the wrong type; absent optional fields
-        take their defaults.
+        Raises :class:`~sparktf.train.config.TrainingError` naming the field when a required
+        field (the steps, the end reason) is missing or a value has the wrong type; absent
+        optional fields take their defaults.
         """
+        try:
+            return cls._parse(data)
+        except KeyError as exc:
+            raise TrainingError(f"the chief's result lacks {exc}: {data!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise TrainingError(f"the chief's result is malformed ({exc}): {data!r}") from None
+
+    @classmethod
+    def _parse(cls, data: dict[str, Any]) -> ProcessResult:
         return cls(
             start_step=int(data["start_step"]),
             final_step=int(data["final_step"]),

@@ -136,7 +136,7 @@ class TfosCluster:
                     tensorboard=False,
                     input_mode=input_mode,
                     master_node="chief",
-                    reservation_timeout=int(run.startup_timeout_s),
+                    reservation_timeout=int(run.failure.startup_timeout_s),
                     release_port=True,
                 )
         except SystemExit:
@@ -147,7 +147,8 @@ class TfosCluster:
         except Exception as exc:  # e.g. "timed out waiting for reservations to complete"
             raise TrainingError(
                 "TensorFlowOnSpark could not start the cluster within "
-                f"{run.startup_timeout_s:.0f} s (startup_timeout_s): {type(exc).__name__}: {exc}"
+                f"{run.failure.startup_timeout_s:.0f} s (FailureConfig.startup_timeout_s): "
+                f"{type(exc).__name__}: {exc}"
             ) from None
         return self.cluster_info
 

@@ -1,8 +1,8 @@
 """Optional MLflow experiment tracking of a training run, from the driver only.
 
-With ``RunConfig.mlflow_tracking_uri`` (``--mlflow-tracking-uri`` of the training jobs),
-:func:`sparktf.train.fit` records one MLflow run in the experiment
-``RunConfig.mlflow_experiment`` (default ``sparktf``, created when missing):
+With ``TrackingConfig.mlflow_tracking_uri`` (``RunConfig.tracking``; ``--mlflow-tracking-uri``
+of the training jobs), :func:`sparktf.train.fit` records one MLflow run in the experiment
+``TrackingConfig.mlflow_experiment`` (default ``sparktf``, created when missing):
 
 * **parameters** -- the run's layout and length (``model``, ``strategy``, ``num_workers``,
   ``num_ps``, ``batch_size`` (global), ``steps`` (the target global step),
@@ -53,6 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sparktf import spark as sparkutil
 from sparktf import storage
+from sparktf.train import roles
 from sparktf.train.artifacts import RUN_FILE
 from sparktf.train.config import ConfigError, RunConfig, TrainResult
 from sparktf.train.plan import RunPlan
@@ -75,7 +76,8 @@ def require_mlflow() -> None:
         import mlflow.tracking  # noqa: F401
     except ImportError as exc:
         raise ConfigError(
-            f"--mlflow-tracking-uri needs MLflow, which is not installed ({exc}): {INSTALL_HINT}"
+            "TrackingConfig.mlflow_tracking_uri needs MLflow, which is not installed "
+            f"({exc}): {INSTALL_HINT}"
         ) from None
 
 
@@ -108,16 +110,16 @@ def connect(run: RunConfig):
     require_mlflow()
     from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri(run.mlflow_tracking_uri)
+    uri = tracking_uri(run.tracking.mlflow_tracking_uri)
     try:
         client = MlflowClient(tracking_uri=uri)
-        experiment = client.get_experiment_by_name(run.mlflow_experiment)
+        experiment = client.get_experiment_by_name(run.tracking.mlflow_experiment)
         if experiment is None:
-            experiment_id = client.create_experiment(run.mlflow_experiment)
+            experiment_id = client.create_experiment(run.tracking.mlflow_experiment)
         elif experiment.lifecycle_stage != "active":
             raise ConfigError(
-                f"MLflow experiment {run.mlflow_experiment!r} at {redact(uri)} is deleted: "
-                "restore it or choose another --mlflow-experiment"
+                f"MLflow experiment {run.tracking.mlflow_experiment!r} at {redact(uri)} is "
+                "deleted: restore it or choose another TrackingConfig.mlflow_experiment"
             )
         else:
             experiment_id = experiment.experiment_id
@@ -125,7 +127,8 @@ def connect(run: RunConfig):
         raise
     except Exception as exc:
         raise ConfigError(
-            f"MLflow tracking store {redact(uri)} (--mlflow-tracking-uri) cannot be used: "
+            f"MLflow tracking store {redact(uri)} (TrackingConfig.mlflow_tracking_uri) cannot "
+            "be used: "
             f"{type(exc).__name__}: {scrub(str(exc), uri)}"
         ) from None
     return client, experiment_id
@@ -134,7 +137,7 @@ def connect(run: RunConfig):
 def check(run: RunConfig) -> None:
     """Fails fast (:class:`ConfigError`) when ``run`` asks for tracking that cannot work:
     MLflow missing, or a store that refuses. Nothing is logged."""
-    if run.mlflow_tracking_uri:
+    if run.tracking.mlflow_tracking_uri:
         connect(run)
 
 
@@ -142,7 +145,7 @@ def check(run: RunConfig) -> None:
 def track(plan: RunPlan) -> Iterator[Tracker | NullTracker]:
     """The run's tracker (a no-op one without a tracking URI). Leaving the block with an
     exception ends the MLflow run as ``FAILED`` (``KILLED`` for an interrupt)."""
-    if not plan.run.mlflow_tracking_uri:
+    if not plan.run.tracking.mlflow_tracking_uri:
         yield NullTracker()
         return
     tracker = Tracker(plan)
@@ -176,7 +179,7 @@ class Tracker:
     def __init__(self, plan: RunPlan):
         self.plan = plan
         self.client, experiment_id = connect(plan.run)
-        self.uri = tracking_uri(plan.run.mlflow_tracking_uri)
+        self.uri = tracking_uri(plan.run.tracking.mlflow_tracking_uri)
         train, scaling = plan.train, plan.scaling
         tags = {
             "sparktf.model_dir": plan.run.model_dir,
@@ -209,7 +212,7 @@ class Tracker:
         log.info(
             "MLflow: run %s in experiment %r at %s",
             self.run_id,
-            plan.run.mlflow_experiment,
+            plan.run.tracking.mlflow_experiment,
             redact(self.uri),
         )
 
@@ -220,7 +223,7 @@ class Tracker:
         """Logs the chief's progress and evaluations while the block runs (a thread reads
         the driver's control channel of ``cluster``, a started
         :class:`~sparktf.train.cluster.ClusterRun`), and once more at its end."""
-        chief = next(key for key, role in cluster.roles.items() if role.is_chief)
+        chief = roles.chief_key(cluster.roles)
         evals_seen = [0]
 
         def poll() -> None:
@@ -314,7 +317,7 @@ class Tracker:
         log.info(
             "MLflow: logged run %s (experiment %r at %s)%s",
             self.run_id,
-            self.plan.run.mlflow_experiment,
+            self.plan.run.tracking.mlflow_experiment,
             redact(self.uri),
             f", with the export as artifacts/export ({result.export_path})"
             if result.export_path
@@ -435,10 +438,10 @@ def params(plan: RunPlan) -> dict[str, str]:
         "shuffle": train.shuffle,
         "seed": train.seed,
         "checkpoint_path": train.checkpoint_path,
-        "checkpoint_every_steps": run.checkpoint_every_steps,
+        "checkpoint_every_steps": run.checkpoint.every_steps,
         "eval_every_steps": plan.eval_every_steps if plan.eval_data else None,
-        "export_best": run.export_best,
-        "max_restarts": run.max_restarts,
+        "export_best": run.evaluation.export_best,
+        "max_restarts": run.failure.max_restarts,
         **{f"model_config.{k}": v for k, v in config.items()},
     }
     return {k: _param_value(v) for k, v in out.items() if v is not None}

@@ -6,14 +6,14 @@ optimizer, the latest checkpoint restored, the step of :mod:`sparktf.train.steps
 its batches (:mod:`sparktf.train.inputs`) and steps until the target step or the end of the
 data:
 
-* every ``checkpoint_every_steps`` and at the end a checkpoint (named by global step);
-  weight histograms and what the task draws every ``histogram_every_steps`` (default: with
-  the checkpoints); scalars and progress (:mod:`sparktf.train.reporting`);
-* every ``eval_every_steps`` the chief evaluates the weights of that step on the evaluation
+* every ``CheckpointConfig.every_steps`` and at the end a checkpoint (named by global step);
+  weight histograms and what the task draws every ``TrackingConfig.histogram_every_steps``
+  (default: with the checkpoints); scalars and progress (:mod:`sparktf.train.reporting`);
+* every ``EvalConfig.every_steps`` the chief evaluates the weights of that step on the evaluation
   split (:class:`~sparktf.train.evaluation.EvaluationTracker`): under all-reduce the other
   processes wait for it at their next step, under ps the workers go on training while the
   chief evaluates in a thread beside its scheduling; the best is exported
-  (``RunConfig.export_best``);
+  (``EvalConfig.export_best``);
 * at the end the chief evaluates and exports a SavedModel with the registry's signatures to
   ``export/<global step>``, from a copy of the weights in a model built outside the strategy
   (so the SavedModel holds plain variables).
@@ -64,7 +64,9 @@ class Trainer:
         self.spec, self.plan, self.role, self.control = spec, spec.plan, role, control
         self.task = models.get_task(self.plan.train.model, **self.plan.model_config)
         self.model_dir = ModelDir(
-            self.plan.run.model_dir, writer=role.is_chief, sync_every_s=self.plan.run.sync_every_s
+            self.plan.run.model_dir,
+            writer=role.is_chief,
+            sync_every_s=self.plan.run.tracking.sync_every_s,
         )
         self.built: Built | None = None
         self.reporter: Reporter | None = None
@@ -110,8 +112,10 @@ class Trainer:
         if not (self.role.is_chief and plan.eval_data is not None):
             return None
         best = None
-        if run.export_best and run.export:
-            best = BestMetric(run.export_best, EVAL_METRICS[self.task.kind][run.export_best])
+        if run.evaluation.export_best and run.checkpoint.export:
+            best = BestMetric(
+                run.evaluation.export_best, EVAL_METRICS[self.task.kind][run.evaluation.export_best]
+            )
         return EvaluationTracker(
             Evaluator(self.task, plan.eval_data, plan.train.file_format),
             split=plan.eval_data.split,
@@ -128,7 +132,7 @@ class Trainer:
     def train(self, source: inputs.Source) -> str:
         """Steps until the target step or the end of the data; returns why it stopped."""
         run, target, stepper = self.plan.run, self.plan.target_steps, self.built.stepper
-        hist_every = run.histogram_every_steps or run.checkpoint_every_steps
+        hist_every = run.tracking.histogram_every_steps or run.checkpoint.every_steps
         agree = stepper.must_agree(source.finite)
         step = self.built.start_step
         batches = iter(source.batches)
@@ -143,7 +147,7 @@ class Trainer:
             self.reporter.step(step, self.pending)
             if self.evaluation:
                 self.evaluation.collect(wait=False)
-            at_checkpoint = step % run.checkpoint_every_steps == 0
+            at_checkpoint = step % run.checkpoint.every_steps == 0
             if at_checkpoint or step % hist_every == 0:
                 stepper.join()
                 if step % hist_every == 0:
@@ -210,7 +214,7 @@ class Trainer:
             evaluation.collect(wait=True)
             evaluation.evaluate(final_step, weights)
         export_path = None
-        if self.role.is_chief and self.plan.run.export:
+        if self.role.is_chief and self.plan.run.checkpoint.export:
             export_path = self.export(weights, final_step)
         self.reporter.close(final_step, rate)
         history, best_export = [], None

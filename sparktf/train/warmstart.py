@@ -44,7 +44,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from sparktf import storage
-from sparktf.errors import SparktfError
+from sparktf.errors import SparktfError, SparktfRuntimeError
 from sparktf.train.artifacts import CHECKPOINTS, EXPORT, STATE_FILE, latest_checkpoint
 
 __all__ = [
@@ -145,7 +145,7 @@ def resolve_source(path: str) -> Source:
         return Source("checkpoint", path)
     if not storage.isdir(path):
         raise WarmStartError(
-            f"--checkpoint-path {path}: no such checkpoint, model directory or SavedModel"
+            f"TrainConfig.checkpoint_path {path}: no such checkpoint, model directory or SavedModel"
         )
     stated = None
     if storage.exists(storage.join(path, STATE_FILE)):  # a checkpoints directory
@@ -155,8 +155,8 @@ def resolve_source(path: str) -> Source:
     if stated is not None:
         if not storage.exists(stated + ".index"):
             raise WarmStartError(
-                f"--checkpoint-path {path}: its checkpoint state names {stated}, which has "
-                "no .index file (an incomplete or deleted checkpoint)"
+                f"TrainConfig.checkpoint_path {path}: its checkpoint state names {stated}, "
+                "which has no .index file (an incomplete or deleted checkpoint)"
             )
         return Source("checkpoint", stated)
     for exports in (path, storage.join(path, EXPORT)):
@@ -164,8 +164,8 @@ def resolve_source(path: str) -> Source:
         if found is not None:
             return Source("saved_model", found)
     raise WarmStartError(
-        f"--checkpoint-path {path} holds no checkpoint (no checkpoint state file, in it or in "
-        f"{CHECKPOINTS}/) and no SavedModel ({SAVED_MODEL_FILE}, in it, in a numeric "
+        f"TrainConfig.checkpoint_path {path} holds no checkpoint (no checkpoint state file, in "
+        f"it or in {CHECKPOINTS}/) and no SavedModel ({SAVED_MODEL_FILE}, in it, in a numeric "
         f"subdirectory or in {EXPORT}/<step>/)"
     )
 
@@ -327,7 +327,8 @@ class Matching:
         if self.mismatched:
             raise WarmStartError(
                 f"cannot warm-start {what}: {len(self.mismatched)} variable(s) differ in shape: "
-                f"{'; '.join(self.mismatched)}. Leave them out with --checkpoint-exclude-scopes "
+                f"{'; '.join(self.mismatched)}. Leave them out with "
+                "TrainConfig.checkpoint_exclude_scopes "
                 "(e.g. the classifier head when the number of classes changes)"
             )
         if self.ambiguous:
@@ -505,7 +506,7 @@ def apply_trainable_scopes(
     if unmatched:
         layers = sorted({v.path.rsplit("/", 1)[0] for v in before})
         raise WarmStartError(
-            f"--trainable-scopes {list(unmatched)} match no trainable variable of "
+            f"TrainConfig.trainable_scopes {list(unmatched)} match no trainable variable of "
             f"{model.name}; its trainable variables are under {layers}"
         )
     chosen = [v for v in before if in_scopes(v, scopes, model.name)]
@@ -515,7 +516,7 @@ def apply_trainable_scopes(
             variable.trainable = False
     after = list(model.trainable_variables)
     if [id(v) for v in after] != [id(v) for v in chosen]:  # a Keras change would show here
-        raise RuntimeError(
+        raise SparktfRuntimeError(
             f"trainable variables after freezing {[v.path for v in after]} differ from "
             f"those in scopes {list(scopes)}: {[v.path for v in chosen]}"
         )

@@ -1,4 +1,5 @@
-"""Which Spark column types can hold a model input: predicates on ``pyspark.sql.types``.
+"""Which Spark column types can hold a model input or a training feature: predicates on
+``pyspark.sql.types``, shared by the table writer and batch inference.
 
 Spark is imported when a predicate is first called, not with this module (executors decode
 Arrow batches without it).
