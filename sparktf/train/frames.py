@@ -2,16 +2,17 @@
 
 A request and its answer are each one frame of this shape::
 
-    length (4 bytes, big-endian)  tag (32)  nonce (16)  ciphertext
+    length (4 bytes, big-endian)  nonce (12)  ciphertext and its tag (16)
 
 * ``length`` is checked against :data:`MAX_FRAME_BYTES` before a byte of the body is read;
-* ``tag`` is HMAC-SHA256 (keyed from the run's secret) over the direction, the nonce and
-  the ciphertext, checked with :func:`hmac.compare_digest` before anything is decrypted or
-  decoded -- no data from the network is ever parsed unauthenticated;
-* the server refuses a nonce it has seen (a replayed message), and every answer names the
-  nonce of the request it answers (a replayed answer is refused by the client);
-* the ciphertext is the JSON body XOR a keystream of HMAC-SHA256 blocks (counter mode with
-  the nonce), so secrets in the messages are not readable on the wire either;
+* the body is sealed with AES-256-GCM (``cryptography``'s AEAD) under a key derived from the
+  run's secret with HKDF-SHA256; the associated data is the direction (request or answer),
+  so a request cannot be reflected as an answer. Decryption checks the tag before it
+  returns a byte: no data from the network is ever parsed unauthenticated, and secrets in
+  the messages are not readable on the wire;
+* the nonce is random per frame; the server refuses a nonce it has seen (a replayed
+  message), and every answer names the nonce of the request it answers (a replayed answer
+  is refused by the client);
 * the body is JSON with a small tagged encoding for what the messages hold besides JSON
   types: ``{"$bytes": base64}`` and ``{"$tuple": [...]}`` (``multiprocessing`` addresses
   need real tuples). A request's body is ``{"msg": ...}``, an answer's
@@ -19,15 +20,13 @@ A request and its answer are each one frame of this shape::
 
 :class:`FramedServer` answers requests on one address with a handler of the caller's (it
 knows nothing of what the messages mean); :class:`FramedClient` sends them. A rejected
-message (bad MAC, too large, replayed, not JSON) is logged at WARNING with the peer's
+message (not authentic, too large, replayed, not JSON) is logged at WARNING with the peer's
 address and the reason, its connection is closed, and nothing else happens.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import logging
 import secrets
@@ -39,6 +38,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from sparktf.errors import SparktfError, SparktfTypeError, SparktfValueError
 from sparktf.train.control import RejectLog
@@ -62,8 +66,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 1 << 20  # a reservation list of hundreds of nodes is a few hundred KiB
-TAG_BYTES = 32
-NONCE_BYTES = 16
+TAG_BYTES = 16  # AES-GCM's tag
+NONCE_BYTES = 12  # AES-GCM's nonce; random per frame (a run sends far fewer than 2**32)
 POLL_S = 0.5  # the listening loop wakes this often: stop() takes effect promptly
 IDLE_S = 60.0  # connections silent this long are closed (clients poll every second)
 MAX_CONNECTIONS = 256
@@ -139,24 +143,8 @@ class Codec:
     def __init__(self, secret: bytes):
         if len(secret) < 16:
             raise SparktfValueError("the reservation secret must have at least 16 bytes")
-        self._mac_key = hmac.new(secret, KEY_CONTEXT + b"/mac", hashlib.sha256).digest()
-        self._enc_key = hmac.new(secret, KEY_CONTEXT + b"/enc", hashlib.sha256).digest()
-
-    def _keystream(self, nonce: bytes, size: int) -> bytes:
-        blocks = (size + 31) // 32
-        return b"".join(
-            hmac.new(self._enc_key, nonce + i.to_bytes(4, "big"), hashlib.sha256).digest()
-            for i in range(blocks)
-        )[:size]
-
-    def _xor(self, nonce: bytes, data: bytes) -> bytes:
-        stream = self._keystream(nonce, len(data))
-        return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
-            len(data), "big"
-        )
-
-    def _tag(self, direction: bytes, nonce: bytes, ciphertext: bytes) -> bytes:
-        return hmac.new(self._mac_key, direction + nonce + ciphertext, hashlib.sha256).digest()
+        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=KEY_CONTEXT)
+        self._aead = AESGCM(key.derive(secret))
 
     def seal(self, direction: bytes, payload: dict) -> tuple[bytes, bytes]:
         """Returns (the length-prefixed frame, its nonce).
@@ -167,35 +155,35 @@ class Codec:
         """
         nonce = secrets.token_bytes(NONCE_BYTES)
         body = json.dumps(encode(payload), separators=(",", ":")).encode()
-        ciphertext = self._xor(nonce, body)
-        frame = self._tag(direction, nonce, ciphertext) + nonce + ciphertext
+        frame = nonce + self._aead.encrypt(nonce, body, direction)
         if len(frame) > MAX_FRAME_BYTES:
             raise FrameError(f"a message of {len(frame)} bytes is too large")
         return struct.pack(">I", len(frame)) + frame, nonce
 
     def verify(self, direction: bytes, frame: bytes) -> tuple[bytes, bytes]:
-        """Checks the tag of a frame (without its length prefix) before anything else;
-        returns (nonce, ciphertext).
+        """Authenticates and decrypts a frame (without its length prefix); returns (nonce,
+        body). Nothing of the body is returned unless its tag is right.
 
         Raises:
-            Rejected: a frame too short to hold a tag and a nonce, or a wrong tag.
+            Rejected: a frame too short to hold a nonce and a tag, or one not sealed with
+                this run's secret for this direction.
         """
-        if len(frame) < TAG_BYTES + NONCE_BYTES:
+        if len(frame) < NONCE_BYTES + TAG_BYTES:
             raise Rejected(f"frame of {len(frame)} bytes is too short")
-        tag, nonce = frame[:TAG_BYTES], frame[TAG_BYTES : TAG_BYTES + NONCE_BYTES]
-        ciphertext = frame[TAG_BYTES + NONCE_BYTES :]
-        if not hmac.compare_digest(tag, self._tag(direction, nonce, ciphertext)):
-            raise Rejected("bad MAC (not signed with this run's secret)")
-        return nonce, ciphertext
+        nonce = frame[:NONCE_BYTES]
+        try:
+            return nonce, self._aead.decrypt(nonce, frame[NONCE_BYTES:], direction)
+        except InvalidTag:
+            raise Rejected("not authentic (not sealed with this run's secret)") from None
 
-    def open(self, nonce: bytes, ciphertext: bytes) -> dict:
-        """Decrypts and decodes a verified frame.
+    def open(self, nonce: bytes, body: bytes) -> dict:
+        """Decodes the body of a verified frame (``nonce``: its nonce, unused by the JSON).
 
         Raises:
             Rejected: when the body is not a JSON object of the tagged encoding.
         """
         try:
-            payload = decode(json.loads(self._xor(nonce, ciphertext)))
+            payload = decode(json.loads(body))
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise Rejected(f"not JSON ({type(exc).__name__})") from None
         if not isinstance(payload, dict):
@@ -358,11 +346,11 @@ class FramedServer:
             frame = bytes(conn.buffer[4 : 4 + size])
             del conn.buffer[: 4 + size]
             try:
-                nonce, ciphertext = self._codec.verify(REQUEST, frame)
+                nonce, body = self._codec.verify(REQUEST, frame)
                 if nonce in self._seen:
                     raise Rejected("replayed message (nonce seen before)")
                 self._seen.add(nonce)
-                request = self._codec.open(nonce, ciphertext)
+                request = self._codec.open(nonce, body)
             except Rejected as exc:
                 self._rejects.reject(conn.peer, str(exc))
                 return False
@@ -446,8 +434,8 @@ class FramedClient:
         if size > MAX_FRAME_BYTES:
             raise self._error(f"{self._where} announced an answer of {size} bytes")
         try:
-            answer_nonce, ciphertext = self._codec.verify(ANSWER, self._read(size))
-            payload = self._codec.open(answer_nonce, ciphertext)
+            answer_nonce, body = self._codec.verify(ANSWER, self._read(size))
+            payload = self._codec.open(answer_nonce, body)
         except Rejected as exc:
             raise self._error(f"{self._where} sent an invalid answer: {exc}") from None
         if payload.get("re") != nonce.hex():

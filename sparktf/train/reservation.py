@@ -9,8 +9,8 @@ and anyone who asks gets every manager's authkey (code execution on the executor
 This module replaces that message layer for sparktf's runs; TensorFlowOnSpark still does the
 bring-up. Three parts:
 
-* the wire: :mod:`sparktf.train.frames` (length-prefixed frames, HMAC-SHA256 checked before
-  anything is decoded, no replay, encrypted JSON bodies), served by its
+* the wire: :mod:`sparktf.train.frames` (length-prefixed frames sealed with AES-256-GCM,
+  authenticated before anything is decoded, no replay, encrypted JSON bodies), served by its
   :class:`~sparktf.train.frames.FramedServer`;
 * the reservation protocol: :class:`ReservationBook` answers TensorFlowOnSpark's four
   messages (``REG``, ``QUERY``, ``QINFO``, ``STOP``) over the list of registered nodes;
