@@ -35,6 +35,7 @@ __all__ = [
     "conf_names",
     "default_conf_dir",
     "home",
+    "installed_version",
     "private_dir_problem",
     "resolve_config",
     "source_checkout",
@@ -46,6 +47,17 @@ CONF_DIR_ENV = "SPARKTF_CONF_DIR"
 HOME_ENV = "SPARKTF_HOME"
 
 _PACKAGE = Path(str(resources.files("sparktf")))
+
+
+def installed_version() -> str | None:
+    """The installed sparktf distribution's version (pyproject.toml is its one source), or
+    None when sparktf runs from a checkout that is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sparktf")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def source_checkout() -> Path | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 from sparktf import cli, paths
 from sparktf.console.jobs import CONVERT_DATASETS, JOBS, run_job
@@ -29,10 +28,7 @@ __all__ = ["JOBS", "main", "run", "run_job", "version"]
 
 def version() -> str:
     """The installed distribution's version (pyproject.toml is its one source)."""
-    try:
-        return metadata.version("sparktf")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    return paths.installed_version() or "unknown (not installed)"
 
 
 def _usage() -> str:

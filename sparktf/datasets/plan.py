@@ -28,7 +28,7 @@ from datetime import datetime
 
 import numpy as np
 
-from sparktf import storage
+from sparktf import paths, storage
 from sparktf.datasets import formats, sources
 from sparktf.datasets.formats import DATASETS, FORMATS, PARQUET, TFRECORD, DatasetSpec
 from sparktf.datasets.sources import SourceError
@@ -558,15 +558,6 @@ def source_entries(files: list[dict], digests: Mapping[str, dict]) -> tuple[list
     return entries, list(containers.values())
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sparktf")
-    except Exception:  # not installed: running from a checkout
-        return "dev"
-
-
 def manifest(
     spec: DatasetSpec,
     input_path: str,
@@ -586,7 +577,7 @@ def manifest(
         "dataset": spec.name,
         "kind": spec.kind,
         "created_at": created_at.isoformat(timespec="seconds"),
-        "created_by": f"sparktf {_version()}",
+        "created_by": f"sparktf {paths.installed_version() or 'dev'}",
         "input": input_path,
         "formats": list(output_formats),
         "id_scheme": formats.ID_SCHEME,

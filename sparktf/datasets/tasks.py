@@ -160,6 +160,7 @@ class ShardOutput:
             storage.join(out, unit["parquet_file"]) if unit.get("parquet_file") else None
         )
         self._fields = fields
+        self._name = f"{unit['split']} shard {unit['shard']}"
         self._schema = formats.arrow_schema(fields) if self._parquet_path else None
         self._pending: list = []
         self._pending_bytes = 0
@@ -173,6 +174,18 @@ class ShardOutput:
     @property
     def parquet(self) -> bool:
         return self._parquet_path is not None
+
+    def log_written(self, records: int, noun: str, started: float) -> None:
+        """Logs what the shard holds once written (``noun``: "records", "chunks")."""
+        log.info(
+            "%s: %d %s, %d TFRecord bytes, %d Parquet bytes in %.1f s",
+            self._name,
+            records,
+            noun,
+            self.bytes,
+            self.parquet_bytes,
+            time.monotonic() - started,
+        )
 
     def write_tfrecord(self, data: bytes) -> None:
         self._tfrecord.write(data)
@@ -263,15 +276,7 @@ def write_image_shard(
                 )
             records += len(labels)
             label_counts += np.bincount(labels, minlength=num_classes)
-    log.info(
-        "%s shard %d: %d records, %d TFRecord bytes, %d Parquet bytes in %.1f s",
-        unit["split"],
-        unit["shard"],
-        records,
-        output.bytes,
-        output.parquet_bytes,
-        time.monotonic() - started,
-    )
+    output.log_written(records, "records", started)
     return {**output.result(records), "label_counts": label_counts.tolist()}
 
 
@@ -366,13 +371,5 @@ def write_text_shard(
                     [formats.encode_ndarray_column(rows), pa.array(ids, pa.int64())]
                 )
             records += len(ids)
-    log.info(
-        "%s shard %d: %d chunks, %d TFRecord bytes, %d Parquet bytes in %.1f s",
-        unit["split"],
-        unit["shard"],
-        records,
-        output.bytes,
-        output.parquet_bytes,
-        time.monotonic() - started,
-    )
+    output.log_written(records, "chunks", started)
     return {**output.result(records), "unk_mapped": stats.get("unk_mapped", 0)}

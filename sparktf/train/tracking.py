@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from sparktf import paths, storage
 from sparktf import spark as sparkutil
-from sparktf import storage
 from sparktf.train import roles
 from sparktf.train.artifacts import RUN_FILE
 from sparktf.train.config import ConfigError, RunConfig, TrainResult
@@ -184,7 +184,7 @@ class Tracker:
         tags = {
             "sparktf.model_dir": plan.run.model_dir,
             "sparktf.data": train.data,
-            "sparktf.version": _sparktf_version(),
+            "sparktf.version": paths.installed_version() or "unknown",
         }
         try:  # MLflow's own context tags: user, source, git commit
             from mlflow.tracking.context.registry import resolve_tags
@@ -469,15 +469,6 @@ def _number(value: Any) -> bool:
 
 def _key(name: str) -> str:
     return _BAD_KEY.sub("_", str(name))
-
-
-def _sparktf_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sparktf")
-    except Exception:
-        return "unknown"
 
 
 __all__ = [
