@@ -2,7 +2,7 @@
 # A real local HDFS on 127.0.0.1 (NameNode + DataNodes in one JVM, Hadoop's MiniDFSCluster).
 #
 #   scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR]
-#                                     [--datanodes N]
+#                                     [--datanodes N] [--kerberos]
 #
 # Environment equivalents: SPARKTF_HDFS_PORT (8020), SPARKTF_WEBHDFS_PORT (9870),
 # SPARKTF_HDFS_DIR (.local/hdfs), SPARKTF_HDFS_CONF_DIR (conf/hadoop), SPARKTF_HDFS_DATANODES (1).
@@ -11,11 +11,16 @@
 # `start` returns once HDFS accepts writes and prints HDFS_URI=... and WEBHDFS_URL=...;
 # it writes core-site.xml and hdfs-site.xml into the conf dir. Several instances can run side
 # by side with different ports and directories. `stop` leaves no JVM behind.
+# --kerberos secures it with Hadoop's MiniKdc (realm EXAMPLE.COM, KDC on 127.0.0.1, a free port,
+# TCP, in the same JVM): DIR/krb (mode 700) holds krb5.conf, service.keytab and user.keytab, whose
+# principal is SPARKTF_HDFS_KRB_USER (the login name) @EXAMPLE.COM, a superuser of this HDFS.
+# WebHDFS then asks for SPNEGO; `start` waits until that principal writes, and also prints
+# KRB5_CONFIG=, SPARKTF_HDFS_PRINCIPAL= and SPARKTF_HDFS_KEYTAB=. Keys are new at every start.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; shift || true
-case "$cmd" in -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$cmd" in -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 PORT="${SPARKTF_HDFS_PORT:-8020}"
 HTTP_PORT="${SPARKTF_WEBHDFS_PORT:-9870}"
 DIR="${SPARKTF_HDFS_DIR:-$ROOT/.local/hdfs}"
@@ -23,6 +28,8 @@ CONF_DIR="${SPARKTF_HDFS_CONF_DIR:-$ROOT/conf/hadoop}"
 START_TIMEOUT="${SPARKTF_HDFS_START_TIMEOUT:-120}"
 JARS="${SPARKTF_HADOOP_JARS:-$ROOT/.local/hadoop/lib}"
 DATANODES="${SPARKTF_HDFS_DATANODES:-1}"
+KERBEROS=0
+KRB_USER="${SPARKTF_HDFS_KRB_USER:-$(id -un)}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) PORT="$2"; shift 2 ;;
@@ -30,7 +37,8 @@ while [ $# -gt 0 ]; do
     --dir) DIR="$2"; shift 2 ;;
     --conf-dir) CONF_DIR="$2"; shift 2 ;;
     --datanodes) DATANODES="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --kerberos) KERBEROS=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hdfs.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +50,7 @@ DIR="$(cd "$DIR" && pwd)"
 PIDFILE="$DIR/hdfs.pid"
 READY="$DIR/ready.env"
 LOG="$DIR/hdfs.log"
+KRB_DIR="$DIR/krb"
 
 running_pid() {
   [ -f "$PIDFILE" ] || return 1
@@ -50,13 +59,23 @@ running_pid() {
   echo "$pid"
 }
 
-write_conf() {  # $1 = hdfs uri, $2 = webhdfs url
+write_conf() {  # $1 = hdfs uri, $2 = webhdfs url; with --kerberos what a client needs besides
+  local core="" site=""
+  if [ "$KERBEROS" = 1 ]; then
+    core="
+  <property><name>hadoop.security.authentication</name><value>kerberos</value></property>"
+    site="
+  <property><name>dfs.namenode.kerberos.principal</name><value>hdfs/localhost@$REALM</value></property>
+  <property><name>dfs.datanode.kerberos.principal</name><value>hdfs/localhost@$REALM</value></property>
+  <property><name>dfs.web.authentication.kerberos.principal</name><value>HTTP/localhost@$REALM</value></property>
+  <property><name>dfs.block.access.token.enable</name><value>true</value></property>"
+  fi
   mkdir -p "$CONF_DIR"
   cat > "$CONF_DIR/core-site.xml" <<XML
 <?xml version="1.0"?>
 <!-- Written by scripts/hdfs.sh start. -->
 <configuration>
-  <property><name>fs.defaultFS</name><value>$1</value></property>
+  <property><name>fs.defaultFS</name><value>$1</value></property>$core
 </configuration>
 XML
   cat > "$CONF_DIR/hdfs-site.xml" <<XML
@@ -65,7 +84,7 @@ XML
 <configuration>
   <property><name>dfs.namenode.http-address</name><value>${2#http://}</value></property>
   <property><name>dfs.replication</name><value>1</value></property>
-  <property><name>dfs.client.use.datanode.hostname</name><value>false</value></property>
+  <property><name>dfs.client.use.datanode.hostname</name><value>false</value></property>$site
 </configuration>
 XML
 }
@@ -92,19 +111,39 @@ case "$cmd" in
     command -v java >/dev/null || { echo "hdfs.sh: java not found; install Java 17" >&2; exit 1; }
     ls "$JARS"/hadoop-*minicluster-*.jar >/dev/null 2>&1 \
       || { echo "hdfs.sh: Hadoop jars missing in $JARS; run scripts/setup.sh" >&2; exit 1; }
+    if [ "$KERBEROS" = 1 ] && ! ls "$JARS"/hadoop-minikdc-*.jar >/dev/null 2>&1; then
+      echo "hdfs.sh: --kerberos needs hadoop-minikdc in $JARS; run scripts/setup.sh" >&2; exit 1
+    fi
     for p in "$PORT" "$HTTP_PORT"; do
       if port_busy "$p"; then echo "hdfs.sh: port $p on 127.0.0.1 is in use" >&2; exit 1; fi
     done
     rm -f "$READY"
-    nohup java -Xmx$((768 + 128 * (DATANODES - 1)))m \
-      --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.util=ALL-UNNAMED \
-      --add-opens java.base/java.io=ALL-UNNAMED --add-opens java.base/java.net=ALL-UNNAMED \
-      --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/sun.nio.ch=ALL-UNNAMED \
-      --add-opens java.base/java.lang.reflect=ALL-UNNAMED \
-      -Dlog4j.configuration=file:/dev/null -Djava.net.preferIPv4Stack=true \
-      -cp "$JARS/*" "$ROOT/scripts/hdfs/MiniHdfs.java" \
-      --nn-port "$PORT" --http-port "$HTTP_PORT" --base-dir "$DIR/cluster" --ready-file "$READY" \
-      --datanodes "$DATANODES" > "$LOG" 2>&1 < /dev/null &
+    krb_jvm=() krb_args=()
+    if [ "$KERBEROS" = 1 ]; then
+      # Fresh keys at every start; nothing in this folder is readable by other users.
+      rm -rf "$KRB_DIR"
+      mkdir -m 700 "$KRB_DIR"
+      krb_jvm=(-Djava.security.krb5.conf="$KRB_DIR/krb5.conf")
+      krb_args=(--kerberos-dir "$KRB_DIR" --kerberos-user "$KRB_USER")
+    fi
+    (
+      [ "$KERBEROS" = 0 ] || umask 077
+      # The JVM outlives this script: it must not keep descriptors it inherited, such as a
+      # flock(1) lock the caller holds around `start`.
+      for fd in /proc/$BASHPID/fd/*; do
+        fd="${fd##*/}"
+        if [ "$fd" -gt 2 ] && [ "$fd" -lt 255 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+      done
+      exec nohup java -Xmx$((768 + 128 * (DATANODES - 1)))m \
+        --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.util=ALL-UNNAMED \
+        --add-opens java.base/java.io=ALL-UNNAMED --add-opens java.base/java.net=ALL-UNNAMED \
+        --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/sun.nio.ch=ALL-UNNAMED \
+        --add-opens java.base/java.lang.reflect=ALL-UNNAMED \
+        -Dlog4j.configuration=file:/dev/null -Djava.net.preferIPv4Stack=true \
+        "${krb_jvm[@]}" -cp "$JARS/*" "$ROOT/scripts/hdfs/MiniHdfs.java" \
+        --nn-port "$PORT" --http-port "$HTTP_PORT" --base-dir "$DIR/cluster" --ready-file "$READY" \
+        --datanodes "$DATANODES" "${krb_args[@]}" > "$LOG" 2>&1 < /dev/null
+    ) &
     echo $! > "$PIDFILE"
     deadline=$((SECONDS + START_TIMEOUT))
     until [ -f "$READY" ]; do
@@ -120,16 +159,20 @@ case "$cmd" in
     done
     # shellcheck disable=SC1090
     . "$READY"
-    until probe_write "$WEBHDFS_URL"; do
-      if [ $SECONDS -ge $deadline ]; then
-        echo "hdfs.sh: HDFS does not accept writes after ${START_TIMEOUT}s; see $LOG" >&2
-        "$0" stop --dir "$DIR" >/dev/null; exit 1
-      fi
-      sleep 0.5
-    done
+    if [ "$KERBEROS" = 1 ]; then
+      # MiniHdfs writes READY only once the user principal has written through RPC and WebHDFS.
+      REALM="${SPARKTF_HDFS_PRINCIPAL##*@}"
+    else
+      until probe_write "$WEBHDFS_URL"; do
+        if [ $SECONDS -ge $deadline ]; then
+          echo "hdfs.sh: HDFS does not accept writes after ${START_TIMEOUT}s; see $LOG" >&2
+          "$0" stop --dir "$DIR" >/dev/null; exit 1
+        fi
+        sleep 0.5
+      done
+    fi
     write_conf "$HDFS_URI" "$WEBHDFS_URL"
-    echo "HDFS_URI=$HDFS_URI"
-    echo "WEBHDFS_URL=$WEBHDFS_URL"
+    cat "$READY"
     ;;
   stop)
     if pid="$(running_pid)"; then
@@ -141,6 +184,7 @@ case "$cmd" in
       echo "hdfs.sh: not running"
     fi
     rm -f "$PIDFILE" "$READY"
+    rm -rf "$KRB_DIR"
     ;;
   status)
     if pid="$(running_pid)"; then
@@ -150,6 +194,6 @@ case "$cmd" in
     fi
     ;;
   *)
-    echo "usage: scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR] [--datanodes N]" >&2
+    echo "usage: scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR] [--datanodes N] [--kerberos]" >&2
     exit 2 ;;
 esac

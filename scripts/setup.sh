@@ -61,12 +61,21 @@ if [ "$HADOOP" = 0 ]; then
   echo "setup.sh: done (no Hadoop jars: --no-hadoop). Python: $ROOT/$VENV/bin/python"
   exit 0
 fi
-if ! ls "$JARS"/hadoop-minicluster-*.jar >/dev/null 2>&1; then
+# The jars are fetched again whenever scripts/hdfs/pom.xml changes (its hash is kept beside them),
+# into a fresh folder that then replaces the old one, so no jar of an older pom stays behind.
+jars_want="$(sha256sum scripts/hdfs/pom.xml | cut -c1-16)"
+if [ "$(cat "$JARS/.pom-sha256" 2>/dev/null)" != "$jars_want" ] \
+    || ! ls "$JARS"/hadoop-minicluster-*.jar >/dev/null 2>&1; then
   echo "setup.sh: fetching the Hadoop jars of the local HDFS from Maven Central"
-  mkdir -p "$JARS"
+  rm -rf "$JARS.new"; mkdir -p "$JARS.new"
   mvn -q -B -f scripts/hdfs/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
-      -DoutputDirectory="$ROOT/$JARS" || fail "mvn could not fetch the Hadoop jars (see above)"
+      -DoutputDirectory="$ROOT/$JARS.new" || fail "mvn could not fetch the Hadoop jars (see above)"
   rm -rf scripts/hdfs/target
+  echo "$jars_want" > "$JARS.new/.pom-sha256"
+  rm -rf "$JARS.old"
+  if [ -d "$JARS" ]; then mv "$JARS" "$JARS.old"; fi
+  mv "$JARS.new" "$JARS"
+  rm -rf "$JARS.old"
 else
   echo "setup.sh: Hadoop jars present in $JARS"
 fi

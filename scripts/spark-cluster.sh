@@ -9,6 +9,9 @@
 # cluster writes (logs, pid files, executor work dirs, scratch) stays in DIR (private; default
 # $SPARKTF_HOME/spark-cluster, SPARKTF_HOME defaulting to the checkout's .local). `start` returns once every worker is ALIVE at the master and prints SPARK_MASTER_URL=...
 # (also in DIR/master.env, which sparktf submit --profile standalone reads). `stop` leaves no JVM.
+# Spark's authentication and RPC encryption are on: every start makes a new shared secret in
+# DIR/secret.conf (private; sparktf submit reads it, plain spark-submit takes it with
+# --properties-file DIR/secret.conf); master.env names it as SPARK_SECRET_FILE.
 # Environment equivalents: SPARKTF_SPARK_WORKERS, SPARKTF_SPARK_CORES, SPARKTF_SPARK_MEMORY,
 # SPARKTF_SPARK_CLUSTER_DIR; the Spark is the venv's pyspark (SPARKTF_SPARK_HOME overrides).
 set -euo pipefail
@@ -23,7 +26,7 @@ PORT=0
 WEBUI_PORT=0
 START_TIMEOUT="${SPARKTF_SPARK_START_TIMEOUT:-180}"
 PY="${SPARKTF_PYTHON:-$ROOT/.venv/bin/python}"
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 case "$cmd" in -h|--help) usage; exit 0 ;; esac
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -52,6 +55,7 @@ mkdir -p "$DIR"
 chmod 700 "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 ENV_FILE="$DIR/master.env"
+SECRET_FILE="$DIR/secret.conf"
 PIDS="$DIR/pids"
 LOGS="$DIR/logs"
 # Every daemon of this cluster carries this tag on its command line: how stop and the tests
@@ -119,7 +123,7 @@ stop_all() {
   # anything of this cluster that escaped its group
   for pid in $(tagged_pids); do kill -KILL "$pid" 2>/dev/null || true; done
   for _ in $(seq 1 20); do [ -z "$(tagged_pids)" ] && break; sleep 0.5; done
-  rm -f "$PIDS"/*.pid "$ENV_FILE"
+  rm -f "$PIDS"/*.pid "$ENV_FILE" "$SECRET_FILE" "$DIR/conf/spark-defaults.conf"
   if [ -n "$(tagged_pids)" ]; then
     echo "spark-cluster.sh: processes of $DIR still alive: $(tagged_pids | tr '\n' ' ')" >&2
     return 1
@@ -166,10 +170,27 @@ case "$cmd" in
     export SPARK_DAEMON_JAVA_OPTS="$TAG -Djava.io.tmpdir=$DIR/tmp -XX:-UsePerfData"
     unset SPARK_MASTER_HOST SPARK_MASTER_PORT SPARK_MASTER_WEBUI_PORT SPARK_WORKER_CORES \
       SPARK_WORKER_MEMORY SPARK_WORKER_PORT SPARK_WORKER_WEBUI_PORT SPARK_WORKER_OPTS SPARK_MASTER_OPTS
+    # The cluster's shared secret (a standalone master takes no other): the daemons read it
+    # from their spark-defaults.conf, the workers hand it to the executors in their
+    # environment, applications read DIR/secret.conf. Private files only (umask 077).
+    secret="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"
+    [ "${#secret}" = 64 ] || { echo "spark-cluster.sh: could not read /dev/urandom" >&2; exit 1; }
+    cat > "$SECRET_FILE" <<CONF
+# Written by scripts/spark-cluster.sh start: this cluster's shared secret. Keep it private.
+# spark-submit --properties-file $SECRET_FILE ... (sparktf submit reads it itself)
+spark.authenticate              true
+spark.authenticate.secret       $secret
+spark.network.crypto.enabled    true
+spark.io.encryption.enabled     true
+CONF
     cat > "$DIR/conf/spark-defaults.conf" <<CONF
 # Written by scripts/spark-cluster.sh start: the daemons of this cluster read only this file.
 spark.worker.cleanup.enabled    true
+spark.authenticate              true
+spark.authenticate.secret       $secret
+spark.network.crypto.enabled    true
 CONF
+    unset secret
     start_daemon master org.apache.spark.deploy.master.Master \
       --host 127.0.0.1 --port "$PORT" --webui-port "$WEBUI_PORT"
     deadline=$((SECONDS + START_TIMEOUT))
@@ -199,8 +220,8 @@ CONF
         || fail_start "not all $WORKERS workers ALIVE at $ui after ${START_TIMEOUT}s" "$LOGS/worker-1.log"
       sleep 1
     done
-    printf 'SPARK_MASTER_URL=%s\nSPARK_MASTER_WEBUI_URL=%s\nSPARK_CLUSTER_WORKERS=%s\nSPARK_CLUSTER_CORES=%s\nSPARK_CLUSTER_MEMORY=%s\n' \
-      "$url" "$ui" "$WORKERS" "$CORES" "$MEMORY" > "$ENV_FILE"
+    printf 'SPARK_MASTER_URL=%s\nSPARK_MASTER_WEBUI_URL=%s\nSPARK_CLUSTER_WORKERS=%s\nSPARK_CLUSTER_CORES=%s\nSPARK_CLUSTER_MEMORY=%s\nSPARK_SECRET_FILE=%s\n' \
+      "$url" "$ui" "$WORKERS" "$CORES" "$MEMORY" "$SECRET_FILE" > "$ENV_FILE"
     cat "$ENV_FILE"
     ;;
   stop)

@@ -151,10 +151,12 @@ def test_submit_runs_a_job_by_name_through_a_launcher(clean_env, capsys):
         submit.main(["--profile", "nope", "predict"])
 
 
-def test_submit_counts_executors_on_yarn_and_standalone(clean_env, capsys):
+def test_submit_counts_executors_on_yarn_and_standalone(clean_env, capsys, tmp_path):
     argv = dry_run(capsys, "--profile", "yarn", "train_mnist", "--num-workers", "2")
     assert "spark.executor.instances=3" in argv  # chief + worker + ps (train_mnist: ps)
     clean_env.setenv("SPARKTF_SPARK_MASTER", "spark://127.0.0.1:7077")
+    secret = spark.write_private_conf(tmp_path / "secret.conf", {spark.SECRET_CONF: "s" * 64})
+    clean_env.setenv(spark.SECRET_FILE_ENV, str(secret))  # the standalone cluster's secret
     closed = "spark.sparktf.master.webui=http://127.0.0.1:9"  # nothing answers: sizes as given
     argv = dry_run(
         capsys, "--profile", "standalone", "--conf", closed, "--executor-cores", "2", "train_resnet"

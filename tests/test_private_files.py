@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from sparktf.datasets.formats import Field
-from sparktf.train import feed
+from sparktf.train import feed, scratch
 
 OTHER_UID = 54321  # a user that owns nothing here
 
@@ -97,7 +97,7 @@ def test_feed_dir_and_chunks_written_by_the_feeder_are_private(
     key = "executor-0"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "executor_id").write_text("0")  # what TensorFlowOnSpark leaves for a task
-    client = ControlClient(control.url, control.token, key)
+    client = ControlClient(control.url, control.issue_token(key), key)
     with umask(0):
         reader = feed.FeedReader(
             mgr_address=mgr.address,
@@ -135,7 +135,7 @@ def test_feed_dir_and_chunks_written_by_the_feeder_are_private(
                 "rows": [rows],
                 "skipped": [0],
             }
-            chunks = sorted(os.listdir(directory))
+            chunks = sorted(set(os.listdir(directory)) - {scratch.OWNER_FILE})
             assert len(chunks) == 3 and all(c.endswith(".arrow") for c in chunks), chunks
             for chunk in chunks:
                 path = os.path.join(directory, chunk)
@@ -146,7 +146,8 @@ def test_feed_dir_and_chunks_written_by_the_feeder_are_private(
             client.post("beat")  # the reader learns the count from the driver's answer
             got = list(reader.chunk_stream())
             np.testing.assert_array_equal(np.concatenate([c["id"] for c in got]), np.arange(rows))
-            assert os.listdir(directory) == []  # the reader deletes what it read
+            # The reader deletes what it read (its owner file stays while it runs).
+            assert os.listdir(directory) == [scratch.OWNER_FILE]
         finally:
             reader.close()
     assert not os.path.exists(directory)
@@ -191,7 +192,7 @@ def test_a_feeding_task_that_starts_as_its_reader_ends_writes_nothing_and_succee
         def reader_ends(target=target, delay=delay):
             time.sleep(delay)
             mgr.set(feed.STATE_KEY, feed.DONE)
-            shutil.rmtree(target)
+            scratch.remove_dir(target)  # as FeedReader.close does
 
         ending = threading.Thread(target=reader_ends)
         ending.start()

@@ -426,7 +426,8 @@ def test_control_wrong_token_is_rejected_and_logged(control, caplog):
     assert "wrong token" in rejections(caplog, "control server")[-1]
     assert control.nodes == {}
     # The run's own client still gets through.
-    assert ControlClient(control.url, control.token, "executor-0").post("beat")["stop"] is False
+    token = control.issue_token("executor-0")
+    assert ControlClient(control.url, token, "executor-0").post("beat")["stop"] is False
 
 
 def test_control_server_binds_only_the_driver_address(control, tmp_path, caplog):
@@ -516,3 +517,91 @@ def test_forged_pickle_during_a_real_start_runs_nothing(
         .collect()
     )
     assert set(clients) == {repr(tfos_reservation.Client)}
+
+
+FLOOD = Path(__file__).with_name("flood.py")
+
+
+def start_flood(addr: tuple[str, int], out: Path, kind: str) -> subprocess.Popen:
+    """300 silent connections and a one-byte-a-second sender against ``addr``, from a process
+    of their own (tests/flood.py), for at most five minutes."""
+    return subprocess.Popen(
+        [sys.executable, str(FLOOD), addr[0], str(addr[1]), "300", str(out), "--kind", kind]
+    )
+
+
+def stop_flood(proc: subprocess.Popen, out: Path) -> dict:
+    Path(f"{out}.stop").touch()
+    proc.wait(30)
+    return json.loads(out.read_text())
+
+
+def test_a_run_under_a_connection_flood_finishes_and_logs_refusals_at_a_bounded_rate(
+    spark, mnist, tmp_path, monkeypatch, caplog
+):
+    """While a run starts and trains, 300 connections and a one-byte-a-second sender flood
+    each server the driver listens on, from the moment it listens (the servers are found as
+    the run creates them): the run finishes, the sender is cut off within the deadline, and
+    each server's refusal lines stay within RejectLog's bound."""
+    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, cluster, fit
+    from sparktf.train.limits import ConnectionLimits
+
+    floods: dict[str, tuple[subprocess.Popen, Path]] = {}
+    controls: list[ControlServer] = []
+
+    def flood(what: str, addr: tuple[str, int], kind: str) -> None:
+        out = tmp_path / f"{what.replace(' ', '-')}.json"
+        floods[what] = (start_flood(addr, out, kind), out)
+        time.sleep(2.0)  # the flood is up before the run goes on
+
+    class FloodedControlServer(ControlServer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            controls.append(self)
+            flood("control server", self.address, "http")
+
+    start = reservation.AuthServer.start
+
+    def flooded_start(self):
+        address = start(self)
+        flood("reservation server", (self.bind_host, address[1]), "frame")
+        return address
+
+    monkeypatch.setattr(cluster, "ControlServer", FloodedControlServer)
+    monkeypatch.setattr(reservation.AuthServer, "start", flooded_start)
+    data = tmp_path / "data"
+    shutil.copytree(mnist / "data", data)
+    started = time.monotonic()
+    try:
+        result = fit(
+            TrainConfig(
+                model="mnist_mlp",
+                data=str(data),
+                input_mode="files",
+                steps=300,
+                batch_size=8,
+                model_config={"hidden_units": 8},
+            ),
+            ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
+            RunConfig(
+                model_dir=str(tmp_path / "model"),
+                checkpoint={"every_steps": 300},
+                failure={"failure_timeout_s": 120.0},
+            ),
+            spark=spark,
+        )
+    finally:
+        stats = {what: stop_flood(*flood) for what, flood in floods.items()}
+    elapsed = time.monotonic() - started
+    print(json.dumps({"elapsed_s": round(elapsed, 1), **stats}))  # shown with -rA
+    assert result.final_step == 300
+    deadline = ConnectionLimits().message_deadline_s
+    for what, counts in stats.items():
+        # the flood reached the server, and no sender outlasted the deadline by much
+        assert counts["opened"] >= 300, (what, counts)
+        assert all(cut <= deadline + 2.0 for cut in counts["trickles_cut_s"]), (what, counts)
+        # at most five lines and one summary per ten-second window
+        lines = rejections(caplog, what)
+        assert 0 < len(lines) <= 6 * (elapsed / 10.0 + 2), (what, len(lines), elapsed)
+    assert stats["control server"]["trickles_cut_s"], stats
+    assert controls[0].rejects.total > 300  # refused far more than it logged

@@ -6,7 +6,10 @@ One cluster for the module: Spark's own Master and three Workers (1 core, 1 GiB 
 fails, and no JVM of it may remain. On it: convert a tiny synthetic MNIST to the session HDFS,
 train with ps (chief + worker + ps on executors, fed by Spark) and with all-reduce (two workers
 reading their files), then batch prediction with the all-reduce export. Each job must exit 0 and
-show up at the master as a finished application with exactly the cores it needs.
+show up at the master as a finished application with exactly the cores it needs. Spark's
+transport is protected throughout: the cluster's daemons and every application share the
+secret spark-cluster.sh made (private, never on a command line), and the applications ran
+with authentication, RPC and I/O encryption on.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from sparktf import storage
+from sparktf import spark, storage
 from sparktf.datasets.synthetic import write_mnist
 from tests import helpers
+from tests.test_transport import app_settings, assert_transport_protected, event_log_conf
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SH = ROOT / "scripts" / "spark-cluster.sh"
@@ -118,8 +122,11 @@ def test_the_default_cluster_runs_the_readme_commands_as_written(tmp_path):
         )
         master = parse_env(started.stdout)["SPARK_MASTER_URL"]
         clock = time.monotonic()
+        secret_conf = parse_env(started.stdout)["SPARK_SECRET_FILE"]
+        assert secret_conf == str(directory / "secret.conf")
         plain = command(
             "spark-submit", "--master", master, "--conf", "spark.driver.host=127.0.0.1",
+            "--properties-file", secret_conf,  # the cluster's secret, as its help says
             "--executor-memory", "1g", ROOT / "jobs" / "train_mnist.py", *too_many,
             "--model-dir", tmp_path / "refused",
         )  # fmt: skip
@@ -146,7 +153,8 @@ def cluster(tmp_path_factory):
         started = cluster_sh("start", *args)
         assert started.returncode == 0, started.stderr[-3000:]
         values = parse_env(started.stdout)
-        yield {"dir": directory, "args": args, **values}
+        secret = {"SPARKTF_SPARK_SECRET_FILE": values["SPARK_SECRET_FILE"]}
+        yield {"dir": directory, "args": args, "secret_env": secret, **values}
     finally:
         stopped = cluster_sh("stop", "--dir", str(directory), timeout=120)
         leftovers = cluster_jvms(directory)
@@ -154,10 +162,12 @@ def cluster(tmp_path_factory):
         assert leftovers == []
         status = cluster_sh("status", "--dir", str(directory))
         assert status.returncode == 3 and "not running" in status.stdout
+        assert not (directory / "secret.conf").exists()  # the secret goes with the cluster
 
 
 def submit(*args: str, env: dict | None = None, timeout: float = 600):
-    """scripts/submit.sh --profile standalone ARGS with small executors, as a user would."""
+    """scripts/submit.sh --profile standalone ARGS with small executors, as a user would
+    (the cluster's secret from ``env``'s SPARKTF_SPARK_SECRET_FILE or its master.env)."""
     run = helpers.run_command(
         [
             SUBMIT_SH,
@@ -188,6 +198,18 @@ def finished_apps(cluster) -> list[dict]:
         if not state["activeapps"] or time.monotonic() > deadline:
             return state["completedapps"]
         time.sleep(1)
+
+
+def spark_secret(cluster) -> str:
+    """The cluster's shared secret (its secret.conf)."""
+    return spark.read_secret(cluster["SPARK_SECRET_FILE"])
+
+
+def executor_stderrs(cluster, app_id: str) -> list[Path]:
+    """The stderr files of an application's executors (the workers' work directories)."""
+    found = sorted((cluster["dir"] / "work").glob(f"worker-*/{app_id}/*/stderr"))
+    assert found, f"no executor logs of {app_id}"
+    return found
 
 
 def assert_ran_on_cluster(cluster, name: str, cores: int) -> None:
@@ -242,6 +264,18 @@ def test_cluster_is_private_on_loopback_and_starts_once(cluster):
             if conn.status == psutil.CONN_LISTEN:
                 assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), conn
 
+    # the shared secret: private files only, on no daemon's command line
+    secret = (directory / "secret.conf").read_text().split("spark.authenticate.secret")[1]
+    secret = secret.split()[0]
+    assert len(secret) == 64
+    for name in ("secret.conf", "conf/spark-defaults.conf"):
+        assert ((directory / name).stat().st_mode & 0o777) == 0o600, name
+        assert secret in (directory / name).read_text()
+    for pid in jvms:
+        assert secret not in " ".join(psutil.Process(pid).cmdline())
+    for log in (directory / "logs").iterdir():
+        assert secret not in log.read_text(errors="replace"), log
+
     status = cluster_sh("status", "--dir", str(directory))
     assert status.returncode == 0 and "3 of 3 workers ALIVE" in status.stdout
     again = cluster_sh("start", *cluster["args"])  # harmless: the same cluster, no new JVM
@@ -272,7 +306,10 @@ def train_on_cluster(cluster, mnist, tmp_path, name, *args, strategy, input_mode
     export directory."""
     model_dir = storage.join(mnist["base"], f"model-{name}")
     result = tmp_path / "result.json"
+    events = tmp_path / "events"
+    events.mkdir()
     run = submit(
+        *event_log_conf(events),
         *args,
         "--data",
         mnist["data"],
@@ -293,6 +330,17 @@ def train_on_cluster(cluster, mnist, tmp_path, name, *args, strategy, input_mode
         env=env,
     )
     assert f"spark.cores.max={cores}" in run.stderr
+    # the application ran with Spark's transport protected; the run said nothing about it
+    settings = app_settings(events)
+    assert_transport_protected(settings)
+    assert settings.get("spark.authenticate.secret", "").endswith("(redacted)")
+    assert "transport is not protected" not in run.stdout + run.stderr
+    secret = spark_secret(cluster)
+    for stderr in executor_stderrs(cluster, settings["spark.app.id"]):
+        text = stderr.read_text(errors="replace")
+        assert "-Dspark.authenticate=true" in text and "-Dspark.network.crypto.enabled=true" in text
+        assert secret not in text
+    assert secret not in run.stdout + run.stderr
     summary = json.loads(result.read_text())
     assert (summary["final_step"], summary["strategy"], summary["input_mode"]) == (
         4,
@@ -326,7 +374,7 @@ def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist, tmp_path):
         strategy="ps",
         input_mode="spark",
         cores=3,
-        env={"SPARKTF_SPARK_MASTER": cluster["SPARK_MASTER_URL"]},
+        env={"SPARKTF_SPARK_MASTER": cluster["SPARK_MASTER_URL"], **cluster["secret_env"]},
     )
     # the executors' logs (served by the workers' UI) hold no manager authkey
     logs = [p for p in (cluster["dir"] / "work").rglob("stderr") if p.is_file()]
@@ -347,6 +395,7 @@ def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnis
         strategy="allreduce",
         input_mode="files",
         cores=2,
+        env=cluster["secret_env"],
     )
 
     output = storage.join(mnist["base"], "predictions")
@@ -360,6 +409,7 @@ def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnis
         storage.join(mnist["data"], "test"),
         "--output",
         output,
+        env=cluster["secret_env"],
     )
     assert_ran_on_cluster(cluster, "sparktf-predict", cores=3)
     import pyarrow.parquet as pq
@@ -369,3 +419,37 @@ def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnis
     assert table.num_rows == N_TEST
     assert sorted(table.column("id").to_pylist()) == list(range(N_TEST))
     assert set(table.column("prediction").to_pylist()) <= set(range(10))
+
+
+SESSION_SCRIPT = """
+import json
+from sparktf.spark import get_session
+small = {"spark.executor.cores": "1", "spark.executor.memory": "1g", "spark.task.cpus": "1",
+         "spark.cores.max": "1", "spark.ui.enabled": "false"}
+spark = get_session("sparktf-session", profile="standalone", overrides=small)
+conf = dict(spark.sparkContext.getConf().getAll())
+total = spark.sparkContext.parallelize(range(10), 2).sum()
+keys = ("spark.authenticate", "spark.network.crypto.enabled", "spark.io.encryption.enabled")
+print(json.dumps({"sum": total, **{key: conf.get(key) for key in keys}}))
+spark.stop()
+"""
+
+
+def test_a_session_from_plain_python_joins_the_protected_cluster(cluster, tmp_path):
+    """get_session(profile="standalone") outside spark-submit: the cluster of master.env, the
+    transport settings on, and the secret handed to the JVM in a private file (the master
+    and its workers accept nothing else)."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION_SCRIPT)
+    env = {
+        **os.environ,
+        "SPARKTF_SPARK_CLUSTER_DIR": str(cluster["dir"]),
+        "PYTHONPATH": str(ROOT),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    run = helpers.run_command([sys.executable, script], cwd=tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = json.loads(run.stdout.strip().splitlines()[-1])
+    assert said == {"sum": 45, **{key: "true" for key in spark.TRANSPORT_SETTINGS}}
+    assert spark_secret(cluster) not in run.stdout + run.stderr
+    assert_ran_on_cluster(cluster, "sparktf-session", cores=1)

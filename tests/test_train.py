@@ -111,7 +111,7 @@ def test_control_channel_plans_progress_and_abort():
 
     server = ControlServer("127.0.0.1")
     try:
-        client = ControlClient(server.url, server.token, "executor-0")
+        client = ControlClient(server.url, server.issue_token("executor-0"), "executor-0")
         server.publish_plans({"executor-0": {"name": "chief:0", "role": "chief"}})
         assert client.hello(5)["name"] == "chief:0"
         client.post("beat", {"progress": {"step": 3}})
@@ -309,6 +309,18 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs
     tags = _events(model_dir)
     assert {"loss", "accuracy", "learning_rate", "examples_per_sec"} <= set(tags)
     assert any(t.startswith("weights/") for t in tags)
+    # The events went out in segments (a new file per sync: at each checkpoint and at the
+    # end), read back in name order as one stream: steps in order, no event twice.
+    train_events = storage.join(model_dir, "events", "train")
+    names = sorted(os.path.basename(storage.parse(p).path) for p in storage.listdir(train_events))
+    assert len(names) >= 2 and all("tfevents" in n for n in names), names
+    with storage.local_copy(train_events) as local:
+        events = [
+            e for n in names for e in tf.compat.v1.train.summary_iterator(os.path.join(local, n))
+        ]
+    assert len({e.SerializeToString() for e in events}) == len(events)
+    loss_steps = [e.step for e in events for v in e.summary.value if v.tag == "loss"]
+    assert loss_steps and loss_steps == sorted(loss_steps), loss_steps
     with storage.local_copy(result.export_path) as local:
         loaded = tf.saved_model.load(local)
         images = np.random.default_rng(1).integers(0, 256, (3, 28, 28, 1), dtype=np.uint8)

@@ -6,7 +6,8 @@ this YARN holds), running the venv's python or, with ``--ship-env``, the packed 
 
 What a user checks: the job's exit code, the export and the predictions on HDFS, the
 application's final status in the ResourceManager's REST API, one YARN container per executor
-(plus the application master), and that ``yarn.sh stop`` leaves nothing running.
+(plus the application master), that ``yarn.sh stop`` leaves nothing running, and that the
+applications ran with Spark's authentication, RPC and I/O encryption on (the profile's).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sparktf import storage
 from sparktf.datasets.synthetic import write_mnist
 from tests import helpers
 from tests.conftest import ROOT
+from tests.test_transport import app_settings, assert_transport_protected, event_log_conf
 
 YARN_SH = ROOT / "scripts" / "yarn.sh"
 N_TRAIN, N_TEST = 100, 10
@@ -152,13 +154,20 @@ def test_start_refuses_bad_options_and_a_yarn_site_it_did_not_write(tmp_path):
 def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark, tmp_path):
     model_dir = hdfs.fresh("yarn-allreduce")
     result_file = tmp_path / "result.json"
+    events = tmp_path / "events"
+    events.mkdir()
     run, app = yarn.submit(
         "jobs/train_mnist.py",
         *("--strategy", "allreduce", "--num-workers", "2", "--input-mode", "spark"),
         *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "4"),
         *("--batch-size", "20", "--result-json", str(result_file)),
+        spark_options=tuple(event_log_conf(events)),
     )
     assert run.returncode == 0, explain(run)
+    # Spark's transport protected (the profile's settings; YARN made the application's
+    # secret), and the run did not warn about it
+    assert_transport_protected(app_settings(events))
+    assert "transport is not protected" not in run.stdout + run.stderr
     result = json.loads(result_file.read_text())
     trained = (result["final_step"], result["strategy"], result["input_mode"])
     assert trained == (4, "allreduce", "spark")

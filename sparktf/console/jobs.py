@@ -3,13 +3,14 @@ files ``jobs/NAME.py`` run (``run_job``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparktf import cli
 
-__all__ = ["CONVERT_DATASETS", "JOBS", "Job", "run_job"]
+__all__ = ["CONVERT_DATASETS", "JOBS", "Job", "run_job", "run_with_hdfs_credentials"]
 
 
 @dataclass(frozen=True)
@@ -99,4 +100,40 @@ def run_job(name: str) -> None:
     """The entry point of ``jobs/NAME.py`` and of ``sparktf submit NAME``: the job on
     ``sys.argv[1:]`` with exit codes (``sparktf.cli.run``)."""
     job = JOBS[name]
-    cli.run(lambda: job.main(sys.argv[1:]), job.for_command_line)
+    argv = sys.argv[1:]
+    cli.run(lambda: run_with_hdfs_credentials(job, argv), job.for_command_line)
+
+
+def run_with_hdfs_credentials(job: Job, argv: Sequence[str]) -> int | None:
+    """Runs ``job`` on ``argv`` with what a Kerberized HDFS needs: the check, before Spark
+    starts, that there is a ticket or a keytab, and the run's delegation token for its
+    executors (:func:`sparktf.storage.kerberos.job_credentials`). Raises NoCredentialsError
+    before the job starts when Kerberos is on and there is neither."""
+    from sparktf.security import kerberos
+
+    if not kerberos.enabled() or {"-h", "--help"} & set(argv):
+        return job.main(argv)
+    from sparktf.storage.kerberos import job_credentials
+
+    with job_credentials(_profile_conf(argv)):
+        return job.main(argv)
+
+
+def _profile_conf(argv: Sequence[str]) -> dict[str, str]:
+    """The Spark settings of the job's ``--profile`` (for ``spark.kerberos.*``); empty under
+    spark-submit, which holds them itself, or when the profile cannot be read (the job says
+    why)."""
+    from sparktf import spark
+
+    if spark.launched_by_spark_submit():
+        return {}
+    profile = os.environ.get("SPARKTF_PROFILE", "local")
+    for i, arg in enumerate(argv):
+        if arg == "--profile" and i + 1 < len(argv):
+            profile = argv[i + 1]
+        elif arg.startswith("--profile="):
+            profile = arg.split("=", 1)[1]
+    try:
+        return spark.profile_conf(profile)
+    except Exception:  # the job reports a bad profile itself, with its own message
+        return {}

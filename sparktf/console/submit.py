@@ -21,6 +21,12 @@ lists them) or a Python file (``jobs/train_resnet.py``). What it adds to spark-s
   ``--ship-env`` (or ``spark.sparktf.shipEnv true`` in the profile) the whole Python
   environment too: packed once per set of installed packages under sparktf's home and passed
   as ``--archives ENV#environment``, ``spark.pyspark.python=./environment/bin/python``;
+- Spark's transport protected on standalone, YARN and Kubernetes masters:
+  ``spark.authenticate``, ``spark.network.crypto.enabled`` and ``spark.io.encryption.enabled``
+  turned on unless the profile or a ``--conf`` sets them (``false`` turns one off); a
+  standalone master's shared secret comes from ``$SPARKTF_SPARK_SECRET_FILE`` or the
+  ``scripts/spark-cluster.sh`` cluster's ``secret.conf``, and reaches spark-submit in a
+  private file (``--extra-properties-file``), never on its command line;
 - the driver's console shows warnings and sparktf's progress (``log4j2.properties``);
   ``--log-level DEBUG`` brings Spark's INFO lines back.
 
@@ -171,13 +177,7 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
     submit = env.get("SPARKTF_SPARK_SUBMIT") or _spark_submit(python)
     env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = python
     extra: list[str] = []
-    level = env.get("SPARKTF_LOG_LEVEL", "INFO")
-    for i, arg in enumerate(command.job_args):
-        if arg == "--log-level" and i + 1 < len(command.job_args):
-            level = command.job_args[i + 1]
-        elif arg.startswith("--log-level="):
-            level = arg.split("=", 1)[1]
-    if level.upper() != "DEBUG":
+    if _log_level(command, env).upper() != "DEBUG":
         log4j = spark.log4j_conf().resolve().as_uri()
         extra += ["--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={log4j}"]
 
@@ -203,6 +203,8 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         extra += ["--conf", "spark.driver.host=127.0.0.1"]
         extra += ["--conf", "spark.driver.bindAddress=127.0.0.1"]
+
+    extra += _transport(command, profile, master, scratch)
 
     name = job_name(command.job)
     n = _executors_needed(name, command.job_args)
@@ -257,6 +259,32 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         *command.job_args,
     ]
     return argv, env
+
+
+def _log_level(command: Command, env: dict[str, str]) -> str:
+    """The job's ``--log-level``, else ``$SPARKTF_LOG_LEVEL``, else INFO."""
+    level = env.get("SPARKTF_LOG_LEVEL", "INFO")
+    for i, arg in enumerate(command.job_args):
+        if arg == "--log-level" and i + 1 < len(command.job_args):
+            level = command.job_args[i + 1]
+        elif arg.startswith("--log-level="):
+            level = arg.split("=", 1)[1]
+    return level
+
+
+def _transport(command: Command, profile: dict, master: str, scratch: Path) -> list[str]:
+    """The options that protect Spark's transport on ``master`` (``spark.transport_defaults``:
+    authentication, RPC and I/O encryption, unless the profile or the command line set them)
+    and the shared secret a standalone master needs, in a private file under ``scratch``
+    (``--extra-properties-file``), never on the command line."""
+    user = {**profile, **command.confs()}
+    added = spark.transport_defaults(master, user)
+    options = [arg for key, value in added.items() for arg in ("--conf", f"{key}={value}")]
+    secret = spark.transport_secret(master, {**user, **added})
+    if secret is not None:
+        path = spark.write_private_conf(scratch / "secret.conf", {spark.SECRET_CONF: secret})
+        options += ["--extra-properties-file", str(path)]
+    return options
 
 
 def _yarn_here(command: Command, profile: dict, env: dict[str, str]) -> list[str]:
@@ -395,6 +423,8 @@ def main(argv: Sequence[str]) -> int:
             argv_, env = build(command, Path(tmp))
         except placement.PlacementError as exc:
             raise cli.UsageError(f"the run cannot be placed: {exc}") from None
+        except spark.TransportError as exc:
+            raise cli.UsageError(str(exc)) from None
         if command.dry_run:
             print(shlex.join(argv_))
             return 0

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from urllib.parse import urlparse
 
+from sparktf.security import kerberos, redact
 from sparktf.storage import hdfs
 from sparktf.storage.errors import StorageError
 from sparktf.storage.hdfs import (
@@ -20,7 +22,8 @@ __all__ = ["fsspec_filesystem"]
 def fsspec_filesystem(path: str):
     """An fsspec file system for ``path``'s file system (for pyarrow and petastorm).
 
-    For HDFS, fsspec's WebHDFS file system whose files fetch each range with one streamed
+    For HDFS, fsspec's WebHDFS file system (authenticated as :func:`webhdfs_client` is:
+    delegation token, SPNEGO or user name) whose files fetch each range with one streamed
     read of the response (fsspec's own reads it 10 KiB at a time) and read ahead
     ``READ_BLOCK`` bytes.
     """
@@ -30,12 +33,23 @@ def fsspec_filesystem(path: str):
     if loc.scheme == "file":
         return fsspec.filesystem("file")
     url = urlparse(webhdfs_url(loc.netloc))
-    return _webhdfs_class()(
+    token = os.environ.get(kerberos.TOKEN_ENV) or None  # as hdfs.webhdfs_client authenticates
+    spnego = token is None and kerberos.enabled()
+    if token:
+        redact.add_secret(token)
+    fs = _webhdfs_class()(
         host=url.hostname,
         port=url.port or 9870,
-        user=hdfs_user(),
+        user=None if token or spnego else hdfs_user(),
+        token=token,
         use_listings_cache=False,
     )
+    if spnego:
+        from sparktf.security.spnego import NegotiateAuth
+
+        redact.install()
+        fs.session.auth = NegotiateAuth(kerberos.credential)
+    return fs
 
 
 @lru_cache(maxsize=1)

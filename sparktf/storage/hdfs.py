@@ -11,6 +11,11 @@ WebHDFS address of a NameNode, first match wins:
 3. ``http://HOST:9870`` (Hadoop 3's default port) for ``hdfs://HOST:PORT``.
 
 The HDFS user is ``SPARKTF_HDFS_USER``, else ``HADOOP_USER_NAME``, else the login name.
+
+How a client authenticates (:func:`webhdfs_client`): with the run's delegation token
+(``SPARKTF_HDFS_DELEGATION_TOKEN``) when there is one, else with SPNEGO when HDFS uses
+Kerberos (:mod:`sparktf.security.kerberos` says when, and with whose credentials), else as the
+HDFS user (``user.name=``).
 """
 
 from __future__ import annotations
@@ -19,13 +24,11 @@ import contextlib
 import getpass
 import logging
 import os
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from functools import lru_cache
-from pathlib import Path
 from urllib.parse import urlparse
 
-from sparktf import paths
+from sparktf.security import hadoop_conf, kerberos, redact
 from sparktf.storage.errors import (
     NameNodeUnreachableError,
     PathExistsError,
@@ -55,37 +58,10 @@ HDFS_DATA_TIMEOUT_S = float(os.environ.get("SPARKTF_HDFS_DATA_TIMEOUT", "120"))
 READ_BLOCK = 4 << 20  # bytes fetched per WebHDFS read request
 
 
-def _conf_dir() -> Path | None:
-    """$HADOOP_CONF_DIR, else ``hadoop/`` of the conf directories (``sparktf.paths``; in a
-    checkout, what scripts/hdfs.sh start writes)."""
-    local = [d / "hadoop" for d in paths.conf_dirs()]
-    for candidate in (os.environ.get("HADOOP_CONF_DIR"), *local):
-        if candidate and (Path(candidate) / "hdfs-site.xml").is_file():
-            return Path(candidate)
-    return None
-
-
-def _xml_props(path: Path) -> dict[str, str]:
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError) as exc:
-        log.warning("cannot read Hadoop configuration %s: %s", path, exc)
-        return {}
-    props = {}
-    for prop in root.iter("property"):
-        name, value = prop.findtext("name"), prop.findtext("value")
-        if name and value is not None:
-            props[name.strip()] = value.strip()
-    return props
-
-
 def default_fs() -> str | None:
     """``fs.defaultFS`` of the Hadoop client configuration when it is an ``hdfs://`` URI (the
     cluster's file system), else None."""
-    conf = _conf_dir()
-    if conf is None or not (conf / "core-site.xml").is_file():
-        return None
-    value = _xml_props(conf / "core-site.xml").get("fs.defaultFS", "")
+    value = hadoop_conf.site_properties("core-site.xml").get("fs.defaultFS", "")
     return value.rstrip("/") if value.startswith("hdfs://") else None
 
 
@@ -95,11 +71,10 @@ def webhdfs_url(netloc: str) -> str:
     explicit = os.environ.get("SPARKTF_WEBHDFS_URL")
     if explicit:
         return explicit.rstrip("/")
-    conf = _conf_dir()
-    if conf is not None:
-        core = _xml_props(conf / "core-site.xml") if (conf / "core-site.xml").is_file() else {}
+    if hadoop_conf.conf_dir() is not None:
+        core = hadoop_conf.site_properties("core-site.xml")
         default_fs = urlparse(core.get("fs.defaultFS", "")).netloc
-        http = _xml_props(conf / "hdfs-site.xml").get("dfs.namenode.http-address")
+        http = hadoop_conf.site_properties("hdfs-site.xml").get("dfs.namenode.http-address")
         if http and (not default_fs or default_fs == netloc):
             return "http://" + http
     host = netloc.split(":")[0]
@@ -116,14 +91,48 @@ def hdfs_user() -> str:
     )
 
 
-@lru_cache(maxsize=16)
 def webhdfs_client(url: str, user: str, data: bool = False):
-    """A WebHDFS client (``hdfs.InsecureClient``, cached) of the NameNode at ``url`` acting
-    as ``user``; ``data`` clients wait longer for bytes to flow than metadata ones."""
-    import hdfs  # deferred: keeps `import sparktf.storage` light
+    """A WebHDFS client (cached) of the NameNode at ``url``: with the run's delegation token
+    when ``SPARKTF_HDFS_DELEGATION_TOKEN`` holds one, else with SPNEGO when HDFS uses
+    Kerberos, else acting as ``user``; ``data`` clients wait longer for bytes to flow than
+    metadata ones.
 
-    read_timeout = HDFS_DATA_TIMEOUT_S if data else HDFS_TIMEOUT_S
-    return hdfs.InsecureClient(url, user=user, timeout=(HDFS_TIMEOUT_S, read_timeout))
+    Raises NoCredentialsError (:mod:`sparktf.security.kerberos`) from the requests it makes
+    when Kerberos is on and there is no ticket and no keytab."""
+    token = os.environ.get(kerberos.TOKEN_ENV) or None
+    if token:
+        return _client(url, "token", token, data)
+    if kerberos.enabled():
+        return _client(url, "kerberos", None, data)
+    return _client(url, "user", user, data)
+
+
+@lru_cache(maxsize=16)
+def _client(url: str, auth: str, credential: str | None, data: bool):
+    import hdfs  # deferred: keeps `import sparktf.storage` light
+    import requests
+
+    timeout = (HDFS_TIMEOUT_S, HDFS_DATA_TIMEOUT_S if data else HDFS_TIMEOUT_S)
+    if auth == "user":
+        return hdfs.InsecureClient(url, user=credential, timeout=timeout)
+    redact.install()  # urllib3 logs every URL at DEBUG, with its delegation= token
+    session = requests.Session()
+    if auth == "token":
+        redact.add_secret(credential)
+        return hdfs.TokenClient(url, credential, timeout=timeout, session=session)
+    from sparktf.security.spnego import NegotiateAuth
+
+    session.auth = NegotiateAuth(kerberos.credential)
+    return hdfs.Client(url, timeout=timeout, session=session)
+
+
+def _credentials_used() -> str:
+    """Which credentials the clients present, for error messages (never the token)."""
+    if os.environ.get(kerberos.TOKEN_ENV):
+        return f"the run's delegation token, {kerberos.TOKEN_ENV}"
+    if kerberos.enabled():
+        return "Kerberos (SPNEGO)"
+    return f"user.name={hdfs_user()}"
 
 
 class WebHdfs:
@@ -156,6 +165,11 @@ class WebHdfs:
             uri = f"hdfs://{self.loc.netloc}{path}"
             if exception == "FileNotFoundException" or "does not exist" in message:
                 raise PathNotFoundError(f"{what}: no such path {uri}") from exc
+            if message.startswith("Authentication failure") or exception == "InvalidToken":
+                raise StoragePermissionError(
+                    f"{what}: HDFS at {self.url} did not accept sparktf's credentials for "
+                    f"{uri} ({_credentials_used()}): {redact.redact(message.splitlines()[0])}"
+                ) from exc
             if (
                 exception in ("AccessControlException", "SecurityException")
                 or "Permission denied" in message
@@ -171,6 +185,14 @@ class WebHdfs:
             ) from exc
 
     def status(self, path: str) -> dict | None:
-        """WebHDFS's FileStatus of ``path``, None when it does not exist."""
+        """WebHDFS's FileStatus of ``path``, None when it does not exist (a refused request
+        raises, as :meth:`errors` says)."""
+        import hdfs
+
         with self.errors("stat", path):
-            return self.client.status(path, strict=False)
+            try:
+                return self.client.status(path)
+            except hdfs.HdfsError as exc:  # only a missing path is None, not a refusal
+                if getattr(exc, "exception", "") == "FileNotFoundException":
+                    return None
+                raise

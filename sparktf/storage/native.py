@@ -6,6 +6,10 @@ readers' bulk reads) go through it. It reads from the NameNode's RPC address (th
 ``hdfs://host:port`` of the URI); when the package is missing, the port does not accept a
 connection within ``SPARKTF_HDFS_TIMEOUT`` or ``SPARKTF_HDFS_USER`` names another user than
 the native client would use, WebHDFS serves the reads (with a warning, once).
+
+On a Kerberized HDFS hdfs-native authenticates with the run's delegation token (written to a
+private Hadoop credentials file, ``HADOOP_TOKEN_FILE_LOCATION``) or the user's ticket cache;
+a keytab login reads through WebHDFS.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import socket
 from collections.abc import Iterator
 from functools import lru_cache
 
+from sparktf.security import kerberos
 from sparktf.storage import hdfs
 from sparktf.storage.errors import PathNotFoundError, StorageError, StoragePermissionError
 from sparktf.storage.hdfs import hdfs_user
+from sparktf.storage.kerberos import token_file
 from sparktf.storage.uri import Location
 
 __all__ = [
@@ -50,22 +56,16 @@ def hdfs_client_kind() -> str:
 
 
 @lru_cache(maxsize=16)
-def native_client(netloc: str, user: str):
-    """An hdfs-native client (cached) of the NameNode at ``netloc`` reading as ``user``, or
-    None when WebHDFS must serve the reads (the reason is logged)."""
+def native_client(netloc: str, user: str, token: str | None = None):
+    """An hdfs-native client (cached) of the NameNode at ``netloc`` reading as ``user`` (on a
+    Kerberized HDFS: with the delegation token ``token``, else the ticket cache), or None
+    when WebHDFS must serve the reads (the reason is logged)."""
     try:
         import hdfs_native
     except ImportError:
         log.warning("SPARKTF_HDFS_CLIENT=native but hdfs-native is not installed: using WebHDFS")
         return None
-    native_user = os.environ.get("HADOOP_USER_NAME") or getpass.getuser()
-    if user != native_user:
-        log.warning(
-            "SPARKTF_HDFS_USER=%s but hdfs-native would read as %s (HADOOP_USER_NAME or the "
-            "login name): using WebHDFS",
-            user,
-            native_user,
-        )
+    if not _native_credentials(user, token, netloc):
         return None
     host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "8020")
     try:  # hdfs-native retries a refused connection for minutes: fail over at once instead
@@ -78,10 +78,49 @@ def native_client(netloc: str, user: str):
     return hdfs_native.Client(f"hdfs://{netloc}")
 
 
+def _native_credentials(user: str, token: str | None, netloc: str) -> bool:
+    """Whether hdfs-native can act as sparktf does, after pointing it at the run's token."""
+    if not kerberos.enabled():
+        native_user = os.environ.get("HADOOP_USER_NAME") or getpass.getuser()
+        if user != native_user:
+            log.warning(
+                "SPARKTF_HDFS_USER=%s but hdfs-native would read as %s (HADOOP_USER_NAME or "
+                "the login name): using WebHDFS",
+                user,
+                native_user,
+            )
+            return False
+        return True
+    if token:  # hdfs-native reads Hadoop's credentials file
+        os.environ["HADOOP_TOKEN_FILE_LOCATION"] = token_file(token, netloc, _token_dir())
+        return True
+    if kerberos.login().keytab:
+        log.warning(
+            "SPARKTF_HDFS_CLIENT=native: hdfs-native logs in from a ticket cache or a delegation "
+            "token, not from a keytab: using WebHDFS"
+        )
+        return False
+    return True
+
+
+@lru_cache(maxsize=1)
+def _token_dir() -> str:
+    """A private directory (mode 700) of this process for its token file, removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="sparktf-token-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def native_client_for(loc: Location):
     """The hdfs-native client of the HDFS location ``loc`` when ``SPARKTF_HDFS_CLIENT`` asks
     for one and it can serve, else None (WebHDFS)."""
-    return native_client(loc.netloc, hdfs_user()) if hdfs_client_kind() == "native" else None
+    if hdfs_client_kind() != "native":
+        return None
+    return native_client(loc.netloc, hdfs_user(), os.environ.get(kerberos.TOKEN_ENV) or None)
 
 
 @contextlib.contextmanager

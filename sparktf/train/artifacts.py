@@ -3,10 +3,18 @@
 TensorFlow 2.21 cannot open ``hdfs://``, so TensorFlow always writes to a local directory and
 this module mirrors it to the model directory through :mod:`sparktf.storage`:
 
-* checkpoints: after each save the new ``ckpt-<step>.*`` files are copied, then the
-  ``checkpoint`` state file is published atomically (a reader never sees a state that names
-  files not yet there), then older checkpoints beyond ``keep`` are deleted;
-* events: the chief's event files are copied every ``sync_every_s`` and at the end;
+* checkpoints: after each save the new ``ckpt-<step>.*`` files are uploaded, each under a
+  temporary name then renamed into place, the data files first and the ``.index`` file
+  last, then the ``checkpoint`` state file is published atomically, then older checkpoints
+  beyond ``keep`` are deleted. An upload that dies at any point leaves no ``.index`` of the
+  new checkpoint (its remains are not a complete checkpoint) and a state that still names
+  the previous one;
+* events: append-only. Every ``sync_every_s``, at each checkpoint and at the end, the
+  complete records the chief's event files gained since the last sync are published as a
+  new segment file (:func:`segment_name`), written under a temporary name without
+  ``tfevents`` in it and renamed into place; a segment is never rewritten. Segments of a
+  local event file sort after it and in the order they were written, so TensorBoard, which
+  reads the event files of a directory in name order, sees one stream;
 * exports: written locally, then published atomically as ``export/<global step>/``.
 
 A rerun with the same model directory resumes: :meth:`ModelDir.attach` copies the latest
@@ -30,11 +38,12 @@ import logging
 import os
 import posixpath
 import re
-import shutil
-import tempfile
+import struct
 import time
+import uuid
 
 from sparktf import storage
+from sparktf.train import scratch
 
 __all__ = [
     "BEST_EXPORT",
@@ -48,8 +57,11 @@ __all__ = [
     "STATE_FILE",
     "latest_checkpoint",
     "latest_checkpoint_step",
+    "complete_records",
     "retain_checkpoints",
+    "segment_name",
     "state_text",
+    "upload_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +78,9 @@ _STATE_RE = re.compile(r'^model_checkpoint_path:\s*"([^"]+)"', re.M)
 _PATHS_RE = re.compile(r'^all_model_checkpoint_paths:\s*"([^"]+)"', re.M)
 _TIMES_RE = re.compile(r"^all_model_checkpoint_timestamps:\s*(\S+)", re.M)
 _CKPT_FILE_RE = re.compile(r"^" + CKPT_NAME + r"-(\d+)\.")
+_CKPT_TEMP_RE = re.compile(r"^\." + CKPT_NAME + r"-\d+\..+\.tmp-[0-9a-f]{12}$")
+# Segments are staged under this prefix (no "tfevents": TensorBoard ignores them).
+_SEGMENT_TEMP = ".sparktf-segment.tmp-"
 
 
 def _read_state(checkpoint_dir: str) -> str | None:
@@ -138,15 +153,19 @@ def retain_checkpoints(checkpoint_dir: str, latest: int, keep: int) -> list[str]
     The state file is republished to list exactly the kept checkpoints (the last one
     ``latest``) when it lists others; deletions come after it. A checkpoint is complete when
     its ``.index`` file is there (written and copied last); files of steps above ``latest``
-    are remains of a save that died before its state file was published. Returns the kept
+    are remains of a save that died before its state file was published, and so are the
+    temporary files of an upload that died (:func:`upload_checkpoint`). Returns the kept
     names (``ckpt-<step>``), oldest first.
     """
     groups: dict[int, list[str]] = {}
+    leftovers = []
     for entry in storage.listdir(checkpoint_dir):
         base = posixpath.basename(storage.parse(entry).path)
         match = _CKPT_FILE_RE.match(base)
         if match:
             groups.setdefault(int(match.group(1)), []).append(entry)
+        elif _CKPT_TEMP_RE.match(base):
+            leftovers.append(entry)
     complete = sorted(
         step
         for step, files in groups.items()
@@ -168,6 +187,9 @@ def retain_checkpoints(checkpoint_dir: str, latest: int, keep: int) -> list[str]
         times = [min(t, now) for t in times]
         with storage.publish(storage.join(checkpoint_dir, STATE_FILE), overwrite=True) as tmp:
             storage.write_text(tmp, state_text(kept, times))
+    for entry in leftovers:
+        storage.delete(entry)
+        log.info("deleted %s, left by a checkpoint upload that did not finish", entry)
     for step, files in sorted(groups.items()):
         if f"{CKPT_NAME}-{step}" in kept:
             continue
@@ -179,12 +201,64 @@ def retain_checkpoints(checkpoint_dir: str, latest: int, keep: int) -> list[str]
     return kept
 
 
+def upload_checkpoint(local_dir: str, name: str, remote_dir: str) -> list[str]:
+    """Uploads the files of checkpoint ``name`` (``ckpt-<step>``) from ``local_dir`` to
+    ``remote_dir``: each under a temporary name (``.<file>.tmp-<hex>``), renamed into place
+    once complete, the data files first and the ``.index`` file last. A checkpoint is
+    complete once its ``.index`` is there, so an upload that dies leaves none, only files
+    :func:`retain_checkpoints` removes. Returns the uploaded names in upload order.
+
+    Raises:
+        StorageError: a write or a rename failed (the temporary file is deleted first).
+    """
+    names = sorted(n for n in os.listdir(local_dir) if n.startswith(name + "."))
+    names.sort(key=lambda n: n.endswith(".index"))  # stable: data files, then the index
+    storage.makedirs(remote_dir)
+    for base in names:
+        target = storage.join(remote_dir, base)
+        tmp = storage.temp_sibling(target)
+        try:
+            storage.copy_file(os.path.join(local_dir, base), tmp)
+            if storage.exists(target):  # a file of an unfinished save of the same step
+                storage.delete(target)
+            storage.rename(tmp, target)
+        except BaseException:
+            try:
+                storage.delete(tmp)
+            except Exception as exc:  # the next retention pass removes it
+                log.warning("could not delete %s after a failed upload: %s", tmp, exc)
+            raise
+    return names
+
+
+def complete_records(data: bytes) -> int:
+    """The length of the longest prefix of ``data`` that is whole TFRecords (the format of
+    event files: a little-endian uint64 length, a 4-byte CRC, the record, a 4-byte CRC);
+    the rest is a record TensorFlow has not finished writing."""
+    end = 0
+    while end + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, end)
+        after = end + 12 + length + 4
+        if after > len(data):
+            break
+        end = after
+    return end
+
+
+def segment_name(event_file: str, index: int) -> str:
+    """The name of segment ``index`` (1, 2, ...) of the local event file named
+    ``event_file``: ``<event_file>.<index, 6 digits>``. Segments sort after ``event_file``'s
+    own name and among themselves in order, and contain ``tfevents`` as TensorBoard needs."""
+    return f"{event_file}.{index:06d}"
+
+
 class ModelDir:
     """A run's model directory as seen by one TensorFlow process.
 
     ``writer``: this process writes the run's results (the chief). Other processes get a
     private scratch directory (multi-worker saves must happen on every worker, but only the
-    chief's count).
+    chief's count), made by :func:`sparktf.train.scratch.make_dir`: removed by
+    :meth:`close`, on any exit of a TensorFlow process, or by a later run's sweep.
     """
 
     def __init__(self, uri: str, *, writer: bool, sync_every_s: float = 60.0):
@@ -196,11 +270,13 @@ class ModelDir:
         if writer and not self.remote:
             self.local = storage.parse(uri).path
         else:
-            self._scratch = tempfile.mkdtemp(prefix="sparktf-modeldir-")
+            self._scratch = scratch.make_dir("sparktf-modeldir-")
             self.local = self._scratch
         os.makedirs(self.checkpoint_dir, exist_ok=True)
         self._last_sync = time.monotonic()
-        self._synced_sizes: dict[str, int] = {}
+        self._synced: dict[str, tuple[int, int]] = {}  # event file -> (bytes, segments) out
+        self._flushers: list = []
+        self._staging_cleaned = False
         self._manager = None
         self._keep = 1
 
@@ -278,35 +354,75 @@ class ModelDir:
             retain_checkpoints(self.checkpoint_dir, step, self._keep)
             return prefix
         remote_dir = storage.join(self.uri, CHECKPOINTS)
-        storage.makedirs(remote_dir)
-        for base in sorted(os.listdir(self.checkpoint_dir)):  # .data-* first, .index last
-            if base.startswith(name + "."):
-                storage.copy_file(
-                    os.path.join(self.checkpoint_dir, base), storage.join(remote_dir, base)
-                )
+        upload_checkpoint(self.checkpoint_dir, name, remote_dir)
         retain_checkpoints(remote_dir, step, self._keep)
         self.sync_events(force=True)
         return storage.join(remote_dir, name)
 
     # -- events ---------------------------------------------------------------------------
 
+    def add_flusher(self, flush) -> None:
+        """Registers ``flush()`` (an event writer's) to run before each sync of the events."""
+        self._flushers.append(flush)
+
+    def sync_due(self) -> bool:
+        """Whether :meth:`sync_events` would publish now (an hdfs:// writer, interval out)."""
+        return (
+            self.remote and self.writer and time.monotonic() - self._last_sync >= self.sync_every_s
+        )
+
     def sync_events(self, *, force: bool = False) -> None:
-        """Copies new or grown event files to an hdfs:// model directory."""
+        """Publishes what the local event files gained since the last sync, as new segment
+        files of an hdfs:// model directory (see the module's description)."""
         events = os.path.dirname(self.events_dir)  # train/ and eval/
         if not (self.remote and self.writer) or not os.path.isdir(events):
             return
-        if not force and time.monotonic() - self._last_sync < self.sync_every_s:
+        if not force and not self.sync_due():
             return
         self._last_sync = time.monotonic()
+        for flush in self._flushers:
+            flush()
         for root, _, files in os.walk(events):
-            for base in files:
-                path = os.path.join(root, base)
-                size = os.path.getsize(path)
-                if self._synced_sizes.get(path) == size:
-                    continue
-                rel = os.path.relpath(path, self.local)
-                storage.copy_file(path, storage.join(self.uri, *rel.split(os.sep)))
-                self._synced_sizes[path] = size
+            remote = storage.join(self.uri, *os.path.relpath(root, self.local).split(os.sep))
+            for base in sorted(files):
+                if "tfevents" in base:
+                    self._publish_segment(os.path.join(root, base), remote)
+
+    def _publish_segment(self, path: str, remote_dir: str) -> None:
+        """Publishes the complete records of the event file ``path`` not yet out as its next
+        segment in ``remote_dir`` (staged under a name TensorBoard ignores, then renamed)."""
+        done, segments = self._synced.get(path, (0, 0))
+        with open(path, "rb") as f:
+            f.seek(done)
+            data = f.read()
+        length = complete_records(data)
+        if not length:
+            return
+        if not self._staging_cleaned:
+            self._clean_staging()
+        target = storage.join(remote_dir, segment_name(os.path.basename(path), segments + 1))
+        tmp = storage.join(remote_dir, f"{_SEGMENT_TEMP}{uuid.uuid4().hex[:12]}")
+        try:
+            storage.write_bytes(tmp, data[:length])
+            storage.rename(tmp, target)
+        except BaseException:
+            try:
+                storage.delete(tmp)
+            except Exception as exc:
+                log.warning("could not delete %s after a failed event upload: %s", tmp, exc)
+            raise
+        self._synced[path] = (done + length, segments + 1)
+
+    def _clean_staging(self) -> None:
+        """Deletes segments staged by a writer that died before renaming them (the chief is
+        the model directory's only writer), in both event directories."""
+        self._staging_cleaned = True
+        for run in (EVENTS, EVAL_EVENTS):
+            directory = storage.join(self.uri, *run.split("/"))
+            for entry in storage.listdir(directory) if storage.exists(directory) else []:
+                if posixpath.basename(storage.parse(entry).path).startswith(_SEGMENT_TEMP):
+                    storage.delete(entry)
+                    log.info("deleted %s, left by an event upload that did not finish", entry)
 
     # -- exports and run info -------------------------------------------------------------
 
@@ -319,12 +435,12 @@ class ModelDir:
         storage.makedirs(storage.join(self.uri, root))
         with storage.publish(target, overwrite=True) as tmp:
             if self.remote:
-                local = tempfile.mkdtemp(prefix="sparktf-export-")
+                local = scratch.make_dir("sparktf-export-")
                 try:
                     write(os.path.join(local, "model"))
                     storage.copy_tree(os.path.join(local, "model"), tmp)
                 finally:
-                    shutil.rmtree(local, ignore_errors=True)
+                    scratch.remove_dir(local)
             else:
                 write(storage.parse(tmp).path)
         return target
@@ -347,5 +463,6 @@ class ModelDir:
             storage.write_text(tmp, json.dumps(run_info, indent=2) + "\n")
 
     def close(self) -> None:
+        """Removes this process's scratch directory (if it has one)."""
         if self._scratch:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            scratch.remove_dir(self._scratch)

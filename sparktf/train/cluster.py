@@ -129,12 +129,12 @@ class ClusterRun:
             scaling.describe(),
             plan.train.input_mode,
         )
-        cluster_info = self.tfos.start(spec, address)
+        cluster_info = self.tfos.start(spec, address, issue_token=self._issue_token)
         driver_addresses = [
             f"{address.advertise}:{free_port()}" for _ in range(roles_lib.driver_ps_count(scaling))
         ]
         self.roles = roles_lib.assign_roles(cluster_info, scaling, driver_addresses)
-        self.driver_ps.start(spec, self.roles)
+        self.driver_ps.start(spec, self.roles, self.control.issue_token)
         self.control.publish_plans(
             {key: {**role.to_dict(), "name": role.name} for key, role in self.roles.items()}
         )
@@ -156,6 +156,10 @@ class ClusterRun:
             checks=checks,
         )
         return self
+
+    def _issue_token(self, meta: dict) -> str:
+        """The control token of the TensorFlow process of a registering node."""
+        return self.control.issue_token(f"executor-{int(meta['executor_id'])}")
 
     def wait(self, *, all_nodes: bool = False) -> dict:
         """Blocks until the chief is done (returns its result) or the run fails; see

@@ -9,9 +9,21 @@ hello     first call; the answer carries the node's role and the TF cluster, onc
 beat      heartbeat every second with the node's latest progress (step, loss, ...)
 peek      a feeding task asks for the flags only (no node state)
 error     the node failed: exception type, message and traceback tail
-done      the node finished its part (the chief: with the final result)
+done      the chief finished the run: its final result (no other process may send it)
+finished  a process other than the chief finished its part (its own report)
 bye       the node's process is about to exit
 ========  ==============================================================================
+
+Credentials: every TensorFlow process has a token of its own (:meth:`ControlServer.issue_token`,
+handed to it by the reservation server when its node registers, or by the driver to the
+parameter servers it starts itself), which the server maps to the process's key: a request
+speaks for the process whose token it carries, and only the chief's token may send ``done``.
+The run's token (:attr:`ControlServer.token`), which feeding tasks receive in their Spark
+closure, may only ``peek``.
+
+The server is a :class:`~sparktf.train.bounded_http.BoundedHTTPServer`: limits on
+connections in all and per peer, a deadline to send a whole request, a fixed pool of threads
+(:mod:`sparktf.train.limits`).
 
 Every answer holds ``stop`` (the run is over: leave), ``abort`` (the run failed elsewhere:
 exit now) and ``feed_end`` (spark input mode: how many feed chunks each node receives in
@@ -38,13 +50,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from sparktf.errors import SparktfError, SparktfRuntimeError, SparktfValueError
+from sparktf.train.bounded_http import BoundedHTTPServer
+from sparktf.train.limits import ConnectionLimits, RejectLog
 
 __all__ = [
     "BEAT_INTERVAL_S",
+    "CONTROL_THREADS",
     "MAX_REQUEST_BYTES",
     "REQUEST_TIMEOUT_S",
     "ControlClient",
@@ -54,44 +69,30 @@ __all__ = [
     "RejectLog",
     "RunFlags",
     "encode",
+    "issued_token",
+    "keep_issued_token",
 ]
 
 log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_S = 1.0
 MAX_REQUEST_BYTES = 1 << 20  # events are a few hundred bytes; larger bodies are not read
-REQUEST_TIMEOUT_S = 30.0  # a connection that sends nothing this long is closed
+REQUEST_TIMEOUT_S = ConnectionLimits.message_deadline_s  # the default time to send a request
+CONTROL_THREADS = 8  # the pool that answers complete requests (each takes microseconds)
+
+_ISSUED: list[str] = []  # the control token this executor's node received (at most one)
 
 
-class RejectLog:
-    """WARNING lines for rejected network input, naming the peer and the reason; at most
-    ``limit`` per ``window_s`` (a flood of forged requests must not flood the driver's log)."""
+def keep_issued_token(token: str | None) -> None:
+    """Keeps (None: forgets) the control token the reservation server issued to this
+    executor's node, for :func:`issued_token` (the node function, later in the same Spark
+    task or in TensorFlowOnSpark's process forked from it)."""
+    _ISSUED[:] = [] if token is None else [token]
 
-    def __init__(self, logger: logging.Logger, what: str, *, limit: int = 10, window_s=10.0):
-        self._log, self._what = logger, what
-        self._limit, self._window_s = limit, window_s
-        self._lock = threading.Lock()
-        self._window_start = 0.0
-        self._count = 0
-        self._suppressed = 0
-        self.total = 0  # every rejection, logged or not
 
-    def reject(self, peer: str, reason: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self.total += 1
-            if now - self._window_start > self._window_s:
-                suppressed, self._suppressed = self._suppressed, 0
-                self._window_start, self._count = now, 0
-                if suppressed:
-                    self._log.warning(
-                        "%s: %d more rejected requests not logged", self._what, suppressed
-                    )
-            if self._count >= self._limit:
-                self._suppressed += 1
-                return
-            self._count += 1
-        self._log.warning("%s: rejected a request from %s: %s", self._what, peer, reason)
+def issued_token() -> str | None:
+    """The control token kept by :func:`keep_issued_token`, or None."""
+    return _ISSUED[0] if _ISSUED else None
 
 
 @dataclass
@@ -116,9 +117,16 @@ class ControlServer:
 
     Listens on ``bind_host`` only (default: ``advertise_host``; the driver passes Spark's
     driver address, loopback on the local profile). A request is rejected -- logged at
-    WARNING with the peer's address, nothing else done -- when its ``Content-Length`` is
-    missing or above :data:`MAX_REQUEST_BYTES` (413, before the body is read), its body is
-    not a JSON object (400), or its token is not this run's (403; compared in constant time).
+    WARNING with the peer's address (at a bounded rate), nothing else done -- when its
+    ``Content-Length`` is missing or above :data:`MAX_REQUEST_BYTES` (413, before the body is
+    read), its body is not a JSON object (400), its token is neither a process's token
+    (:meth:`issue_token`) nor, for ``peek``, the run's, its key is not its token's process,
+    or it sends ``done`` with a token other than the chief's (403). ``limits`` (default
+    :meth:`~sparktf.train.limits.ConnectionLimits.from_env`) bound the connections and the
+    time to send a request; ``threads`` answer the complete requests.
+
+    Raises:
+        OSError: when ``bind_host`` cannot be bound.
     """
 
     def __init__(
@@ -127,8 +135,12 @@ class ControlServer:
         *,
         on_event: Callable[[str, str, dict], None] | None = None,
         bind_host: str | None = None,
+        limits: ConnectionLimits | None = None,
+        threads: int = CONTROL_THREADS,
     ):
-        self.token = secrets.token_hex(16)
+        self.token = secrets.token_hex(16)  # the run's: feeding tasks' peek only
+        self._keys: dict[str, str] = {}  # process token -> the process's key
+        self._issued: set[str] = set()  # keys that have a token
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.nodes: dict[str, NodeState] = {}
@@ -141,8 +153,6 @@ class ControlServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = REQUEST_TIMEOUT_S
-
             def _peer(self) -> str:
                 return f"{self.client_address[0]}:{self.client_address[1]}"
 
@@ -185,7 +195,7 @@ class ControlServer:
                 except Exception as exc:  # a malformed request must not kill the server
                     status, answer = 400, {"error": f"{type(exc).__name__}: {exc}"}
                 if status == 403:
-                    server.rejects.reject(self._peer(), "wrong token")
+                    server.rejects.reject(self._peer(), answer["error"], kind="refused credentials")
                 self._reply(status, answer)
 
             def log_error(self, format, *args):
@@ -197,8 +207,14 @@ class ControlServer:
             def log_message(self, *args):  # keep the driver's log clean
                 pass
 
-        self._httpd = ThreadingHTTPServer((bind_host or advertise_host, 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = BoundedHTTPServer(
+            (bind_host or advertise_host, 0),
+            Handler,
+            rejects=self.rejects,
+            limits=limits or ConnectionLimits.from_env(),
+            threads=threads,
+            max_body=MAX_REQUEST_BYTES,
+        )
         self.url = f"http://{advertise_host}:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="sparktf-control", daemon=True
@@ -206,15 +222,52 @@ class ControlServer:
         self._thread.start()
         log.debug("control server at %s (bound to %s)", self.url, self._httpd.server_address[0])
 
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address the server is bound to."""
+        return self._httpd.server_address[:2]
+
     # -- requests ------------------------------------------------------------------------
 
+    def issue_token(self, key: str) -> str:
+        """A new control token for the process ``key`` (one per key: the first registration
+        of a node wins).
+
+        Raises:
+            ValueError: when ``key`` already has a token.
+        """
+        with self._lock:
+            if key in self._issued:
+                raise SparktfValueError(f"{key} already has a control token")
+            token = secrets.token_hex(16)
+            self._issued.add(key)
+            self._keys[token] = key
+            return token
+
+    def _authorize(self, request: dict) -> tuple[str | None, str | None]:
+        """The key the request may speak for (None: the run's token, peek only), or an
+        error saying why it is refused."""
+        token, event = request.get("token"), request.get("event")
+        if not isinstance(token, str):
+            return None, "no token"
+        if hmac.compare_digest(token.encode(), self.token.encode()):
+            return None, None if event == "peek" else f"the run's token may not send {event!r}"
+        with self._lock:
+            key = self._keys.get(token)
+            plan = self.plans.get(key) if key is not None else None
+        if key is None:
+            return None, "wrong token: not a process of this run"
+        if request.get("key") != key:
+            return None, f"the token of {key} used for {str(request.get('key'))[:40]!r}"
+        if event == "done" and (plan is None or plan.get("role") != "chief"):
+            return None, f"{key} is not the chief: only the chief reports done"
+        return key, None
+
     def _handle(self, request: dict) -> tuple[int, dict]:
-        token = request.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(
-            token.encode(), self.token.encode()
-        ):
-            return 403, {"error": "wrong token: this node belongs to another run"}
-        key, event, data = request["key"], request["event"], request.get("data") or {}
+        key, refused = self._authorize(request)
+        if refused:
+            return 403, {"error": refused}
+        event, data = request["event"], request.get("data") or {}
         now = time.monotonic()
         if event == "peek":  # feeding tasks: the run's flags, no node state
             with self._lock:
@@ -231,7 +284,7 @@ class ControlServer:
                     node.progress = data["progress"]
             elif event == "error":
                 node.error = data
-            elif event == "done":
+            elif event in ("done", "finished"):
                 node.done = data
                 if data.get("progress"):
                     node.progress = data["progress"]

@@ -10,7 +10,7 @@ import logging
 import time
 
 from sparktf import paths, storage
-from sparktf.train import artifacts, tracking
+from sparktf.train import artifacts, scratch, tracking
 from sparktf.train.cluster import ClusterRun
 from sparktf.train.config import (
     ConfigError,
@@ -21,7 +21,7 @@ from sparktf.train.config import (
     TrainResult,
 )
 from sparktf.train.plan import RunPlan, plan_run
-from sparktf.train.result import ProcessResult
+from sparktf.train.result import ProcessResult, ResultRejected
 
 __all__ = ["fit", "gpu_spark_conf"]
 
@@ -84,7 +84,8 @@ def fit(
             input mode without ``spark.python.worker.reuse``, MLflow missing or a tracking
             store that refuses).
         TrainingError: a TensorFlow process or a Spark job of the run failed (after
-            ``run.failure.max_restarts`` restarts from the latest checkpoint).
+            ``run.failure.max_restarts`` restarts from the latest checkpoint), or the chief's
+            result named a path outside ``run.model_dir`` (refused at once, no restart).
 
     In both cases nothing of the run is left running.
     """
@@ -102,6 +103,7 @@ def fit(
 
 def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker) -> TrainResult:
     train, run = plan.train, plan.run
+    scratch.sweep()  # scratch of earlier runs' processes on this machine that are gone
     spark = _session(plan, spark)
     storage.makedirs(run.model_dir)
     resumed = artifacts.latest_checkpoint_step(run.model_dir)
@@ -180,8 +182,10 @@ def _attempts(
             with ClusterRun(spark, plan) as cluster:
                 cluster.start()
                 with tracker.follow(cluster):
-                    result = ProcessResult.from_dict(cluster.wait())
+                    result = ProcessResult.from_dict(cluster.wait(), model_dir=run.model_dir)
             return result, restarts, cluster
+        except ResultRejected:
+            raise
         except TrainingError as exc:
             if len(restarts) >= run.failure.max_restarts:
                 raise

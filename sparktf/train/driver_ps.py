@@ -39,13 +39,15 @@ class DriverPs:
         self.processes: list[tuple[str, subprocess.Popen, str]] = []  # key, process, tmp dir
         self._names: dict[str, str] = {}
 
-    def start(self, spec: ProcessSpec, roles: dict[str, Role]) -> None:
-        """Starts a process for every role of ``roles`` keyed for the driver."""
+    def start(self, spec: ProcessSpec, roles: dict[str, Role], issue_token) -> None:
+        """Starts a process for every role of ``roles`` keyed for the driver, each with its
+        control token (``issue_token(key)``)."""
         for key, role in roles.items():
             if not roles_lib.is_driver_key(key):
                 continue
             tmp = tempfile.mkdtemp(prefix="sparktf-ps-")
-            proc = node.start_process(spec.for_node(key), os.path.join(tmp, "error.json"))
+            own = spec.for_node(key, control_token=issue_token(key))
+            proc = node.start_process(own, os.path.join(tmp, "error.json"))
             self.processes.append((key, proc, tmp))
             self._names[key] = role.name
             log.info("started %s on the driver (pid %d)", role.name, proc.pid)

@@ -49,6 +49,7 @@ import numpy as np
 
 from sparktf.datasets.formats import Field, NdarrayColumnError, decode_ndarray_column
 from sparktf.errors import SparktfError
+from sparktf.train import scratch
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -181,7 +182,9 @@ def node_local_dir(token: str, key: str, *, min_free: int = 1 << 30) -> str:
     plant a file or a symbolic link there. Feeding tasks learn the name from the node's
     TFManager (:func:`_await_feed_dir`); they run as the same user. The name starts with
     run and node, so the Spark task that started the node can find it and remove it
-    whatever happened to the node (:func:`remove_feed_dirs`)."""
+    whatever happened to the node (:func:`remove_feed_dirs`). The node holds the directory's
+    owner lock (:func:`sparktf.train.scratch.make_dir`) while it lives, so a later run's
+    sweep removes a directory whose node and Spark task were both killed."""
     bases = _feed_bases()
     base = bases[-1]
     if len(bases) > 1:
@@ -192,7 +195,7 @@ def node_local_dir(token: str, key: str, *, min_free: int = 1 << 30) -> str:
         except OSError:
             pass
     os.makedirs(base, exist_ok=True)
-    return tempfile.mkdtemp(prefix=_feed_prefix(token, key), dir=base)
+    return scratch.make_dir(_feed_prefix(token, key), dir=base)
 
 
 def remove_feed_dirs(token: str, key: str) -> None:
@@ -654,4 +657,4 @@ class FeedReader:
                         pass
         except Exception as exc:  # the manager may be gone with its Spark worker
             log.debug("closing the feed of %s: %s", self.key, exc)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        scratch.remove_dir(self.dir)

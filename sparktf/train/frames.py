@@ -34,7 +34,6 @@ import selectors
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +44,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from sparktf.errors import SparktfError, SparktfTypeError, SparktfValueError
-from sparktf.train.control import RejectLog
+from sparktf.train.limits import ConnectionLimits, ConnectionTable, RejectLog
 
 __all__ = [
     "ANSWER",
@@ -69,8 +68,9 @@ MAX_FRAME_BYTES = 1 << 20  # a reservation list of hundreds of nodes is a few hu
 TAG_BYTES = 16  # AES-GCM's tag
 NONCE_BYTES = 12  # AES-GCM's nonce; random per frame (a run sends far fewer than 2**32)
 POLL_S = 0.5  # the listening loop wakes this often: stop() takes effect promptly
-IDLE_S = 60.0  # connections silent this long are closed (clients poll every second)
-MAX_CONNECTIONS = 256
+IDLE_S = ConnectionLimits.idle_s  # connections silent this long are closed (clients poll)
+MAX_CONNECTIONS = ConnectionLimits.max_connections  # the default of all open connections
+ACCEPT_BURST = 64  # connections accepted per wake-up of the listening loop
 KEY_CONTEXT = b"sparktf-reservation"  # the keys' derivation label (part of the wire format)
 
 REQUEST, ANSWER = b"Q", b"A"  # directions: a request cannot be reflected as an answer
@@ -197,7 +197,6 @@ class Codec:
 @dataclass
 class _Connection:
     peer: str
-    last: float
     buffer: bytearray = field(default_factory=bytearray)
 
 
@@ -212,7 +211,10 @@ class FramedServer:
 
     ``handler`` is called (on that thread) with each verified request's message and returns
     the answer to send; ``what`` names the server in its log lines (``"<what>: rejected a
-    request from <peer>: <reason>"``).
+    request from <peer>: <reason>"``, at a bounded rate: :class:`~sparktf.train.limits.RejectLog`).
+    ``limits`` bound what unauthenticated clients can hold (default
+    :meth:`~sparktf.train.limits.ConnectionLimits.from_env`): connections in all and per peer,
+    the time to complete a frame.
     """
 
     def __init__(
@@ -222,6 +224,7 @@ class FramedServer:
         *,
         what: str,
         logger: logging.Logger = log,
+        limits: ConnectionLimits | None = None,
     ):
         self.done = False
         self._codec = codec
@@ -231,6 +234,9 @@ class FramedServer:
         self._seen: set[bytes] = set()
         self._thread: threading.Thread | None = None
         self._rejects = RejectLog(logger, what)
+        self.limits = limits or ConnectionLimits.from_env()
+        self._table = ConnectionTable(self.limits, self._rejects)
+        self.port: int | None = None
 
     def listen(self, host: str, ports: Sequence[int] = (0,)) -> int:
         """Binds ``host`` on the first free port of ``ports`` (0: any), starts answering;
@@ -245,7 +251,8 @@ class FramedServer:
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((host, port))
-                sock.listen(64)
+                sock.listen(128)
+                sock.setblocking(False)
                 break
             except OSError as exc:
                 sock.close()
@@ -255,7 +262,7 @@ class FramedServer:
                 f"the {self._what} cannot bind {host} on port(s) "
                 f"{_describe_ports(ports)}: {'; '.join(errors)}"
             )
-        port = sock.getsockname()[1]
+        port = self.port = sock.getsockname()[1]
         self._log.info("%s listening on %s:%d (authenticated)", self._what, host, port)
         self._thread = threading.Thread(
             target=self._serve, args=(sock,), name="sparktf-reservations", daemon=True
@@ -284,8 +291,10 @@ class FramedServer:
         connections: dict[socket.socket, _Connection] = {}
 
         def close(sock: socket.socket) -> None:
+            if connections.pop(sock, None) is None:
+                return
             selector.unregister(sock)
-            connections.pop(sock, None)
+            self._table.remove(sock)
             sock.close()
 
         try:
@@ -293,13 +302,16 @@ class FramedServer:
                 for key, _ in selector.select(POLL_S):
                     sock = key.fileobj
                     if sock is listener:
-                        self._accept(listener, selector, connections)
-                    elif not self._on_readable(sock, connections[sock]):
+                        for old in self._accept_waiting(listener, selector, connections):
+                            close(old)
+                    elif sock in connections and not self._on_readable(sock, connections[sock]):
                         close(sock)
-                now = time.monotonic()
-                for sock, conn in list(connections.items()):
-                    if now - conn.last > IDLE_S:
-                        close(sock)
+                for sock, why in self._table.expired():
+                    conn = connections.get(sock)
+                    if why and conn is not None:
+                        self._rejects.reject(conn.peer, why, kind="deadline")
+                    close(sock)
+                self._rejects.flush()
         except Exception:
             self._log.exception("%s failed", self._what)
         finally:
@@ -310,19 +322,29 @@ class FramedServer:
             listener.close()
             self._log.debug("%s stopped", self._what)
 
-    def _accept(self, listener, selector, connections) -> None:
-        try:
-            sock, peer = listener.accept()
-        except OSError:
-            return
+    def _accept_waiting(self, listener, selector, connections) -> list[socket.socket]:
+        """Accepts the connections waiting (a burst at most, so that a flood cannot fill the
+        backlog while this thread reads); returns those they displaced."""
+        displaced: list[socket.socket] = []
+        for _ in range(ACCEPT_BURST):
+            try:
+                sock, peer = listener.accept()
+            except OSError:  # none waiting (the listener does not block)
+                break
+            displaced += self._accept(sock, peer, selector, connections)
+        return displaced
+
+    def _accept(self, sock, peer, selector, connections) -> list[socket.socket]:
+        """Admits one connection under the limits; returns those it displaced."""
         address = f"{peer[0]}:{peer[1]}"
-        if len(connections) >= MAX_CONNECTIONS:
-            self._rejects.reject(address, f"more than {MAX_CONNECTIONS} open connections")
+        admitted, evicted = self._table.admit(sock, peer[0], address)
+        if not admitted:
             sock.close()
-            return
+            return []
         sock.settimeout(5.0)  # recv only after select says readable; bounds sendall
-        connections[sock] = _Connection(address, time.monotonic())
+        connections[sock] = _Connection(address)
         selector.register(sock, selectors.EVENT_READ)
+        return evicted
 
     def _on_readable(self, sock: socket.socket, conn: _Connection) -> bool:
         """Reads what arrived and answers every complete frame; False closes the connection."""
@@ -332,8 +354,14 @@ class FramedServer:
             return False
         if not data:
             return False
-        conn.last = time.monotonic()
         conn.buffer += data
+        if not self._answer_frames(sock, conn):
+            return False
+        self._table.progress(sock, pending=bool(conn.buffer))
+        return True
+
+    def _answer_frames(self, sock: socket.socket, conn: _Connection) -> bool:
+        """Answers every complete frame of the buffer; False closes the connection."""
         while len(conn.buffer) >= 4:
             (size,) = struct.unpack(">I", conn.buffer[:4])
             if size > MAX_FRAME_BYTES:
@@ -345,6 +373,7 @@ class FramedServer:
                 return True
             frame = bytes(conn.buffer[4 : 4 + size])
             del conn.buffer[: 4 + size]
+            self._table.completed(sock)
             try:
                 nonce, body = self._codec.verify(REQUEST, frame)
                 if nonce in self._seen:

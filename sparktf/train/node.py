@@ -20,7 +20,14 @@ The child process (:func:`main`):
    ``tf.distribute.Server`` until the driver says stop (no ``Server.join()`` that never
    returns); the chief and the all-reduce workers train (:mod:`sparktf.train.trainer`);
 4. reports ``done`` or ``error`` (with the exception and the end of its traceback) and
-   exits through ``os._exit`` (TensorFlow's own teardown can hang in multi-worker runs).
+   exits through ``os._exit`` (TensorFlow's own teardown can hang in multi-worker runs),
+   after the clean-ups of :mod:`sparktf.train.exit_hooks` (its scratch and feed
+   directories among them) on every exit path, the driver's abort included.
+
+Nothing is left behind by a process that could not clean up (SIGKILL, out of memory): the
+Spark task removes the node's feed directories when the node exits, and sweeps this user's
+scratch directories whose owner is gone (:func:`sparktf.train.scratch.sweep`) before it
+starts the node and after the node has exited.
 
 The same entry point serves the parameter servers that run on the driver (``ps_on_driver``).
 """
@@ -34,14 +41,13 @@ import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 
 from sparktf.errors import SparktfError
-from sparktf.train import exit_hooks
-from sparktf.train.control import ControlClient
+from sparktf.train import exit_hooks, scratch
+from sparktf.train.control import ControlClient, issued_token
 from sparktf.train.feed import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec, Role
 
@@ -50,6 +56,7 @@ __all__ = [
     "NodeFailed",
     "consume_feed",
     "error_summary",
+    "exit_process",
     "main",
     "run_child",
     "serve",
@@ -82,11 +89,15 @@ def error_summary(exc: BaseException, *, tail: int = 12) -> dict:
 
 def tfos_main(tf_args, ctx) -> None:
     """TensorFlowOnSpark's map function: start this executor's TensorFlow process, wait."""
+    token = issued_token()  # the reservation server's answer to this node's registration
+    if token is None:
+        raise NodeFailed(f"executor {ctx.executor_id} received no control token")
     spec: ProcessSpec = tf_args.spec.for_node(
         f"executor-{ctx.executor_id}",
         executor_id=ctx.executor_id,
         mgr_address=ctx.mgr.address,
         mgr_authkey=bytes(ctx.mgr._authkey),
+        control_token=token,
     )
     node = f"{ctx.job_name}:{ctx.task_index}"
     run_child(spec, label=f"on executor {ctx.executor_id} (TensorFlowOnSpark node {node})")
@@ -109,8 +120,13 @@ def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:
 
 
 def run_child(spec: ProcessSpec, *, label: str) -> None:
-    """Runs the TensorFlow process of ``spec`` and waits; raises NodeFailed on failure."""
-    with tempfile.TemporaryDirectory(prefix="sparktf-node-") as tmp:
+    """Runs the TensorFlow process of ``spec`` and waits; raises NodeFailed on failure.
+
+    Scratch directories of processes that are gone (this run's earlier attempts, earlier
+    runs) are swept before the process starts and after it has exited."""
+    scratch.sweep()
+    tmp = scratch.make_dir("sparktf-node-")
+    try:
         error_file = os.path.join(tmp, "error.json")
         child = start_process(spec, error_file)
         try:
@@ -121,6 +137,7 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
             raise
         finally:
             remove_feed_dirs(spec.token, spec.key)  # whatever became of the child
+            scratch.sweep()  # its scratch, if it could not remove it itself
         if code == 0:
             return
         if code == EXIT_ABORTED:  # it left because the run was aborted elsewhere
@@ -146,11 +163,13 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
             log.error("%s", message)
             return
         raise NodeFailed(message)
+    finally:
+        scratch.remove_dir(tmp)
 
 
 def _report_death(spec: ProcessSpec, label: str, why: str) -> bool:
     try:
-        ControlClient(spec.control_url, spec.token, spec.key).post(
+        ControlClient(spec.control_url, spec.control_token, spec.key).post(
             "error",
             {
                 "type": "ProcessDied",
@@ -189,7 +208,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _exit(code: int) -> None:
+def exit_process(code: int) -> None:
+    """Leaves this process at once with ``code`` (``os._exit``: TensorFlow's teardown can
+    hang), after the clean-ups registered in :mod:`sparktf.train.exit_hooks` (feed and
+    scratch directories) and a flush of the standard streams and the logs."""
     exit_hooks.run_all()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -253,7 +275,7 @@ def main(argv: list[str]) -> None:
     _die_with_parent()
 
     control = ControlClient(
-        spec.control_url, spec.token, spec.key, driver_lost_s=spec.driver_lost_s
+        spec.control_url, spec.control_token, spec.key, driver_lost_s=spec.driver_lost_s
     )
     done = threading.Event()
 
@@ -261,7 +283,7 @@ def main(argv: list[str]) -> None:
         if done.is_set():
             return
         log.error("%s; exiting", reason)
-        _exit(EXIT_ABORTED)
+        exit_process(EXIT_ABORTED)
 
     try:
         role = Role.from_dict(control.hello(spec.startup_timeout_s))
@@ -272,7 +294,7 @@ def main(argv: list[str]) -> None:
         if not role.trains:
             serve(role, control)
         elif spec.consume_only:  # bench/feed.py: the feed without TensorFlow
-            control.send("done", consume_feed(spec, role, control))
+            control.send("done" if role.is_chief else "finished", consume_feed(spec, role, control))
             control.wait_for_stop()
         else:
             from sparktf.train.trainer import Trainer
@@ -284,14 +306,15 @@ def main(argv: list[str]) -> None:
                     "installed the driver's model %s",
                     custom.install_payload(spec.plan.custom_model),
                 )
-            control.send("done", Trainer(spec, role, control).run().to_dict())
+            result = Trainer(spec, role, control).run().to_dict()
+            control.send("done" if role.is_chief else "finished", result)
             if not role.is_chief:
                 # Stay until the chief has finished too: a multi-worker process that leaves
                 # early can fail the chief's last collective or coordination heartbeat.
                 control.wait_for_stop()
         done.set()
         control.send("bye")
-        _exit(0)
+        exit_process(0)
     except BaseException as exc:  # report, then exit non-zero: the Spark task fails with it
         err = error_summary(exc)
         log.error("failed: %s: %s\n%s", err["type"], err["message"], err["traceback"])
@@ -302,7 +325,7 @@ def main(argv: list[str]) -> None:
                 json.dump(err, f)
         except OSError:
             pass
-        _exit(1)
+        exit_process(1)
 
 
 def _configure_process(spec: ProcessSpec, role: Role) -> None:

@@ -297,6 +297,7 @@ class ProcessSpec:
     mgr_address: Any = None  # the executor's TFManager (spark input mode)
     mgr_authkey: bytes | None = None
     consume_only: bool = False  # bench/feed.py: read the feed, train nothing
+    control_token: str = ""  # this process's own control token (``token`` is the run's)
 
     def for_node(self, key: str, **node: Any) -> ProcessSpec:
         """This spec for the node ``key``, with its executor's details ``node``."""

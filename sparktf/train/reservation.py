@@ -22,6 +22,11 @@ The per-run secret (:func:`secrets.token_bytes`) reaches the executors only insi
 task closure (:func:`run_with_auth_client`), so it is as private as Spark's own channel
 (``spark.authenticate`` and ``spark.network.crypto.enabled`` protect it on a shared network).
 
+When the driver gives the server an ``issue_token`` callable, the answer to a node's ``REG``
+carries the control token of that node's TensorFlow process (sealed like every answer); the
+client keeps it for the node function (:func:`sparktf.train.control.issued_token`). A node
+registers once: a second ``REG`` for the same executor is refused.
+
 :func:`authenticated_startup` wraps one ``TFCluster.run``: the server binds only the
 driver's address (:func:`driver_address`: ``spark.driver.bindAddress``/``spark.driver.host``,
 loopback on the local profile), and is stopped on every exit path -- at once when the
@@ -47,6 +52,7 @@ from typing import Any
 from tensorflowonspark import reservation as tfos_reservation
 
 from sparktf.errors import SparktfValueError
+from sparktf.train import control
 from sparktf.train.frames import (
     MAX_FRAME_BYTES,
     NONCE_BYTES,
@@ -59,6 +65,7 @@ from sparktf.train.frames import (
     decode,
     encode,
 )
+from sparktf.train.limits import ConnectionLimits
 
 __all__ = [
     "AWAIT_POLL_S",
@@ -107,16 +114,26 @@ class ReservationBook:
     """The reservation protocol: the nodes registered so far, and the answers to
     TensorFlowOnSpark's messages about them. Thread-safe.
 
-    ``on_stop`` is called when a node asks the server to stop (``STOP``).
+    ``on_stop`` is called when a node asks the server to stop (``STOP``); ``issue_token``,
+    when given, is called with each registering node's metadata and returns the control
+    token its ``REG`` answer carries (``{"ok": True, "token": ...}`` instead of ``"OK"``); it
+    raises ValueError for a node that must not register (its executor already has).
 
     Raises:
         ValueError: when ``required`` is below 1.
     """
 
-    def __init__(self, required: int, *, on_stop: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        required: int,
+        *,
+        on_stop: Callable[[], None] = lambda: None,
+        issue_token: Callable[[dict], str] | None = None,
+    ):
         if required < 1:
             raise SparktfValueError(f"a cluster needs at least one node, not {required}")
         self.required = required
+        self._issue_token = issue_token
         self.all_served = threading.Event()  # every node fetched the complete list
         self._on_stop = on_stop
         self._lock = threading.Lock()
@@ -132,6 +149,22 @@ class ReservationBook:
         with self._lock:
             return list(self._nodes)
 
+    def _register(self, meta: dict) -> Any:
+        if self._issue_token is None:
+            self.add(meta)
+            return "OK"
+        with self._lock:
+            if len(self._nodes) >= self.required:
+                log.warning("%s: refused a registration: every node has registered", WHAT)
+                return "ERR"
+            try:
+                token = self._issue_token(meta)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: refused a registration: %s", WHAT, exc)
+                return "ERR"
+            self._nodes.append(meta)
+        return {"ok": True, "token": token}
+
     def done(self) -> bool:
         """Whether every required node has registered."""
         with self._lock:
@@ -143,8 +176,7 @@ class ReservationBook:
             return "ERR"
         kind = msg.get("type")
         if kind == "REG" and isinstance(msg.get("data"), dict):
-            self.add(msg["data"])
-            return "OK"
+            return self._register(msg["data"])
         if kind == "QUERY":
             return self.done()
         if kind == "QINFO":
@@ -189,18 +221,32 @@ class AuthServer:
     ``start()`` returns ``(advertise_host, port)`` for ``cluster_meta``; the port comes from
     ``TFOS_SERVER_PORT`` when set (TensorFlowOnSpark's setting), else any.
 
+    ``issue_token``: see :class:`ReservationBook`; ``limits``: see
+    :class:`~sparktf.train.frames.FramedServer`.
+
     Raises:
         ValueError: when ``count`` is below 1 or ``secret`` shorter than 16 bytes.
     """
 
     def __init__(
-        self, count: int, *, secret: bytes, bind_host: str, advertise_host: str | None = None
+        self,
+        count: int,
+        *,
+        secret: bytes,
+        bind_host: str,
+        advertise_host: str | None = None,
+        issue_token: Callable[[dict], str] | None = None,
+        limits: ConnectionLimits | None = None,
     ):
         self.bind_host = bind_host
         self.advertise_host = advertise_host or bind_host
         self.address: tuple[str, int] | None = None
-        self._server = FramedServer(Codec(secret), self._answer, what=WHAT, logger=log)
-        self.reservations = ReservationBook(count, on_stop=self._server.request_stop)
+        self._server = FramedServer(
+            Codec(secret), self._answer, what=WHAT, logger=log, limits=limits
+        )
+        self.reservations = ReservationBook(
+            count, on_stop=self._server.request_stop, issue_token=issue_token
+        )
 
     def _answer(self, msg: Any) -> Any:
         return self.reservations.answer(msg)
@@ -301,7 +347,19 @@ class AuthClient:
         return self._client.request(msg)
 
     def register(self, reservation: dict) -> Any:
-        return self.request("REG", reservation)
+        """Registers this node; returns ``"OK"`` (TensorFlowOnSpark's answer). A control token
+        in the answer is kept (:func:`sparktf.train.control.keep_issued_token`).
+
+        Raises:
+            ReservationError: when the server refused the registration.
+        """
+        answer = self.request("REG", reservation)
+        if isinstance(answer, dict) and isinstance(answer.get("token"), str):
+            control.keep_issued_token(answer["token"])
+            return "OK"
+        if answer != "OK":
+            raise ReservationError(f"the {WHAT} refused this node's registration: {answer!r}")
+        return answer
 
     def get_reservations(self) -> list[dict]:
         return self.request("QINFO")
@@ -336,26 +394,29 @@ def run_with_auth_client(f, secret: bytes, iterator):
     from tensorflowonspark import TFManager as tfos_manager  # noqa: N813 (a module)
     from tensorflowonspark import util
 
-    quiet_tensorflowonspark()
+    quiet_tensorflowonspark(secret)
     defer_tensorflow_import()
     f = cloudpickle.loads(f)
     original = tfos_reservation.Client, tfos_manager.TFManager
     tfos_reservation.Client = functools.partial(AuthClient, secret=secret)
     tfos_manager.TFManager = bound_manager_class(tfos_manager.TFManager, util.get_ip_address())
+    control.keep_issued_token(None)  # a reused worker: nothing of an earlier run's node
     try:
         return f(iterator)
     finally:
         tfos_reservation.Client, tfos_manager.TFManager = original
+        control.keep_issued_token(None)
 
 
-def quiet_tensorflowonspark() -> None:
+def quiet_tensorflowonspark(*secrets: bytes | str) -> None:
     """TensorFlowOnSpark logs every node's manager ``authkey`` at INFO (``TFSparkNode.reserve``
-    and the cluster spec), and its import sets the root logger to INFO: in an executor's
-    stderr, which Spark's UI serves and local-cluster keeps world-readable. Its loggers go to
-    WARNING unless their level was set on purpose."""
-    tfos_log = logging.getLogger("tensorflowonspark")
-    if tfos_log.level == logging.NOTSET:
-        tfos_log.setLevel(logging.WARNING)
+    and the cluster spec), in an executor's stderr, which Spark's UI serves: its log lines are
+    redacted, and quiet unless DEBUG (the one switch for the driver and the executors:
+    :func:`sparktf.train.tfos_logs.protect_tensorflowonspark_logs`; ``secrets`` are redacted
+    too)."""
+    from sparktf.train.tfos_logs import protect_tensorflowonspark_logs
+
+    protect_tensorflowonspark_logs(*secrets)
 
 
 def bound_manager_class(manager_class: type, host: str) -> type:
@@ -486,7 +547,10 @@ _SWAP_LOCK = threading.Lock()
 
 @contextmanager
 def authenticated_startup(
-    address: DriverAddress, *, served_timeout_s: float = SERVED_TIMEOUT_S
+    address: DriverAddress,
+    *,
+    served_timeout_s: float = SERVED_TIMEOUT_S,
+    issue_token: Callable[[dict], str] | None = None,
 ) -> Iterator[Startup]:
     """For the block (one ``TFCluster.run``), TensorFlowOnSpark creates :class:`AuthServer`
     instead of its own server; pass ``startup.wrap`` the node RDD (as
@@ -495,12 +559,18 @@ def authenticated_startup(
     Leaving the block restores TensorFlowOnSpark's ``Server`` and stops the server: at once
     when the block raised (anything, ``SystemExit`` included), else once every node has
     fetched the cluster. Start-ups in one driver take turns (the swap is process-wide).
+    ``issue_token`` (see :class:`ReservationBook`) gives each registering node the control
+    token of its TensorFlow process.
     """
     startup = Startup(secret=secrets.token_bytes(32), address=address)
 
     def server(count: int) -> AuthServer:
         s = AuthServer(
-            count, secret=startup.secret, bind_host=address.bind, advertise_host=address.advertise
+            count,
+            secret=startup.secret,
+            bind_host=address.bind,
+            advertise_host=address.advertise,
+            issue_token=issue_token,
         )
         startup.servers.append(s)
         return s

@@ -4,17 +4,53 @@ The chief's :class:`~sparktf.train.trainer.Trainer` makes it, sends it as the ``
 the control channel (:mod:`sparktf.train.control`, a JSON object: :meth:`ProcessResult.to_dict`)
 and the driver reads it back (:meth:`ProcessResult.from_dict`) to build the run's
 :class:`~sparktf.train.config.TrainResult`. No TensorFlow here: the driver imports this module.
+
+The driver acts on the paths a result names (MLflow uploads the exports), so a result whose
+paths do not lie under the run's model directory is refused (:class:`ResultRejected`,
+:func:`within`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
+from sparktf import storage
+from sparktf.errors import SparktfError
 from sparktf.train.config import TrainingError
 
-__all__ = ["ProcessResult"]
+__all__ = ["PATH_FIELDS", "ProcessResult", "ResultRejected", "within"]
+
+PATH_FIELDS = ("checkpoint", "export_path", "best_export")  # the result's paths
+
+
+class ResultRejected(TrainingError):
+    """The chief's result names a path outside the run's model directory."""
+
+
+def within(path: str, model_dir: str, *, resolve: bool = False) -> bool:
+    """Whether ``path`` lies under ``model_dir`` (or is it): same scheme and NameNode, no
+    ``..`` segment, no control character, its normalised path inside the directory's.
+    ``resolve``: local paths are compared after following symbolic links (for a reader of
+    the files, not only of the name)."""
+    if not isinstance(path, str) or not path or any(ord(c) < 32 for c in path):
+        return False
+    if ".." in urlparse(path).path.split("/"):
+        return False
+    try:
+        loc, root = storage.parse(path), storage.parse(model_dir)
+    except (SparktfError, ValueError):
+        return False
+    if (loc.scheme, loc.netloc.lower()) != (root.scheme, root.netloc.lower()):
+        return False
+    inner, outer = posixpath.normpath(loc.path), posixpath.normpath(root.path)
+    if resolve and loc.scheme == "file":
+        inner, outer = os.path.realpath(inner), os.path.realpath(outer)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def _float_map(values: Any) -> dict[str, float]:
@@ -69,19 +105,40 @@ class ProcessResult:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProcessResult:
+    def from_dict(cls, data: dict[str, Any], *, model_dir: str | None = None) -> ProcessResult:
         """The result :meth:`to_dict` wrote, after a trip through JSON.
 
-        Raises :class:`~sparktf.train.config.TrainingError` naming the field when a required
-        field (the steps, the end reason) is missing or a value has the wrong type; absent
-        optional fields take their defaults.
+        Parameters:
+            data: the ``done`` event's data.
+            model_dir: the run's model directory: every path of the result must lie under it
+                (:func:`within`).
+
+        Raises:
+            TrainingError: naming the field when a required field (the steps, the end reason)
+                is missing or a value has the wrong type; absent optional fields take their
+                defaults.
+            ResultRejected: (a TrainingError) a path of the result lies outside ``model_dir``.
         """
         try:
-            return cls._parse(data)
+            result = cls._parse(data)
         except KeyError as exc:
             raise TrainingError(f"the chief's result lacks {exc}: {data!r}") from None
         except (TypeError, ValueError) as exc:
             raise TrainingError(f"the chief's result is malformed ({exc}): {data!r}") from None
+        if model_dir is not None:
+            result.check_paths(model_dir)
+        return result
+
+    def check_paths(self, model_dir: str) -> None:
+        """Raises :class:`ResultRejected` when a path of this result (its checkpoint, export
+        or best export) does not lie under ``model_dir``."""
+        for name in PATH_FIELDS:
+            path = getattr(self, name)
+            if path is not None and not within(path, model_dir):
+                raise ResultRejected(
+                    f"the chief's result names {name} {path[:300]!r}, which is not under the "
+                    f"run's model directory {model_dir}: result refused"
+                )
 
     @classmethod
     def _parse(cls, data: dict[str, Any]) -> ProcessResult:

@@ -90,6 +90,8 @@ class EventWriter:
         self.model_dir = model_dir
         directory = directory or model_dir.events_dir
         self.writer = tf.summary.create_file_writer(directory) if enabled else None
+        if self.writer is not None:  # each sync publishes what was written up to it
+            model_dir.add_flusher(self.writer.flush)
 
     @property
     def enabled(self) -> bool:

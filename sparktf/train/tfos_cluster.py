@@ -26,8 +26,9 @@ from sparktf.train import node
 from sparktf.train import roles as roles_lib
 from sparktf.train.config import ConfigError, TrainingError
 from sparktf.train.plan import ProcessSpec
+from sparktf.train.tfos_logs import protect_tensorflowonspark_logs
 
-__all__ = ["GuardedContext", "TfosCluster", "await_executors"]
+__all__ = ["GuardedContext", "TfosCluster", "await_executors", "warn_if_transport_in_clear"]
 
 log = logging.getLogger(__name__)
 # After a TensorFlowOnSpark task failed, the run waits this long for the failed process's own
@@ -73,6 +74,23 @@ def await_executors(sc, num_executors: int, startup_timeout_s: float) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def warn_if_transport_in_clear(sc) -> str | None:
+    """Logs one warning when Spark carries the run's secrets in clear
+    (:func:`sparktf.spark.transport_warning`: authentication or RPC encryption off on a
+    master whose executors are separate processes); returns the warning, else None."""
+    warning = spark_lib.transport_warning(dict(sc.getConf().getAll()))
+    if warning:
+        log.warning("%s", warning)
+    return warning
+
+
+def _secrets_of(startup) -> list[bytes | str]:
+    """The secret values of a reservation start-up: its bytes and text attributes of 16
+    characters or more (the run's reservation secret)."""
+    values = vars(startup).values() if hasattr(startup, "__dict__") else ()
+    return [v for v in values if isinstance(v, bytes | str) and len(v) >= 16]
+
+
 class TfosCluster:
     """One run's TensorFlowOnSpark cluster: :meth:`start` brings it up, :meth:`failure`
     reports its failed Spark job, the rest takes it down."""
@@ -94,10 +112,12 @@ class TfosCluster:
         """TensorFlowOnSpark's nodes by process key."""
         return {roles_lib.node_key(n): n for n in self.cluster_info}
 
-    def start(self, spec: ProcessSpec, address) -> list[dict]:
+    def start(self, spec: ProcessSpec, address, *, issue_token=None) -> list[dict]:
         """Starts a node on every executor, each with ``spec``; returns TensorFlowOnSpark's
         ``cluster_info``. ``address`` is the driver's
-        :class:`~sparktf.train.reservation.DriverAddress`.
+        :class:`~sparktf.train.reservation.DriverAddress`; ``issue_token`` gives each
+        registering node its process's control token (see
+        :class:`~sparktf.train.reservation.ReservationBook`).
 
         Raises:
             TrainingError: TensorFlowOnSpark could not start the cluster (a node failed, or
@@ -109,9 +129,9 @@ class TfosCluster:
         from sparktf.train import reservation
 
         scaling, run, train = spec.plan.scaling, spec.plan.run, spec.plan.train
-        tfos_log = logging.getLogger("tensorflowonspark")
-        if tfos_log.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
-            tfos_log.setLevel(logging.WARNING)  # its INFO lines include the managers' authkeys
+        # its INFO lines include the managers' authkeys: redacted, quiet unless DEBUG
+        protect_tensorflowonspark_logs(spec.token)
+        warn_if_transport_in_clear(self.sc)
         input_mode = (
             TFCluster.InputMode.SPARK
             if train.input_mode == "spark"
@@ -124,7 +144,8 @@ class TfosCluster:
             # TensorFlowOnSpark's reservation exchange, authenticated (no pickle from the
             # network) and bound to the driver's address; its server stops with the block
             # on a failure, else once every node has the cluster.
-            with reservation.authenticated_startup(address) as auth:
+            with reservation.authenticated_startup(address, issue_token=issue_token) as auth:
+                protect_tensorflowonspark_logs(*_secrets_of(auth))
                 self.cluster = TFCluster.run(
                     sc=GuardedContext(self.sc, auth),
                     map_fun=node.tfos_main,

@@ -21,7 +21,10 @@ of the training jobs), :func:`sparktf.train.fit` records one MLflow run in the e
   ``variables/``, ...), the ``export_best`` export when there is one, and the run summary
   ``sparktf_train.json``. An ``hdfs://`` model directory's files are copied down to a
   temporary local directory first (deleted afterwards); their URIs are also tags
-  (``sparktf.export``, ``sparktf.model_dir``, ...).
+  (``sparktf.export``, ``sparktf.model_dir``, ...). Only what lies under the run's model
+  directory is uploaded (the exports' paths come from the chief's report): a path elsewhere,
+  or a symbolic link in a local export that leads out of the model directory, is logged as a
+  warning and nothing of it is uploaded.
 
 The MLflow run ends ``FINISHED``, or ``FAILED`` (``KILLED`` on an interrupt) with the error
 in the tag ``sparktf.error``. A tracking store that stops answering during the run costs
@@ -57,6 +60,7 @@ from sparktf.train import roles
 from sparktf.train.artifacts import RUN_FILE
 from sparktf.train.config import ConfigError, RunConfig, TrainResult
 from sparktf.train.plan import RunPlan
+from sparktf.train.result import within
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +391,20 @@ class Tracker:
             )
 
     def _log_dir(self, path: str, name: str) -> None:
-        """A directory (local or ``hdfs://``, copied down first) as the artifact ``name/``."""
+        """A directory (local or ``hdfs://``, copied down first) as the artifact ``name/``;
+        nothing when it does not lie under the run's model directory."""
+        model_dir = self.plan.run.model_dir
+        escape = outside_model_dir(path, model_dir)
+        if escape:
+            log.warning(
+                "MLflow: not uploading %s as the artifact %s/: %s is not under the model "
+                "directory %s",
+                path[:300],
+                name,
+                escape[:300],
+                model_dir,
+            )
+            return
         started = time.monotonic()
         with storage.local_copy(path) as local:
             self.client.log_artifacts(self.run_id, local, artifact_path=name)
@@ -403,6 +420,21 @@ class Tracker:
             return
         with storage.local_copy(path) as local:
             self.client.log_artifact(self.run_id, local)
+
+
+def outside_model_dir(path: str, model_dir: str) -> str | None:
+    """What of ``path`` lies outside ``model_dir``: ``path`` itself, a symbolic link inside a
+    local ``path`` that leads out, or None when all of it is inside."""
+    if not within(path, model_dir, resolve=True):
+        return path
+    if storage.parse(path).scheme != "file":
+        return None
+    for top, dirs, files in os.walk(storage.parse(path).path):
+        for entry in dirs + files:
+            full = os.path.join(top, entry)
+            if os.path.islink(full) and not within(full, model_dir, resolve=True):
+                return full
+    return None
 
 
 def params(plan: RunPlan) -> dict[str, str]:
@@ -477,6 +509,7 @@ __all__ = [
     "Tracker",
     "check",
     "connect",
+    "outside_model_dir",
     "params",
     "redact",
     "require_mlflow",

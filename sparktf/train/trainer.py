@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from sparktf.train import inputs
-from sparktf.train.artifacts import ModelDir
+from sparktf.train.artifacts import ModelDir, latest_checkpoint
 from sparktf.train.build import Built, build_training
 from sparktf.train.evaluation import BestMetric, EvaluationTracker, Evaluator
 from sparktf.train.plan import EVAL_METRICS, ProcessSpec, Role
@@ -82,7 +82,9 @@ class Trainer:
         try:
             self.built = built = build_training(self.plan, self.role, self.task, self.model_dir)
             if built.checkpoint is not None:
-                self.saved_step, self.checkpoint = built.start_step, built.checkpoint
+                # the model directory's name of it: what was restored may be a local copy
+                self.saved_step = built.start_step
+                self.checkpoint = latest_checkpoint(self.model_dir.uri) or built.checkpoint
             self.reporter = Reporter(
                 self.plan,
                 self.role,

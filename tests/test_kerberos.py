@@ -1,0 +1,459 @@
+"""Kerberos: SPNEGO from a ticket cache or a keytab, the run's delegation token, the check
+that fails a job before Spark starts; end to end on an HDFS secured by MiniKdc
+(``scripts/hdfs.sh start --kerberos``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import sys
+import time
+
+import pytest
+
+from sparktf.security import gss, hadoop_conf, kerberos, redact
+from sparktf.security.spnego import NegotiateAuth
+from sparktf.storage import hdfs as storage_hdfs
+from sparktf.storage import kerberos as tokens
+from tests import helpers
+
+ROOT = helpers.REPO
+KRB_ENV = (
+    "SPARKTF_HDFS_PRINCIPAL",
+    "SPARKTF_HDFS_KEYTAB",
+    "SPARKTF_HDFS_DELEGATION_TOKEN",
+    "KRB5CCNAME",
+    "KRB5_CONFIG",
+    "HADOOP_CONF_DIR",
+    "SPARKTF_HDFS_USER",
+    "HADOOP_USER_NAME",
+)
+
+
+def _hadoop_conf(path, kerberized: bool):
+    path.mkdir(parents=True, exist_ok=True)
+    auth = "kerberos" if kerberized else "simple"
+    (path / "core-site.xml").write_text(
+        "<configuration><property><name>hadoop.security.authentication</name>"
+        f"<value>{auth}</value></property></configuration>"
+    )
+    (path / "hdfs-site.xml").write_text("<configuration></configuration>")
+    return path
+
+
+@pytest.fixture
+def krb_env(monkeypatch, tmp_path):
+    """No Kerberos settings of the machine's: an empty ticket cache, a krb5.conf of realm
+    EXAMPLE.TEST, the HDFS user alice, and a Kerberized Hadoop configuration."""
+    for name in KRB_ENV:
+        monkeypatch.delenv(name, raising=False)
+    krb5 = tmp_path / "krb5.conf"
+    krb5.write_text("[libdefaults]\n default_realm = EXAMPLE.TEST\n")
+    monkeypatch.setenv("KRB5_CONFIG", str(krb5))
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'no-such-ccache'}")
+    monkeypatch.setenv("SPARKTF_HDFS_USER", "alice")
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(_hadoop_conf(tmp_path / "conf", True)))
+    return tmp_path
+
+
+# ----------------------------------------------------------------------------- unit
+
+
+def test_kerberos_is_on_from_core_site_or_the_principal(krb_env, monkeypatch):
+    assert kerberos.enabled()
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(_hadoop_conf(krb_env / "simple", False)))
+    assert not kerberos.enabled()
+    assert hadoop_conf.site_properties("core-site.xml")["hadoop.security.authentication"]
+    monkeypatch.setenv("SPARKTF_HDFS_PRINCIPAL", "bob@EXAMPLE.TEST")
+    assert kerberos.enabled()
+
+
+def test_login_order_env_keytab_then_spark_then_ticket_cache(krb_env, monkeypatch):
+    spark = {"spark.kerberos.principal": "s@R", "spark.kerberos.keytab": "/s.keytab"}
+    who = kerberos.login(spark)
+    assert (who.principal, who.keytab) == ("s@R", "/s.keytab")
+    krb5 = f"-Djava.security.krb5.conf={os.environ['KRB5_CONFIG']}"
+    java = {"spark.driver.extraJavaOptions": "-Da=1", "spark.executor.extraJavaOptions": krb5}
+    assert kerberos.spark_settings(java) == {"spark.driver.extraJavaOptions": f"-Da=1 {krb5}"}
+    monkeypatch.delenv("KRB5_CONFIG")
+    assert kerberos.spark_settings({}) == {}  # the ticket cache: Spark reads it itself
+    monkeypatch.setenv("SPARKTF_HDFS_PRINCIPAL", "e@R")
+    monkeypatch.setenv("SPARKTF_HDFS_KEYTAB", "/e.keytab")
+    who = kerberos.login(spark)
+    assert (who.principal, who.keytab, who.source) == (
+        "e@R",
+        "/e.keytab",
+        "SPARKTF_HDFS_PRINCIPAL/SPARKTF_HDFS_KEYTAB",
+    )
+    assert kerberos.spark_settings({}) == {
+        "spark.kerberos.principal": "e@R",
+        "spark.kerberos.keytab": "/e.keytab",
+    }
+    assert kerberos.spark_settings(spark) == {}  # the user's own settings win
+    monkeypatch.delenv("SPARKTF_HDFS_KEYTAB")
+    who = kerberos.login(spark)
+    assert (who.principal, who.keytab) == ("e@R", None)  # a principal alone: its ticket
+
+
+def test_no_ticket_and_no_keytab_names_the_principal_and_kinit(krb_env):
+    assert gss.default_realm() == "EXAMPLE.TEST"
+    with pytest.raises(kerberos.NoCredentialsError) as err:
+        kerberos.preflight()
+    message = str(err.value)
+    assert "alice@EXAMPLE.TEST" in message
+    assert "kinit alice@EXAMPLE.TEST" in message
+    assert "SPARKTF_HDFS_PRINCIPAL" in message and "SPARKTF_HDFS_KEYTAB" in message
+    assert isinstance(err.value, PermissionError)
+    from sparktf.errors import SparktfError
+
+    assert isinstance(err.value, SparktfError)
+
+
+def test_a_missing_keytab_names_the_principal(krb_env, monkeypatch):
+    monkeypatch.setenv("SPARKTF_HDFS_PRINCIPAL", "svc/host@EXAMPLE.TEST")
+    monkeypatch.setenv("SPARKTF_HDFS_KEYTAB", str(krb_env / "missing.keytab"))
+    with pytest.raises(kerberos.NoCredentialsError, match="kinit svc/host@EXAMPLE.TEST"):
+        kerberos.credential()
+
+
+def test_preflight_is_quiet_without_kerberos_or_with_a_token(krb_env, monkeypatch):
+    monkeypatch.setenv("SPARKTF_HDFS_DELEGATION_TOKEN", "abc")
+    assert kerberos.preflight() is None
+    monkeypatch.delenv("SPARKTF_HDFS_DELEGATION_TOKEN")
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(_hadoop_conf(krb_env / "simple", False)))
+    assert kerberos.preflight() is None
+
+
+def test_the_client_follows_the_credentials(krb_env, monkeypatch):
+    import hdfs
+
+    monkeypatch.setenv("SPARKTF_HDFS_DELEGATION_TOKEN", "tok-123")
+    client = storage_hdfs.webhdfs_client("http://nn:9870", "alice")
+    assert isinstance(client, hdfs.TokenClient)
+    assert client._session.params["delegation"] == "tok-123"
+    monkeypatch.delenv("SPARKTF_HDFS_DELEGATION_TOKEN")
+    client = storage_hdfs.webhdfs_client("http://nn:9870", "alice")
+    assert isinstance(client._session.auth, NegotiateAuth)
+    assert "user.name" not in (client._session.params or {})
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(_hadoop_conf(krb_env / "simple", False)))
+    client = storage_hdfs.webhdfs_client("http://nn:9870", "alice")
+    assert isinstance(client, hdfs.InsecureClient)
+
+
+def test_negotiate_header_only_where_needed(monkeypatch):
+    import requests
+
+    auth = NegotiateAuth(lambda: None)
+    monkeypatch.setattr(NegotiateAuth, "header", lambda self, url: "Negotiate AAAA")
+    plain = requests.Request("GET", "http://nn:9870/webhdfs/v1/a?op=GETFILESTATUS").prepare()
+    assert auth(plain).headers["Authorization"] == "Negotiate AAAA"
+    redirect = requests.Request("GET", "http://dn:9864/webhdfs/v1/a?op=OPEN&delegation=x")
+    assert "Authorization" not in auth(redirect.prepare()).headers
+    cookie = requests.Request(
+        "GET", "http://nn:9870/webhdfs/v1/a", headers={"Cookie": "hadoop.auth=u=alice"}
+    )
+    assert "Authorization" not in auth(cookie.prepare()).headers
+
+
+def test_no_delegation_token_in_any_log_record():
+    redact.install()
+    redact.add_secret("Zm9vYmFyc2VjcmV0")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s %(message)s"))
+    logger = logging.getLogger("urllib3.connectionpool")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        logger.debug(
+            '%s://%s:%s "%s %s %s" %s',
+            "http",
+            "dn",
+            9864,
+            "GET",
+            "/webhdfs/v1/f?op=OPEN&delegation=SECRETTOKEN&offset=0",
+            "HTTP/1.1",
+            200,
+        )
+        try:
+            raise ConnectionError("Max retries exceeded with url: /a?token=OTHERSECRET&op=X")
+        except ConnectionError:
+            logger.exception("failed")
+        logging.getLogger("sparktf.x").warning("env SPARKTF=Zm9vYmFyc2VjcmV0")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    text = stream.getvalue()
+    assert "SECRETTOKEN" not in text and "OTHERSECRET" not in text
+    assert "delegation=<redacted>&offset=0" in text and "token=<redacted>" in text
+    assert redact.redact("x Zm9vYmFyc2VjcmV0 y") == "x <redacted> y"
+
+
+def test_renewer_renews_before_expiry_and_retries(monkeypatch):
+    monkeypatch.setattr(tokens, "MIN_WAIT_S", 0.01)
+    monkeypatch.setattr(tokens, "RETRY_S", 0.05)
+    renewer = tokens.TokenRenewer(lambda: 0.0, expires=1000.0)
+    assert renewer.next_wait(now=600.0) == pytest.approx(300.0)
+    assert renewer.next_wait(now=2000.0) == 0.01
+    calls = []
+
+    def renew():
+        calls.append(time.time())
+        if len(calls) == 2:
+            raise OSError("NameNode busy")
+        return time.time() + 0.2
+
+    renewer = tokens.TokenRenewer(renew, expires=time.time() + 0.2).start()
+    time.sleep(1.0)
+    renewer.stop()
+    assert len(calls) >= 3 and renewer.renewals >= 2
+    count = len(calls)
+    time.sleep(0.3)
+    assert len(calls) == count  # stopped
+
+
+def test_token_errors_never_carry_the_token(monkeypatch):
+    class Answer:
+        status_code, reason, content = 403, "Forbidden", b"x"
+
+        def json(self):
+            return {"RemoteException": {"exception": "InvalidToken", "message": "token=S3CR3T"}}
+
+    class Session:
+        auth = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def request(self, *args, **kwargs):
+            return Answer()
+
+    monkeypatch.setattr(tokens, "_session", Session)
+    with pytest.raises(tokens.DelegationTokenError) as err:
+        tokens.renew_delegation_token("http://nn:9870", "S3CR3T")
+    assert "S3CR3T" not in str(err.value) and "RENEWDELEGATIONTOKEN" in str(err.value)
+
+
+def test_no_token_without_kerberos(krb_env, monkeypatch):
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(_hadoop_conf(krb_env / "simple", False)))
+    with tokens.job_credentials() as token:
+        assert token is None
+    assert "SPARKTF_HDFS_DELEGATION_TOKEN" not in os.environ
+
+
+def test_the_token_reaches_executors_without_a_command_line_on_this_machine(krb_env, monkeypatch):
+    monkeypatch.setenv("SPARKTF_HDFS_DELEGATION_TOKEN", "tok-1")
+    monkeypatch.setenv("SPARKTF_HDFS_TOKEN_FILE", "/private/tokens")
+    monkeypatch.delenv("KRB5_CONFIG")
+    local = kerberos.spark_settings({"spark.master": "local-cluster[2,1,1024]"})
+    assert local == {"spark.executorEnv.HADOOP_TOKEN_FILE_LOCATION": "/private/tokens"}
+    remote = kerberos.spark_settings({"spark.master": "spark://cluster:7077"})
+    assert remote == {"spark.executorEnv.SPARKTF_HDFS_DELEGATION_TOKEN": "tok-1"}
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+class KrbHdfs:
+    """A Kerberized HDFS of this module: its URIs, its Hadoop configuration directory and the
+    environment of a client holding the user's keytab (no ticket cache of the machine's)."""
+
+    def __init__(self, values: dict[str, str], conf_dir, base):
+        self.uri, self.webhdfs_url = values["HDFS_URI"], values["WEBHDFS_URL"]
+        self.principal = values["SPARKTF_HDFS_PRINCIPAL"]
+        self.keytab = values["SPARKTF_HDFS_KEYTAB"]
+        self.krb5_config = values["KRB5_CONFIG"]
+        self.env = {
+            "HADOOP_CONF_DIR": str(conf_dir),
+            "SPARKTF_WEBHDFS_URL": self.webhdfs_url,
+            "KRB5_CONFIG": self.krb5_config,
+            "KRB5CCNAME": f"FILE:{base / 'no-ticket-cache'}",
+            "SPARKTF_HDFS_PRINCIPAL": self.principal,
+            "SPARKTF_HDFS_KEYTAB": self.keytab,
+        }
+
+    def path(self, *parts: str) -> str:
+        return self.uri + "/" + "/".join(p.strip("/") for p in parts)
+
+    def job(self, script: str, *args: str, keytab: bool = True, timeout: float = 420):
+        """``jobs/SCRIPT`` as its own application on this HDFS, with the keytab (or with no
+        credentials at all)."""
+        env = {**os.environ, **self.env, "PYSPARK_PYTHON": sys.executable}
+        env["SPARKTF_LOG_LEVEL"] = "INFO"
+        for name in ("SPARKTF_HDFS_DELEGATION_TOKEN", "SPARKTF_HDFS_USER", "HADOOP_USER_NAME"):
+            env.pop(name, None)
+        if not keytab:
+            del env["SPARKTF_HDFS_PRINCIPAL"], env["SPARKTF_HDFS_KEYTAB"]
+        command = [sys.executable, str(ROOT / "jobs" / script), *args]
+        return helpers.run_command(command, env=env, cwd=ROOT, timeout=timeout)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def krb_hdfs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("krb")
+    args = ["--port", str(_free_port()), "--http-port", str(_free_port())]
+    args += ["--dir", str(base / "hdfs"), "--conf-dir", str(base / "hadoop-conf")]
+    script = ROOT / "scripts" / "hdfs.sh"
+    out = helpers.run_command([script, "start", *args, "--kerberos"], timeout=300)
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+        yield KrbHdfs(values, base / "hadoop-conf", base)
+    finally:
+        helpers.run_command([script, "stop", *args], timeout=120)
+
+
+@pytest.fixture
+def as_client(krb_hdfs, monkeypatch):
+    """This test process as a client of ``krb_hdfs`` with the user's keytab."""
+    for name in KRB_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in krb_hdfs.env.items():
+        monkeypatch.setenv(name, value)
+    return krb_hdfs
+
+
+def _no_token_in(text: str) -> None:
+    import re
+
+    assert not re.search(r"(?i)delegation=(?!<redacted>)[A-Za-z0-9_-]{8}", text), text[-2000:]
+
+
+def test_spnego_and_the_token_lifecycle(as_client, monkeypatch):
+    """Storage through SPNEGO with the keytab; then through a delegation token alone, which
+    stops working once cancelled."""
+    from sparktf import storage
+
+    base = as_client.path("tests", "spnego")
+    storage.write_text(f"{base}/a.txt", "kerberized\n")
+    assert storage.read_text(f"{base}/a.txt") == "kerberized\n"
+    url = as_client.webhdfs_url
+    with tokens.run_delegation(url) as token:
+        assert token and os.environ["SPARKTF_HDFS_DELEGATION_TOKEN"] == token
+        token_file = os.environ["SPARKTF_HDFS_TOKEN_FILE"]
+        assert os.stat(token_file).st_mode & 0o077 == 0
+        assert open(token_file, "rb").read(5) == b"HDTS\x00"
+        assert tokens.renew_delegation_token(url, token) > time.time()
+        with monkeypatch.context() as only_the_token:
+            only_the_token.delenv("SPARKTF_HDFS_PRINCIPAL")
+            only_the_token.delenv("SPARKTF_HDFS_KEYTAB")
+            assert storage.read_text(f"{base}/a.txt") == "kerberized\n"
+            storage.write_text(f"{base}/b.txt", "with a token\n")
+    assert "SPARKTF_HDFS_DELEGATION_TOKEN" not in os.environ
+    assert not os.path.exists(token_file)
+    monkeypatch.setenv("SPARKTF_HDFS_DELEGATION_TOKEN", token)
+    with pytest.raises(storage.StoragePermissionError) as err:
+        storage.read_text(f"{base}/b.txt")
+    assert token not in str(err.value)
+    monkeypatch.delenv("SPARKTF_HDFS_DELEGATION_TOKEN")
+    monkeypatch.delenv("SPARKTF_HDFS_KEYTAB")  # no ticket either: no new SPNEGO login
+    with pytest.raises(kerberos.NoCredentialsError, match="kinit"):
+        kerberos.credential()
+
+
+def test_a_job_without_ticket_or_keytab_fails_before_spark(krb_hdfs, tmp_path):
+    started = time.monotonic()
+    out = krb_hdfs.job(
+        "predict.py",
+        "--model",
+        krb_hdfs.path("nowhere/export"),
+        "--input",
+        krb_hdfs.path("nowhere/in"),
+        "--output",
+        krb_hdfs.path("nowhere/out"),
+        keytab=False,
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    user = krb_hdfs.principal.split("@")[0]
+    assert f"kinit {user}@EXAMPLE.COM" in out.stderr, out.stderr[-3000:]
+    assert "SPARKTF_HDFS_KEYTAB" in out.stderr
+    assert "starting Spark" not in out.stderr and "SparkContext" not in out.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_convert_train_both_strategies_predict(krb_hdfs, tmp_path):
+    """The whole path on the Kerberized HDFS: convert, train (all-reduce and ps, files input,
+    checkpoints and export there), predict; the jobs log no token."""
+    from sparktf.datasets.synthetic import write_mnist
+
+    write_mnist(tmp_path / "raw", n_train=64, n_test=16)
+    data = krb_hdfs.path("e2e", "mnist")
+    # Executors without the keytab: what they read and write on HDFS goes by the run's token.
+    profile = tmp_path / "no-keytab-on-executors.conf"
+    local = (ROOT / "conf" / "spark" / "local.conf").read_text()
+    profile.write_text(local + "\nspark.executorEnv.SPARKTF_HDFS_KEYTAB /nonexistent.keytab\n")
+    logs = []
+    out = krb_hdfs.job("convert_mnist.py", "--input", str(tmp_path / "raw"), "--output", data)
+    logs.append(out.stderr)
+    assert out.returncode == 0, out.stderr[-4000:]
+    exports = {}
+    for strategy, extra in (("allreduce", ["--num-workers", "2"]), ("ps", ["--num-ps", "1"])):
+        result = tmp_path / f"{strategy}.json"
+        out = krb_hdfs.job(
+            "train.py",
+            "--model",
+            "mnist_mlp",
+            "--model-config",
+            '{"hidden_units": 8}',
+            "--data",
+            data,
+            "--model-dir",
+            krb_hdfs.path("e2e", f"model-{strategy}"),
+            "--strategy",
+            strategy,
+            *extra,
+            "--input-mode",
+            "files",
+            "--steps",
+            "4",
+            "--batch-size",
+            "8",
+            "--result-json",
+            str(result),
+            "--profile",
+            str(profile),
+        )
+        logs.append(out.stderr)
+        assert out.returncode == 0, out.stderr[-4000:]
+        summary = json.loads(result.read_text())
+        assert summary["final_step"] >= 4
+        assert summary["export_path"].startswith(krb_hdfs.uri), summary
+        assert summary["checkpoint"].startswith(krb_hdfs.uri), summary
+        exports[strategy] = summary["export_path"]
+        assert "delegation token of the run cancelled" in out.stderr
+    predictions = krb_hdfs.path("e2e", "predictions")
+    out = krb_hdfs.job(
+        "predict.py",
+        "--model",
+        exports["allreduce"],
+        "--input",
+        f"{data}/test/parquet",
+        "--output",
+        predictions,
+        "--profile",
+        str(profile),
+    )
+    logs.append(out.stderr)
+    assert out.returncode == 0, out.stderr[-4000:]
+    from sparktf import storage
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in krb_hdfs.env.items():
+            env.setenv(name, value)
+        assert storage.listdir(predictions)
+    for text in logs:
+        _no_token_in(text)

@@ -1,0 +1,191 @@
+"""The driver's servers under abuse, standalone (sparktf.train.limits, the reservation's
+FramedServer, the control server's BoundedHTTPServer).
+
+Connections in all and per peer are bounded (a new one displaces the oldest that has not
+completed a message, and is refused when none can be displaced); a client that trickles its
+message is cut off at the deadline; the control server answers on a fixed pool of threads;
+refusals are logged at a bounded rate. Small limits keep the tests fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+import time
+
+import pytest
+
+from sparktf.train import reservation
+from sparktf.train.control import ControlClient, ControlServer
+from sparktf.train.limits import ConnectionLimits, ConnectionTable, RejectLog
+
+LOOPBACK = "127.0.0.1"
+LIMITS = ConnectionLimits(max_connections=24, max_per_peer=12, message_deadline_s=1.0)
+
+
+def rejection_lines(caplog, what: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and r.getMessage().startswith(f"{what}: rejected")
+    ]
+
+
+def test_reject_log_writes_a_bounded_number_of_lines_and_a_summary(caplog):
+    logger = logging.getLogger("sparktf.test.rejects")
+    rejects = RejectLog(logger, "test server", limit=3, window_s=0.3)
+    for i in range(1000):
+        rejects.reject(f"10.0.0.1:{i}", "refused: too many", kind="connection limit")
+    rejects.reject("10.0.0.2:1", "not authentic")
+    time.sleep(0.35)
+    rejects.flush()
+    lines = rejection_lines(caplog, "test server")
+    assert len(lines) == 4, lines
+    assert lines[-1].startswith("test server: rejected 998 more requests in the last")
+    assert "connection limit x997" in lines[-1] and "not authentic x1" in lines[-1]
+    assert rejects.total == 1001
+    rejects.flush()  # nothing new: no line
+    assert len(rejection_lines(caplog, "test server")) == 4
+
+
+def test_connection_table_displaces_the_oldest_unfinished_then_refuses():
+    rejects = RejectLog(logging.getLogger("sparktf.test.table"), "t")
+    table = ConnectionTable(ConnectionLimits(max_connections=3, max_per_peer=2), rejects)
+    assert table.admit("a1", "A", "A:1") == (True, [])
+    assert table.admit("a2", "A", "A:2") == (True, [])
+    assert table.admit("a3", "A", "A:3") == (True, ["a1"])  # per-peer: a1 was the oldest
+    table.completed("a2")  # a client that completed a message is never displaced
+    assert table.admit("a4", "A", "A:4") == (True, ["a3"])
+    table.completed("a4")
+    assert table.admit("a5", "A", "A:5") == (False, [])  # every one of A's completed one
+    assert table.admit("b1", "B", "B:1") == (True, [])
+    assert table.admit("c1", "C", "C:1") == (True, ["b1"])  # the total: b1 the only candidate
+    assert len(table) == 3 and rejects.total == 4
+
+
+def test_connection_table_deadlines():
+    rejects = RejectLog(logging.getLogger("sparktf.test.table"), "t")
+    table = ConnectionTable(
+        ConnectionLimits(message_deadline_s=0.2, idle_s=0.4, max_connections=10), rejects
+    )
+    for key in ("silent", "trickle", "client"):
+        table.admit(key, "A", "A:1")
+    table.progress("trickle", pending=True)
+    table.completed("client")
+    time.sleep(0.3)
+    expired = dict(table.expired())
+    assert set(expired) == {"silent", "trickle"}
+    assert "within 0.2 s" in expired["silent"] and "within 0.2 s" in expired["trickle"]
+    time.sleep(0.2)
+    assert table.expired() == [("client", None)]  # idle after a message: closed quietly
+
+
+class Trickler:
+    """Sends one byte every ``every_s`` until the server closes the connection; records
+    how long that took."""
+
+    def __init__(self, addr, payload: bytes, every_s: float = 0.2):
+        self.sock = socket.create_connection(addr, timeout=5.0)
+        self.payload, self.every_s = payload, every_s
+        self.cut_after: float | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        try:
+            for byte in self.payload:
+                self.sock.sendall(bytes([byte]))
+                time.sleep(self.every_s)
+        except OSError:
+            pass
+        finally:
+            self.cut_after = time.monotonic() - start
+            self.sock.close()
+
+
+def hold(addr, n: int) -> list[socket.socket]:
+    """``n`` connections that send nothing."""
+    return [socket.create_connection(addr, timeout=5.0) for _ in range(n)]
+
+
+def closed_by_server(sock: socket.socket, timeout: float = 0.0) -> bool:
+    sock.settimeout(timeout or 0.01)
+    try:
+        return sock.recv(1) == b""
+    except (TimeoutError, BlockingIOError):
+        return False
+    except OSError:
+        return True
+
+
+def test_reservation_server_under_a_flood_still_serves_and_cuts_slow_senders(caplog):
+    secret = secrets.token_bytes(32)
+    srv = reservation.AuthServer(1, secret=secret, bind_host=LOOPBACK, limits=LIMITS)
+    addr = srv.start()
+    try:
+        idle = hold(addr, 60)  # five times the per-peer limit
+        trickle = Trickler(addr, b"\x00\x00\x01\x00" + b"x" * 40)
+        time.sleep(0.3)
+        client = reservation.AuthClient(addr, secret=secret)  # a node of the run
+        assert client.register({"executor_id": 0}) == "OK"
+        assert client.get_reservations() == [{"executor_id": 0}]
+        trickle.thread.join(5.0)
+        assert trickle.cut_after is not None and trickle.cut_after < 2.5, trickle.cut_after
+        # within the deadline (1 s) and a poll, every idle connection was closed
+        time.sleep(1.0)
+        assert all(closed_by_server(s, 0.5) for s in idle)
+        # the node's connection, which completed messages, stays
+        assert client.request("QUERY") is True
+        client.close()
+        for s in idle:
+            s.close()
+    finally:
+        srv.stop()
+    lines = rejection_lines(caplog, "reservation server")
+    assert 1 <= len(lines) <= 6, lines  # five lines and a summary at most per window
+
+
+def test_control_server_under_a_flood_answers_on_a_fixed_pool(caplog):
+    srv = ControlServer(LOOPBACK, limits=LIMITS, threads=4)
+    addr = srv.address
+    key = "executor-0"
+    client = ControlClient(srv.url, srv.issue_token(key), key)
+    threads_before = threading.active_count()
+    try:
+        idle = hold(addr, 60)
+        head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 30\r\n\r\n{"
+        trickle = Trickler(addr, head + b" " * 40)
+        time.sleep(0.3)
+        for _ in range(5):  # the run's own requests get through
+            assert client.post("beat", {"progress": {"step": 1}}, timeout=5.0)["stop"] is False
+        assert threading.active_count() <= threads_before + 4
+        trickle.thread.join(5.0)
+        assert trickle.cut_after is not None and trickle.cut_after < 2.5, trickle.cut_after
+        time.sleep(1.0)
+        assert all(closed_by_server(s, 0.5) for s in idle)
+        for s in idle:
+            s.close()
+        assert srv.snapshot()[key].progress == {"step": 1}
+    finally:
+        srv.close()
+    lines = rejection_lines(caplog, "control server")
+    assert 1 <= len(lines) <= 6, lines
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field", "expected"),
+    [
+        ("SPARKTF_SERVER_MAX_CONNECTIONS", "100", "max_connections", 100),
+        ("SPARKTF_SERVER_MAX_PER_PEER", "7", "max_per_peer", 7),
+        ("SPARKTF_SERVER_MESSAGE_DEADLINE_S", "2.5", "message_deadline_s", 2.5),
+    ],
+)
+def test_limits_from_the_environment(monkeypatch, name, value, field, expected):
+    monkeypatch.setenv(name, value)
+    assert getattr(ConnectionLimits.from_env(), field) == expected
+    monkeypatch.setenv(name, "-1")
+    with pytest.raises(ValueError, match=name):
+        ConnectionLimits.from_env()

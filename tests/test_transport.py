@@ -1,0 +1,286 @@
+"""Spark's transport protected by default (``sparktf.spark``'s transport settings, ``sparktf
+submit``), the warning when a run's secrets travel in clear, and TensorFlowOnSpark's log
+lines without secrets (``sparktf.train.tfos_logs``). No JVM: configurations, command lines
+and log records."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import stat
+
+import pytest
+
+from sparktf import cli, spark
+from sparktf.console import submit
+from sparktf.train import tfos_logs
+
+PROTECTED = {key: "true" for key in spark.TRANSPORT_SETTINGS}
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for name in ("SPARKTF_CONF_DIR", "SPARKTF_HOME", "SPARKTF_PROFILE", "SPARKTF_SPARK_MASTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(spark.SECRET_FILE_ENV, raising=False)
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.setenv("SPARKTF_SPARK_CLUSTER_DIR", str(tmp_path / "no-cluster"))
+    return monkeypatch
+
+
+def secret_file(tmp_path, secret: str = "0123456789abcdef" * 4):
+    return spark.write_private_conf(tmp_path / "cluster-secret.conf", {spark.SECRET_CONF: secret})
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_defaults_protect_remote_masters_and_the_user_setting_wins():
+    for master in ("yarn", "k8s://https://k:443", "spark://h:7077"):
+        assert spark.transport_defaults(master, {}) == PROTECTED
+    for master in ("local", "local[4]", "local-cluster[2,1,1024]", ""):
+        assert spark.transport_defaults(master, {}) == {}
+    given = {"spark.authenticate": "false", "spark.io.encryption.enabled": "true"}
+    assert spark.transport_defaults("yarn", given) == {"spark.network.crypto.enabled": "true"}
+
+
+def test_profiles_turn_the_transport_on_and_overrides_turn_it_off(clean_env):
+    for profile in ("standalone", "yarn", "k8s"):
+        conf = spark.profile_conf(profile)
+        assert {key: conf[key] for key in PROTECTED} == PROTECTED, profile
+    assert "spark.authenticate" not in spark.session_conf("local")
+    off = spark.session_conf("yarn", {"spark.network.crypto.enabled": "false"})
+    assert off["spark.network.crypto.enabled"] == "false" and off["spark.authenticate"] == "true"
+
+
+def test_a_profile_without_them_gets_them_unless_the_user_turns_one_off(clean_env, tmp_path):
+    bare = tmp_path / "bare.conf"
+    bare.write_text("spark.master  yarn\nspark.executor.instances 1\n")
+    conf = spark.session_conf(str(bare))
+    assert {key: conf[key] for key in PROTECTED} == PROTECTED
+    argv = command_line(tmp_path, str(bare), "predict", "--model", "m")
+    assert all(f"{key}=true" in argv for key in PROTECTED)
+    off = ("--conf", "spark.authenticate=false")
+    argv = command_line(tmp_path, str(bare), *off, "predict", "--model", "m")
+    assert "spark.authenticate=true" not in argv and "spark.authenticate=false" in argv
+    assert "spark.network.crypto.enabled=true" in argv
+    assert "--extra-properties-file" not in argv  # YARN makes its secret itself
+
+
+def command_line(tmp_path, profile: str, *argv: str) -> list[str]:
+    """The spark-submit command ``sparktf submit --profile PROFILE ARGV`` runs."""
+    scratch = tmp_path / f"scratch-{len(list(tmp_path.glob('scratch-*')))}"
+    scratch.mkdir(mode=0o700)
+    return submit.build(submit.parse(["--profile", profile, *argv]), scratch)[0]
+
+
+def test_standalone_gets_the_cluster_secret_in_a_private_file_never_on_the_command_line(
+    clean_env, tmp_path, capsys
+):
+    secret = "feedface" * 8
+    clean_env.setenv("SPARKTF_SPARK_MASTER", "spark://127.0.0.1:7077")
+    clean_env.setenv(spark.SECRET_FILE_ENV, str(secret_file(tmp_path, secret)))
+    closed = "spark.sparktf.master.webui=http://127.0.0.1:9"  # nothing answers
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    argv, _ = submit.build(
+        submit.parse(["--profile", "standalone", "--conf", closed, "predict", "--model", "m"]),
+        scratch,
+    )
+    assert secret not in " ".join(argv)
+    path = argv[argv.index("--extra-properties-file") + 1]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert spark.read_conf_file(path) == {spark.SECRET_CONF: secret}
+    # through main: the printed command has no secret either, and the scratch is gone
+    assert submit.main(["--dry-run", "--profile", "standalone", "--conf", closed, "predict"]) == 0
+    printed = shlex.split(capsys.readouterr().out)
+    assert "--extra-properties-file" in printed and secret not in " ".join(printed)
+    assert not os.path.exists(printed[printed.index("--extra-properties-file") + 1])
+
+
+def test_standalone_without_a_secret_fails_before_spark_unless_auth_is_off(clean_env):
+    clean_env.setenv("SPARKTF_SPARK_MASTER", "spark://127.0.0.1:7077")
+    closed = "spark.sparktf.master.webui=http://127.0.0.1:9"
+    with pytest.raises(cli.UsageError, match=spark.SECRET_FILE_ENV) as refused:
+        submit.main(["--dry-run", "--profile", "standalone", "--conf", closed, "predict"])
+    assert "spark.authenticate=false" in str(refused.value)
+    argv = ["--profile", "standalone", "--conf", closed, "--conf", "spark.authenticate=false"]
+    assert submit.main(["--dry-run", *argv, "predict"]) == 0
+
+
+def test_the_local_cluster_script_secret_is_found_by_its_master(clean_env, tmp_path):
+    cluster = tmp_path / "no-cluster"
+    cluster.mkdir()
+    path = secret_file(tmp_path, "ab" * 32)
+    (cluster / "master.env").write_text(
+        f"SPARK_MASTER_URL=spark://127.0.0.1:4242\nSPARK_SECRET_FILE={path}\n"
+    )
+    on = {"spark.authenticate": "true"}
+    assert spark.transport_secret("spark://127.0.0.1:4242", on) == "ab" * 32
+    with pytest.raises(spark.TransportError):
+        spark.transport_secret("spark://elsewhere:7077", on)
+    assert spark.transport_secret("spark://elsewhere:7077", {**on, spark.SECRET_CONF: "x"}) is None
+    assert spark.transport_secret("yarn", on) is None  # YARN makes one per application
+    fresh = {spark.transport_secret("local-cluster[2,1,1024]", on) for _ in range(2)}
+    assert len(fresh) == 2 and all(len(s) == 64 for s in fresh)  # one per application
+    assert spark.transport_secret("spark://127.0.0.1:4242", {}) is None  # authentication off
+
+
+def test_secret_files_hold_a_conf_line_or_the_secret_alone(tmp_path, caplog):
+    alone = tmp_path / "alone"
+    alone.write_text("# the cluster's\ns3cr3t-value\n")
+    alone.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="sparktf.spark"):
+        assert spark.read_secret(alone) == "s3cr3t-value"
+    assert "readable by others" in caplog.text and "s3cr3t" not in caplog.text
+    bad = tmp_path / "bad"
+    bad.write_text("spark.authenticate true\nspark.other x\n")
+    with pytest.raises(spark.TransportError, match="no 'spark.authenticate.secret VALUE' line"):
+        spark.read_secret(bad)
+    with pytest.raises(spark.TransportError, match="cannot read"):
+        spark.read_secret(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------------------- the warning
+
+
+def test_the_warning_names_what_to_change_and_only_when_secrets_travel_in_clear():
+    clear = spark.transport_warning({"spark.master": "yarn", "spark.authenticate": "false"})
+    assert clear == (
+        "Spark's transport is not protected (spark.authenticate=false, "
+        "spark.network.crypto.enabled unset): the run's secrets (reservation secret, control "
+        "tokens, TensorFlowOnSpark's manager keys) travel in clear in Spark's task closures "
+        "between the driver and the executors. Set spark.authenticate=true and "
+        "spark.network.crypto.enabled=true (sparktf submit sets them on standalone, YARN and "
+        "Kubernetes unless the configuration turns them off)"
+    )
+    half = spark.transport_warning({"spark.master": "spark://h:7077", "spark.authenticate": "true"})
+    assert "(spark.network.crypto.enabled unset)" in half
+    assert "Set spark.network.crypto.enabled=true; a standalone master also needs" in half
+    assert "SPARKTF_SPARK_SECRET_FILE" in half
+    assert "spark.authenticate" not in half.split("Set ")[1].split(";")[0]
+    for quiet in (
+        {"spark.master": "local[2]"},
+        {"spark.master": "local-cluster[2,1,1024]"},
+        {"spark.master": "yarn", **PROTECTED},
+    ):
+        assert spark.transport_warning(quiet) is None
+
+
+def test_the_driver_logs_the_warning_once_per_run(caplog):
+    from sparktf.train.tfos_cluster import warn_if_transport_in_clear
+
+    class Conf:
+        def __init__(self, pairs):
+            self.pairs = pairs
+
+        def getAll(self):  # noqa: N802 (SparkConf API)
+            return list(self.pairs.items())
+
+    class Context:
+        def __init__(self, pairs):
+            self.conf = Conf(pairs)
+
+        def getConf(self):  # noqa: N802 (SparkContext API)
+            return self.conf
+
+    with caplog.at_level(logging.WARNING, logger="sparktf.train.tfos_cluster"):
+        said = warn_if_transport_in_clear(Context({"spark.master": "yarn"}))
+        warn_if_transport_in_clear(Context({"spark.master": "yarn", **PROTECTED}))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].getMessage() == said
+
+
+# ----------------------------------------------------------------------------- logs
+
+
+@pytest.fixture
+def tfos_loggers():
+    """TensorFlowOnSpark's loggers restored after the test (levels and filters)."""
+    loggers = [logging.getLogger(n) for n in tfos_logs.TFOS_LOGGERS] + [logging.root]
+    saved = [(lg, lg.level, list(lg.filters)) for lg in loggers]
+    yield
+    for logger, level, filters in saved:
+        logger.setLevel(level)
+        logger.filters[:] = filters
+
+
+def test_tensorflowonspark_node_lines_lose_their_authkeys_at_every_level(tfos_loggers, caplog):
+    logging.getLogger("tensorflowonspark").setLevel(logging.DEBUG)  # set on purpose: kept
+    run_secret = os.urandom(32)
+    tfos_logs.protect_tensorflowonspark_logs(run_secret, None)
+    authkey = b"\x8a'\x00\x17\"secret\\key\xff" + os.urandom(8)
+    node = {"executor_id": 0, "addr": ("127.0.0.1", 4242), "authkey": authkey, "port": 1}
+    cluster = logging.getLogger("tensorflowonspark.TFCluster")
+    with caplog.at_level(logging.DEBUG):
+        cluster.info(node)
+        logging.getLogger("tensorflowonspark.TFSparkNode").debug("TFSparkNode.reserve: %s", node)
+        logging.getLogger("tensorflowonspark.reservation").warning(
+            "sent: token=%s secret: %s", run_secret.hex(), run_secret
+        )
+        try:
+            raise ValueError(f"bad node {node}")
+        except ValueError:
+            cluster.exception("failed")
+        logging.info("Cluster spec: %s", {"authkey": authkey.hex()})  # TFNode logs on root
+    text = caplog.text + "".join(r.getMessage() for r in caplog.records)
+    assert len(caplog.records) == 5
+    for form in tfos_logs.secret_forms(authkey) | tfos_logs.secret_forms(run_secret):
+        assert form not in text, form
+    assert "'authkey': <redacted>" in text and "'executor_id': 0" in text
+    assert logging.getLogger("tensorflowonspark").level == logging.DEBUG
+
+
+def test_tensorflowonspark_goes_quiet_unless_sparktf_logs_at_debug(tfos_loggers):
+    package = logging.getLogger("tensorflowonspark")
+    package.setLevel(logging.NOTSET)
+    sparktf_log = logging.getLogger("sparktf")
+    level = sparktf_log.level
+    try:
+        sparktf_log.setLevel(logging.DEBUG)
+        tfos_logs.protect_tensorflowonspark_logs()
+        assert package.level == logging.NOTSET  # DEBUG: its lines stay, redacted
+        sparktf_log.setLevel(logging.INFO)
+        tfos_logs.protect_tensorflowonspark_logs()
+        assert package.level == logging.WARNING
+    finally:
+        sparktf_log.setLevel(level)
+    for name in tfos_logs.TFOS_LOGGERS:
+        assert logging.getLogger(name).filters.count(tfos_logs.FILTER) == 1
+
+
+# ----------------------------------------------------------------------------- running apps
+
+
+def event_log_conf(directory) -> list[str]:
+    """spark-submit options that keep the application's event log in the local
+    ``directory``."""
+    settings = {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": f"file://{directory}",
+        "spark.eventLog.compress": "false",  # plain JSON lines, one file
+        "spark.eventLog.rolling.enabled": "false",
+    }
+    return [arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")]
+
+
+def app_settings(directory) -> dict[str, str]:
+    """The Spark properties the one application logged in ``directory`` ran with (its
+    event log's environment update)."""
+    import json
+    from pathlib import Path
+
+    logs = [p for p in Path(directory).rglob("*") if p.is_file()]
+    assert len(logs) == 1, logs
+    for line in logs[0].read_text().splitlines():
+        event = json.loads(line)
+        if event.get("Event") == "SparkListenerEnvironmentUpdate":
+            props = event["Spark Properties"]
+            return dict(props.items() if isinstance(props, dict) else props)
+    raise AssertionError(f"no environment update in {logs[0]}")
+
+
+def assert_transport_protected(settings: dict[str, str]) -> None:
+    """The application ran with authentication, RPC and I/O encryption on."""
+    assert {key: settings.get(key) for key in PROTECTED} == PROTECTED, settings
