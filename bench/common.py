@@ -230,7 +230,8 @@ def goal(value: float | None, target: float, op: str = ">=") -> dict:
         raise ValueError(f"op must be '>=' or '<=', got {op!r}")
     met = value is not None and (value >= target if op == ">=" else value <= target)
     return {
-        "value": None if value is None else round(float(value), 3),
+        # four decimals: a value just under its goal must not read as the goal
+        "value": None if value is None else round(float(value), 4),
         "goal": target,
         "op": op,
         "met": bool(met),

@@ -2,39 +2,52 @@
 
     .venv/bin/python bench/results.py [--results bench/results] [--since EPOCH_SECONDS]
         [--output bench/RESULTS.md] [--names convert read ...] [--expect NAME ...]
-        [--stack auto|TEXT] [--note TEXT]
+        [--stack auto|TEXT] [--note TEXT] [--wall-s SECONDS --took NAME=SECONDS ...]
+        [--keep DIR]
 
 Takes the newest ``<name>-<time>.json`` of each benchmark in ``--results`` (``--since``: only
 files written after that time), prints the goals table (benchmark, goal, value, target, met)
 and writes it to ``--output`` as a markdown page: when the run finished, the machine it ran
 on (from the result files' ``machine`` objects), the software stack, the table, how many goals
 were met and which files it came from. ``bench/all.sh`` calls it after a run; ``bench/gpu.sh``
-for its GPU results. Exits 1 when a benchmark named by ``--expect`` has no result.
+for its GPU results. ``--wall-s`` (bench/all.sh, after a run of every benchmark) first writes
+the result ``all-<time>.json`` with the goal ``all.wall_s`` (the whole run's wall time, at most
+:data:`WALL_GOAL_S`) and each benchmark's seconds (``--took``). ``--keep DIR`` copies the result
+files of the page into ``DIR`` (to be committed) and makes the page from there. Exits 1 when a
+benchmark named by ``--expect`` has no result.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
 __all__ = [
     "BENCHMARKS",
     "STACK_PACKAGES",
+    "WALL_GOAL_S",
+    "keep",
     "latest",
     "machine_line",
     "main",
     "page",
     "rows",
     "stack_line",
+    "write_wall",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("convert", "read", "feed", "train", "predict")
+BENCHMARKS = ("convert", "read", "feed", "train", "predict", "all")
+# bench/all.sh's whole run, every benchmark at its sizes, on a 2-core machine.
+WALL_GOAL_S = 900
 STACK_PACKAGES = ("pyspark", "pyarrow", "numpy", "pandas", "tensorflow", "petastorm")
 # <name>-<YYYYmmdd>[-<HHMMSS>].json, as bench/common.write_results names a result.
 RESULT_FILE = re.compile(r"^(?P<name>.+?)-(?P<stamp>\d{8}(?:-\d{6})?)\.json$")
@@ -56,9 +69,82 @@ def latest(results: Path, since: float = 0.0, names: Iterable[str] = BENCHMARKS)
     return found
 
 
+def _machine() -> dict:
+    """The machine, shaped as bench/common.machine() records it (without its imports)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {
+        "cpu": cpu or "unknown CPU",
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "memory_gib": round(memory / 2**30, 1),
+    }
+
+
+def write_wall(results: Path, wall_s: float, took: Mapping[str, float]) -> Path:
+    """Writes ``results/all-<time>.json``: the goal ``all.wall_s`` (``wall_s``, the whole
+    run, at most :data:`WALL_GOAL_S`) and ``took`` (``{benchmark: seconds}``), shaped as
+    bench/common.write_results writes a result. Returns its path."""
+    now = datetime.now()
+    result = {
+        "benchmark": "all",
+        "goals": {
+            "all.wall_s": {
+                "value": round(float(wall_s), 1),
+                "goal": WALL_GOAL_S,
+                "op": "<=",
+                "met": wall_s <= WALL_GOAL_S,
+            }
+        },
+        "seconds": {name: round(float(s), 1) for name, s in took.items()},
+        "machine": _machine(),
+        "finished_at": now.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"all-{now.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def keep(files: Mapping[str, Path], directory: Path) -> dict:
+    """Copies ``files`` (``{name: path}``) into ``directory``; returns ``{name: copy}``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    kept = {}
+    for name, path in files.items():
+        kept[name] = directory / path.name
+        shutil.copy2(path, kept[name])
+    return kept
+
+
+def _took(text: str) -> tuple[str, float]:
+    name, sep, seconds = text.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError(text)
+        return name, float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=SECONDS, got {text!r}") from None
+
+
 def _target(goal: Mapping) -> str:
     op = {">=": "≥", "<=": "≤"}.get(goal.get("op", ">="), goal.get("op", ""))
     return f"{op} {goal['goal']}"
+
+
+def _shown_value(goal: Mapping) -> str:
+    """The value with three significant digits, or four when three would read as the goal
+    itself although it is not met."""
+    if goal.get("value") is None:
+        return "not measured"
+    text = f"{goal['value']:.3g}"
+    if not goal["met"] and float(text) == float(goal["goal"]):
+        text = f"{goal['value']:.4g}"
+    return text
 
 
 def rows(results: Mapping[str, Mapping], names: Iterable[str] = BENCHMARKS) -> list[tuple]:
@@ -70,7 +156,7 @@ def rows(results: Mapping[str, Mapping], names: Iterable[str] = BENCHMARKS) -> l
         if name not in results:
             continue
         for goal_name, goal in (results[name].get("goals") or {}).items():
-            value = "not measured" if goal.get("value") is None else f"{goal['value']:.3g}"
+            value = _shown_value(goal)
             table.append((name, goal_name, value, _target(goal), "yes" if goal["met"] else "no"))
     return table
 
@@ -191,8 +277,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(STACK_PACKAGES),
     )
     p.add_argument("--note", default="", help="a paragraph under the table (sizes, wall time)")
+    p.add_argument(
+        "--wall-s",
+        type=float,
+        default=None,
+        help=f"first write all-<time>.json: the run's wall time, goal <= {WALL_GOAL_S} s",
+    )
+    p.add_argument(
+        "--took",
+        type=_took,
+        nargs="*",
+        default=[],
+        metavar="NAME=SECONDS",
+        help="each benchmark's seconds, recorded with --wall-s",
+    )
+    p.add_argument("--keep", default=None, help="copy the page's result files here, page from them")
     args = p.parse_args(argv)
+    if args.wall_s is not None:
+        write_wall(Path(args.results), args.wall_s, dict(args.took))
     files = latest(Path(args.results), args.since, args.names)
+    if args.keep:
+        files = keep(files, Path(args.keep))
     _print_table(files, args.names)
     if args.output:
         stack = stack_line() if args.stack == "auto" else args.stack

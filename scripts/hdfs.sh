@@ -10,7 +10,8 @@
 # the files spread over them); keep N the same across restarts of one --dir.
 # `start` returns once HDFS accepts writes and prints HDFS_URI=... and WEBHDFS_URL=...;
 # it writes core-site.xml and hdfs-site.xml into the conf dir. Several instances can run side
-# by side with different ports and directories. `stop` leaves no JVM behind.
+# by side with different ports and directories. `stop` leaves no JVM behind and removes the
+# configuration files its `start` wrote.
 # --kerberos secures it with Hadoop's MiniKdc (realm EXAMPLE.COM, KDC on 127.0.0.1, a free port,
 # TCP, in the same JVM): DIR/krb (mode 700) holds krb5.conf, service.keytab and user.keytab, whose
 # principal is SPARKTF_HDFS_KRB_USER (the login name) @EXAMPLE.COM, a superuser of this HDFS.
@@ -20,7 +21,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; shift || true
-case "$cmd" in -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$cmd" in -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 PORT="${SPARKTF_HDFS_PORT:-8020}"
 HTTP_PORT="${SPARKTF_WEBHDFS_PORT:-9870}"
 DIR="${SPARKTF_HDFS_DIR:-$ROOT/.local/hdfs}"
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
     --conf-dir) CONF_DIR="$2"; shift 2 ;;
     --datanodes) DATANODES="$2"; shift 2 ;;
     --kerberos) KERBEROS=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hdfs.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -51,6 +52,7 @@ PIDFILE="$DIR/hdfs.pid"
 READY="$DIR/ready.env"
 LOG="$DIR/hdfs.log"
 KRB_DIR="$DIR/krb"
+CONF_RECORD="$DIR/conf-dir"
 
 running_pid() {
   [ -f "$PIDFILE" ] || return 1
@@ -71,6 +73,7 @@ write_conf() {  # $1 = hdfs uri, $2 = webhdfs url; with --kerberos what a client
   <property><name>dfs.block.access.token.enable</name><value>true</value></property>"
   fi
   mkdir -p "$CONF_DIR"
+  printf '%s\n' "$CONF_DIR" > "$CONF_RECORD"  # `stop` removes what was written there
   cat > "$CONF_DIR/core-site.xml" <<XML
 <?xml version="1.0"?>
 <!-- Written by scripts/hdfs.sh start. -->
@@ -87,6 +90,19 @@ XML
   <property><name>dfs.client.use.datanode.hostname</name><value>false</value></property>$site
 </configuration>
 XML
+}
+
+remove_conf() {  # the client configuration `start` wrote: it names a cluster that is gone
+  local conf f
+  [ -f "$CONF_RECORD" ] || return 0
+  conf="$(cat "$CONF_RECORD")"
+  for f in core-site.xml hdfs-site.xml; do
+    if [ -f "$conf/$f" ] && grep -q "Written by scripts/hdfs.sh start" "$conf/$f"; then
+      rm -f "$conf/$f"
+    fi
+  done
+  rmdir "$conf" 2>/dev/null || true
+  rm -f "$CONF_RECORD"
 }
 
 probe_write() {  # $1 = webhdfs url: create, then delete, a small file through WebHDFS
@@ -185,6 +201,7 @@ case "$cmd" in
     fi
     rm -f "$PIDFILE" "$READY"
     rm -rf "$KRB_DIR"
+    remove_conf
     ;;
   status)
     if pid="$(running_pid)"; then

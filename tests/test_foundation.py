@@ -78,6 +78,8 @@ def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
         )
     assert stop.returncode == 0
     assert not psutil.pid_exists(pid)
+    # No client configuration naming the stopped cluster stays behind.
+    assert not (tmp_path / "conf" / "core-site.xml").exists()
     stopped = helpers.run_command([HDFS_SH, "stop", *args])
     assert stopped.returncode == 0 and "not running" in stopped.stdout
     status = helpers.run_command([HDFS_SH, "status", *args])

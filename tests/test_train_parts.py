@@ -1,6 +1,7 @@
 """The parts of the training loop that need no cluster: the process result that crosses the
-control channel, the evaluation tracker's records and best exports, and the reporter's
-snapshots with what a task draws (a GAN's samples)."""
+control channel, the evaluation tracker's records and best exports, the reporter's
+snapshots with what a task draws (a GAN's samples), and the input whose first batch is
+fetched while the model is built."""
 
 from __future__ import annotations
 
@@ -244,3 +245,35 @@ def test_reporter_sends_progress_with_the_last_evaluation():
     assert [s for s, _ in events.scalar_calls] == [1, 2]
     assert reporter.end_training({"loss": np.float32(3)}) >= 0.0
     assert reporter.metrics == {"loss": 3.0}
+
+
+# ----------------------------------------------------------------------------- the input
+
+
+def test_primed_input_fetches_its_first_item_at_once_and_keeps_the_order():
+    from sparktf.train.inputs import Primed
+
+    fetched = threading.Event()
+
+    def items():
+        fetched.set()
+        yield from range(5)
+
+    primed = Primed(items())
+    assert fetched.wait(5)  # on its own thread, before anyone asks
+    assert list(primed) == [0, 1, 2, 3, 4]
+    assert list(Primed(iter([]))) == []
+
+
+def test_primed_input_raises_the_first_fetch_error_in_the_consumer():
+    from sparktf.train.inputs import Primed
+
+    def broken():
+        raise TrainingError("shard 0 has no rows")
+        yield  # a generator
+
+    primed = Primed(broken())
+    with pytest.raises(TrainingError, match="no rows"):
+        next(primed)
+    with pytest.raises(StopIteration):
+        next(primed)

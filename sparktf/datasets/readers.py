@@ -25,33 +25,40 @@ Both readers take the same arguments and give the same batches (``id`` tells rec
 - Without ``shuffle`` the order is fixed, and the same on HDFS as on local disk.
 
 TensorFlow cannot open ``hdfs://``: HDFS TFRecord files are streamed through sparktf.storage
-(``storage.iter_blocks``: one streaming request per file) and their framing parsed here (length
-checksums verified, data checksums with ``verify_checksums``; HDFS verifies its own block
-checksums on every read). ``num_parallel_reads`` files stream at once, each fetched and framed
-by a thread of its own with the next files already opened, and one generator interleaves
-their records exactly as ``tf.data``'s interleave does for local files and hands over whole
-batches. Parquet goes with pyarrow, row group by row group, ``workers`` at once; on HDFS a
-row group's column chunks come with one ranged request (``storage.read_range``) and the
-footers are read once, concurrently, and each file's sparktf schema is checked against the
-manifest (petastorm's readers read the files too, see ``petastorm_io``; its thread-pool
-readers are not used here: in 0.13.1 they can end an epoch early, a race between their
-ventilator and ``get_results``). Figures: docs/hdfs-client.md.
+(``storage.open_scan``: one streaming request per file, received straight into numpy blocks)
+and their framing located there (``tfrecord_streams``; length checksums verified, data
+checksums with ``verify_checksums``; HDFS verifies its own block checksums on every read).
+``num_parallel_reads`` files stream at once, each fetched and framed by a thread of its own
+with the next files already opened, and one generator interleaves their records exactly as
+``tf.data``'s interleave does for local files and hands over whole batches, packed into one
+string that TensorFlow cuts into records. Parquet goes with pyarrow, row group by row group,
+``workers`` at once; on HDFS a row group's column chunks come with one ranged request
+(``storage.read_range``) and the footers are read once, concurrently (the file's tail, one
+request), and each file's sparktf schema is checked against the manifest (petastorm's
+readers read the files too, see ``petastorm_io``; its thread-pool readers are not used
+here: in 0.13.1 they can end an epoch early, a race between their ventilator and
+``get_results``). Figures: docs/hdfs-client.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
-import queue
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from sparktf import storage
-from sparktf.datasets import formats, tfrecord
+from sparktf.datasets import formats
 from sparktf.datasets.formats import PARQUET, TFRECORD
+from sparktf.datasets.tfrecord_streams import (
+    HDFS_FIRST_BLOCK,
+    HDFS_READ_AHEAD,
+    HDFS_READ_BLOCK,
+    INTERLEAVE_BLOCK,
+    TFRecordStreams,
+    split_records,
+)
 from sparktf.errors import SparktfError, SparktfValueError
 
 __all__ = [
@@ -62,6 +69,7 @@ __all__ = [
     "HDFS_READ_BLOCK",
     "INTERLEAVE_BLOCK",
     "PARQUET_CHUNK_ROWS",
+    "PARQUET_TAIL_BYTES",
     "SHUFFLE_CHUNK",
     "dataset_info",
     "parquet_dataset",
@@ -132,209 +140,9 @@ def _check_batch(batch_size: int) -> None:
 
 # ----------------------------------------------------------------------------- TFRecord
 
-HDFS_READ_BLOCK = 4 << 20  # bytes handed over per read of an HDFS file's one streaming request
-HDFS_FIRST_BLOCK = 256 << 10  # a small first block: records flow before a whole block is in
-HDFS_READ_AHEAD = 2  # blocks each open HDFS file holds ready ahead of use
-INTERLEAVE_BLOCK = 16  # records taken from one file before the next (tf.data interleave)
 SHUFFLE_CHUNK = 1024  # records per element handed to tf.data's record shuffle
 PARQUET_CHUNK_ROWS = 2048  # rows per element the Parquet generator hands to tf.data
-
-
-class _FileRecords:
-    """One TFRecord file read by a background thread: one streaming request for the whole
-    file (``storage.iter_blocks``), framed into records as blocks arrive, up to ``depth``
-    framed blocks ahead of use. Several of these read concurrently (one per open file)."""
-
-    def __init__(self, path: str, verify: bool, block: int, depth: int):
-        self.path = path
-        self._queue: queue.Queue = queue.Queue(depth)
-        self._stop = threading.Event()
-        self._records: list[bytes] = []
-        self._at = 0
-        self._done = False
-        self._thread = threading.Thread(
-            target=self._fetch, args=(verify, block), daemon=True, name=f"tfrecord {path}"
-        )
-        self._thread.start()
-
-    def _fetch(self, verify: bool, block: int) -> None:
-        try:
-            blocks = storage.iter_blocks(self.path, block, first=min(block, HDFS_FIRST_BLOCK))
-            stream = _BlockStream(blocks)
-            try:
-                for batch in tfrecord.iter_record_batches(
-                    stream, name=self.path, verify_data=verify, block_bytes=block
-                ):
-                    if not self._put(batch):
-                        return
-            finally:
-                blocks.close()
-            self._put(None)
-        except BaseException as exc:  # handed to the reading thread
-            self._put(exc)
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def take(self, n: int) -> list[bytes]:
-        """Up to ``n`` next records; [] once the file is done."""
-        while self._at >= len(self._records):
-            if self._done:
-                return []
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                self._done = True
-                raise item
-            if item is None:
-                self._done = True
-                return []
-            self._records, self._at = item, 0
-        out = self._records[self._at : self._at + n]
-        self._at += len(out)
-        return out
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self._queue.get_nowait()
-        self._thread.join(timeout=5)
-
-
-class _BlockStream:
-    """``read()`` over an iterator of blocks (what ``tfrecord.iter_record_batches`` reads)."""
-
-    def __init__(self, blocks: Iterator[bytes]):
-        self._blocks = blocks
-
-    def read(self, _size: int = -1) -> bytes:
-        return next(self._blocks, b"")
-
-
-class _TFRecordStreams:
-    """The generator behind ``tfrecord_dataset`` on HDFS: concurrent shard streams.
-
-    ``cycle`` files are open at once, each streamed and framed by its own thread (and
-    ``cycle`` more opened ahead, so a finished file's successor is already flowing); their
-    records are interleaved in exactly the order of the local reader's ``tf.data``
-    interleave (``cycle_length=cycle, block_length=INTERLEAVE_BLOCK``, deterministic), then
-    sharded by records when asked. Elements: ``[batch_size]`` string tensors of serialized
-    records (``chunk`` records when a record shuffle follows).
-    """
-
-    def __init__(
-        self,
-        files,
-        *,
-        cycle,
-        chunk,
-        by_records,
-        num_shards,
-        shard_index,
-        shuffle_files,
-        seed,
-        repeat,
-        drop_remainder,
-        verify,
-    ):
-        self.files, self.cycle, self.chunk = list(files), cycle, chunk
-        self.by_records, self.num_shards, self.shard_index = by_records, num_shards, shard_index
-        self.shuffle_files, self.seed, self.repeat = shuffle_files, seed, repeat
-        self.drop_remainder, self.verify = drop_remainder, verify
-        self.calls = 0
-
-    def _epochs(self, rng) -> Iterator[list[str]]:
-        while True:
-            if self.shuffle_files:
-                yield [self.files[i] for i in rng.permutation(len(self.files))]
-            else:
-                yield self.files
-            if not self.repeat:
-                return
-
-    def _interleave(self, names: Iterator[str]) -> Iterator[list[bytes]]:
-        """Runs of records in tf.data's deterministic interleave order (see
-        InterleaveDatasetOp: a finished file hands its turn to the next slot; an empty slot
-        opens the next file when its turn comes)."""
-        ahead: list[_FileRecords] = []
-        slots: list[_FileRecords | None] = [None] * self.cycle
-        names = iter(names)
-        end_of_input = False
-
-        def top_up() -> None:
-            nonlocal end_of_input
-            while not end_of_input and len(ahead) < self.cycle:
-                name = next(names, None)
-                if name is None:
-                    end_of_input = True
-                else:
-                    ahead.append(_FileRecords(name, self.verify, HDFS_READ_BLOCK, HDFS_READ_AHEAD))
-
-        try:
-            top_up()
-            index, taken, open_ = 0, 0, 0
-            while ahead or open_:
-                current = slots[index]
-                if current is not None:
-                    run = current.take(INTERLEAVE_BLOCK - taken)
-                    if run:
-                        yield run
-                        taken += len(run)
-                        if taken == INTERLEAVE_BLOCK:
-                            index, taken = (index + 1) % self.cycle, 0
-                        continue
-                    current.close()
-                    slots[index], open_ = None, open_ - 1
-                elif ahead:
-                    slots[index], open_ = ahead.pop(0), open_ + 1
-                    top_up()
-                    continue
-                index, taken = (index + 1) % self.cycle, 0
-        finally:
-            for stream in [*ahead, *slots]:
-                if stream is not None:
-                    stream.close()
-
-    def _records(self, rng) -> Iterator[list[bytes]]:
-        """Runs of this worker's records, in order, epoch after epoch (an epoch without
-        records ends the stream, as ``tf.data``'s repeat does)."""
-        if not self.files:
-            return
-        if not self.by_records:  # tf.data: names.repeat() then interleave (epochs run on)
-            yield from self._interleave(name for epoch in self._epochs(rng) for name in epoch)
-            return
-        for epoch in self._epochs(rng):  # interleave, .shard(n, i), then .repeat()
-            position = kept = 0
-            for run in self._interleave(epoch):
-                first = (self.shard_index - position) % self.num_shards
-                position += len(run)
-                if first < len(run):
-                    kept += 1
-                    yield run[first :: self.num_shards]
-            if not kept:
-                return
-
-    def __call__(self) -> Iterator[np.ndarray]:
-        # tf.data calls this once per iteration over the dataset: vary the seed per call.
-        seed = None if self.seed is None else self.seed + self.calls
-        self.calls += 1
-        rng = np.random.default_rng(seed)
-        pending: list[bytes] = []
-        for run in self._records(rng):
-            pending += run
-            if len(pending) >= self.chunk:
-                full = len(pending) // self.chunk * self.chunk
-                for start in range(0, full, self.chunk):
-                    yield np.array(pending[start : start + self.chunk], dtype=object)
-                pending = pending[full:]
-        if pending and not self.drop_remainder:
-            yield np.array(pending, dtype=object)
+PARQUET_TAIL_BYTES = 64 << 10  # bytes read from a Parquet file's end: its footer, mostly
 
 
 def _local_records(
@@ -432,7 +240,7 @@ def tfrecord_dataset(
     if storage.parse(dataset_dir).scheme != "file":
         # TensorFlow cannot open hdfs://: one Python generator streams `parallel` files at
         # once (a thread each) and hands over whole batches (or chunks for the shuffle).
-        streams = _TFRecordStreams(
+        streams = TFRecordStreams(
             mine,
             cycle=parallel,
             chunk=SHUFFLE_CHUNK if shuffle else batch_size,
@@ -446,15 +254,25 @@ def tfrecord_dataset(
             verify=verify_checksums,
         )
         fixed = batch_size if drop_remainder and not shuffle else None
-        records = tf.data.Dataset.from_generator(
-            streams, output_signature=tf.TensorSpec([fixed], tf.string)
+        packed = tf.data.Dataset.from_generator(
+            streams,
+            output_signature=(
+                tf.TensorSpec([], tf.string),
+                tf.TensorSpec([fixed], tf.int64),
+                tf.TensorSpec([fixed], tf.int64),
+            ),
         )
         if shuffle:
-            records = _shuffled_passes(records.unbatch(), shuffle_buffer, seed, repeat)
+            records = packed.map(split_records).unbatch()
+            records = _shuffled_passes(records, shuffle_buffer, seed, repeat)
             batches = records.batch(batch_size, drop_remainder=drop_remainder)
+            batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         else:
-            batches = records
-        batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+            batches = packed.map(
+                lambda blob, starts, lengths: parse(split_records(blob, starts, lengths)),
+                num_parallel_calls=AUTOTUNE,
+                deterministic=deterministic,
+            )
         return batches.prefetch(AUTOTUNE)
     mine = [storage.parse(f).path for f in mine]
     names = tf.data.Dataset.from_tensor_slices(tf.constant(mine, dtype=tf.string))
@@ -582,13 +400,19 @@ class _ParquetBatches:
 
     @staticmethod
     def _metadata(path: str):
-        """The footer of one Parquet file (one small request on HDFS)."""
+        """The footer of one Parquet file (on HDFS: its size, then its tail in one request)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         loc = storage.parse(path)
         if loc.scheme == "file":
             return pq.read_metadata(loc.path)
-        with storage.open_file(path, "rb") as stream:
+        size = storage.size(path)
+        tail = storage.read_range(path, max(0, size - PARQUET_TAIL_BYTES), PARQUET_TAIL_BYTES)
+        footer = int.from_bytes(tail[-8:-4], "little") + 8 if len(tail) >= 8 else size + 1
+        if footer <= len(tail):  # the whole footer is there
+            return pq.ParquetFile(pa.BufferReader(tail)).metadata
+        with storage.open_file(path, "rb") as stream:  # a footer larger than the tail
             return pq.ParquetFile(stream).metadata
 
     def _units(self, pool) -> list[tuple[str, int, object]]:

@@ -35,6 +35,7 @@ __all__ = [
     "frame",
     "frame_images",
     "image_examples",
+    "index_records",
     "int64_feature",
     "iter_record_batches",
     "mask",
@@ -205,6 +206,87 @@ def iter_record_batches(
         raise TFRecordError(
             f"{name}: truncated TFRecord file: {len(buf) - pos} bytes at byte offset "
             f"{offset + pos} do not hold a whole record"
+        )
+
+
+def _strided_positions(buf: np.ndarray, size: int) -> int:
+    """How many records from the start of ``buf[:size]`` have the first record's length
+    (whole records, one after the other): with equal-length records, every block."""
+    if size < HEADER_BYTES:
+        return 0
+    stride = int(buf[:8].view("<u8")[0]) + HEADER_BYTES + FOOTER_BYTES
+    count = size // stride
+    if count == 0 or stride > size:
+        return 0
+    lengths = np.ndarray((count,), "<u8", buffer=buf, offset=0, strides=(stride,))
+    same = lengths == lengths[0]
+    return count if same.all() else int(np.argmin(same))
+
+
+def index_records(
+    buf: np.ndarray,
+    size: int,
+    *,
+    name: str = "<stream>",
+    offset: int = 0,
+    verify_data: bool = False,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where the whole records in ``buf[:size]`` (uint8, framed TFRecords from its start)
+    lie: ``(starts, lengths, used)``, the data offsets and lengths of each (int64 arrays) and
+    the bytes of framing they take; a record cut by ``size`` is left for the caller to
+    complete. Equal-length records are located without a Python step per record.
+
+    Length checksums are always verified, the cut record's included when its header is
+    there; data checksums with ``verify_data``. ``offset`` is the file offset of ``buf[0]``
+    (for error messages). Raises TFRecordError on a checksum mismatch."""
+    count = _strided_positions(buf, size)
+    stride = int(buf[:8].view("<u8")[0]) + HEADER_BYTES + FOOTER_BYTES if count else 0
+    rest: list[int] = []
+    pos, cut = count * stride, None
+    while size - pos >= HEADER_BYTES:  # the rest one by one (records of other lengths)
+        end = pos + HEADER_BYTES + int(struct.unpack_from("<Q", buf, pos)[0]) + FOOTER_BYTES
+        if end > size:
+            cut = pos
+            break
+        rest.append(pos)
+        pos = end
+    at = np.arange(0, count * stride, stride or 1, dtype=np.int64)
+    if rest:
+        at = np.concatenate([at, np.asarray(rest, dtype=np.int64)])
+        lengths = _field(buf, at, 8, "<u8").astype(np.int64)
+    else:
+        lengths = np.full(count, stride - HEADER_BYTES - FOOTER_BYTES, dtype=np.int64)
+    checked = at if cut is None else np.append(at, cut)
+    _verify_at(_rows(buf, checked, 8), _field(buf, checked + 8, 4, "<u4"), name, offset + checked)
+    if verify_data and len(at):
+        stored = _field(buf, at + HEADER_BYTES + lengths, 4, "<u4")
+        data = [buf[a : a + n] for a, n in zip((at + HEADER_BYTES).tolist(), lengths.tolist())]
+        _verify_at(data, stored, name, offset + at, "data")
+    return at + HEADER_BYTES, lengths, pos
+
+
+def _rows(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    return buf[at[:, None] + np.arange(width)]
+
+
+def _field(buf: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
+    return np.ascontiguousarray(_rows(buf, at, width)).view(dtype).reshape(-1)
+
+
+def _verify_at(parts, stored: np.ndarray, name: str, where: np.ndarray, what="length") -> None:
+    """Checks the masked CRC-32C of each of ``parts`` (a uint8 matrix of 8-byte lengths, or
+    a list of buffers) against ``stored``; ``where`` are the records' file offsets."""
+    if not len(stored):
+        return
+    if isinstance(parts, np.ndarray):
+        crcs = _raw_registers(parts) ^ np.uint32(_init_term(8)) ^ np.uint32(0xFFFFFFFF)
+    else:
+        crcs = crc32c_many(parts)
+    ok = mask(crcs) == stored.astype(np.uint32)
+    if not ok.all():
+        raise TFRecordError(
+            f"{name}: {what} checksum mismatch in the record at byte offset "
+            f"{int(where[int(np.argmin(ok))])}: corrupt TFRecord file"
         )
 
 

@@ -39,6 +39,7 @@ from sparktf.storage.errors import (
 from sparktf.storage.files import (
     iter_blocks,
     open_file,
+    open_scan,
     read_bytes,
     read_range,
     read_text,
@@ -107,6 +108,7 @@ __all__ = [
     "makedirs",
     "native_client",
     "open_file",
+    "open_scan",
     "parse",
     "publish",
     "read_bytes",

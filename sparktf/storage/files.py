@@ -10,15 +10,21 @@ from typing import IO
 
 from sparktf.errors import SparktfValueError
 from sparktf.storage import hdfs
-from sparktf.storage.errors import PathExistsError, PathNotFoundError, StoragePermissionError
+from sparktf.storage.errors import (
+    PathExistsError,
+    PathNotFoundError,
+    StorageError,
+    StoragePermissionError,
+)
 from sparktf.storage.hdfs import READ_BLOCK, WebHdfs
-from sparktf.storage.native import native_blocks, native_client_for, native_range
-from sparktf.storage.streams import HdfsReader, HdfsWriter
-from sparktf.storage.uri import parse
+from sparktf.storage.native import NativeScan, native_blocks, native_client_for, native_range
+from sparktf.storage.streams import HdfsReader, HdfsScan, HdfsWriter
+from sparktf.storage.uri import Location, parse
 
 __all__ = [
     "iter_blocks",
     "open_file",
+    "open_scan",
     "read_bytes",
     "read_range",
     "read_text",
@@ -74,14 +80,72 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def iter_blocks(path: str, block: int = READ_BLOCK, *, first: int | None = None) -> Iterator[bytes]:
-    """The bytes of the file ``path``, in order, in blocks of up to ``block`` bytes (the
-    first one ``first`` bytes, when given: a small first block lets a consumer start early):
-    the fastest way to scan a whole file. On HDFS one streaming WebHDFS request serves the
-    whole file (a dropped transfer is resumed once from the byte reached) and each block is
-    the response's own bytes, not a copy; locally, plain reads. Raises ValueError for a block
-    size below 1, PathNotFoundError, IsADirectoryError, StoragePermissionError or
+def open_scan(path: str, offset: int = 0, length: int | None = None) -> IO[bytes]:
+    """An unbuffered, forward-only stream of the file ``path`` from byte ``offset``
+    (``length`` bytes, else to the end) whose ``readinto`` fills the caller's buffer straight
+    from the transport: on HDFS one streaming request (no status request first; a dropped
+    transfer is resumed once), locally the file itself. The cheapest way to scan a file.
+    Raises PathNotFoundError, IsADirectoryError, StoragePermissionError or
     NameNodeUnreachableError."""
+    loc = parse(path)
+    if loc.scheme == "file":
+        try:
+            f = open(loc.path, "rb", buffering=0)
+        except FileNotFoundError as exc:
+            raise PathNotFoundError(f"open: no such file {loc.path}") from exc
+        except PermissionError as exc:
+            raise StoragePermissionError(f"open: permission denied on {loc.path}") from exc
+        f.seek(offset)
+        return f
+    client = native_client_for(loc)
+    if client is not None:
+        if offset or length is not None:
+            return NativeScan(
+                iter([native_range(client, loc, offset, length if length is not None else 1 << 62)])
+            )
+        return NativeScan(native_blocks(client, loc, READ_BLOCK, None))
+    fs = WebHdfs(loc)
+    scan = HdfsScan(fs, loc.path, offset, length)
+    try:
+        scan.start()
+    except PathNotFoundError:
+        scan.close()
+        _raise_for(fs, loc)
+        raise
+    except BaseException:
+        scan.close()
+        raise
+    return scan
+
+
+def _raise_for(fs: WebHdfs, loc: Location) -> None:
+    """Raises PathNotFoundError or IsADirectoryError when ``loc`` is no file (after a read
+    that failed as if it were missing: WebHDFS says the same of a directory)."""
+    st = fs.status(loc.path)
+    if st is None:
+        raise PathNotFoundError(f"open: no such file {loc.uri}")
+    if st["type"] != "FILE":
+        raise IsADirectoryError(f"open: {loc.uri} is a directory")
+
+
+def _fill(stream, view: memoryview) -> int:
+    """Reads into ``view`` until it is full or the stream ends; the bytes read."""
+    got = 0
+    while got < len(view):
+        n = stream.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def iter_blocks(path: str, block: int = READ_BLOCK, *, first: int | None = None) -> Iterator[bytes]:
+    """The bytes of the file ``path``, in order, in blocks of ``block`` bytes (the last one
+    shorter; the first one ``first`` bytes, when given: a small first block lets a consumer
+    start early). On HDFS one streaming request serves the whole file (:func:`open_scan`),
+    received straight into each block; locally, plain reads. Blocks are bytes-like
+    (``bytearray`` on HDFS). Raises ValueError for a block size below 1, PathNotFoundError,
+    IsADirectoryError, StoragePermissionError or NameNodeUnreachableError."""
     if block < 1 or (first is not None and first < 1):
         raise SparktfValueError(f"block sizes must be positive, got {block} and {first}")
     loc = parse(path)
@@ -96,26 +160,25 @@ def iter_blocks(path: str, block: int = READ_BLOCK, *, first: int | None = None)
     if client is not None:
         yield from native_blocks(client, loc, block, first)
         return
-    fs = WebHdfs(loc)
-    st = fs.status(loc.path)
-    if st is None:
-        raise PathNotFoundError(f"open: no such file {loc.uri}")
-    if st["type"] != "FILE":
-        raise IsADirectoryError(f"open: {loc.uri} is a directory")
-    reader = HdfsReader(fs, loc.path, int(st["length"]))
-    try:
-        data = reader.read(first or block)
-        while data:
-            yield data
-            data = reader.read(block)
-    finally:
-        reader.close()
+    with open_scan(path) as scan:
+        want = first or block
+        while True:
+            data = bytearray(want)
+            got = _fill(scan, memoryview(data))
+            if got < want:
+                del data[got:]
+            if data:
+                yield data
+            if got < want:
+                return
+            want = block
 
 
 def read_range(path: str, offset: int, length: int) -> bytes:
     """``length`` bytes of the file ``path`` from byte ``offset`` (fewer at its end), with one
-    request on HDFS (e.g. the column chunks of a Parquet row group). Raises ValueError for a
-    negative offset or length, else as :func:`open_file`."""
+    request on HDFS (e.g. the column chunks of a Parquet row group), received straight into
+    the result (a ``bytearray`` on HDFS). Raises ValueError for a negative offset or length,
+    else as :func:`open_file`."""
     if offset < 0 or length < 0:
         raise SparktfValueError(f"need offset >= 0 and length >= 0, got {offset}, {length}")
     loc = parse(path)
@@ -126,20 +189,22 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     client = native_client_for(loc)
     if client is not None:
         return native_range(client, loc, offset, length)
-    fs = WebHdfs(loc)
-    st = fs.status(loc.path)
-    if st is None:
-        raise PathNotFoundError(f"open: no such file {loc.uri}")
-    reader = HdfsReader(fs, loc.path, int(st["length"]))
+    if length == 0:
+        _raise_for(WebHdfs(loc), loc)
+        return b""
+    data = bytearray(length)
     try:
-        reader.seek(offset)
-        parts = []
-        while length > 0 and (data := reader.read(length)):
-            parts.append(data)
-            length -= len(data)
-    finally:
-        reader.close()
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+        with open_scan(path, offset, length) as scan:
+            got = _fill(scan, memoryview(data))
+    except (PathNotFoundError, IsADirectoryError, StoragePermissionError):
+        raise
+    except StorageError:  # WebHDFS refuses an offset past the end: there are no bytes there
+        st = WebHdfs(loc).status(loc.path)
+        if st is None or offset < int(st["length"]):
+            raise
+        return b""
+    del data[got:]
+    return data
 
 
 def write_bytes(path: str, data: bytes, *, overwrite: bool = True) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import io
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ from sparktf.storage.uri import Location
 
 __all__ = [
     "HDFS_CLIENTS",
+    "NativeScan",
     "hdfs_client_kind",
     "native_blocks",
     "native_client",
@@ -180,3 +182,32 @@ def native_range(client, loc: Location, offset: int, length: int) -> bytes:
     with native_errors("read", loc):
         f = client.read(loc.path)
         return f.read_range(offset, max(0, min(length, f.size - offset)))
+
+
+class NativeScan(io.RawIOBase):
+    """A forward-only stream over an iterator of byte blocks (hdfs-native's reads):
+    ``readinto`` copies from the block at hand."""
+
+    def __init__(self, blocks: Iterator[bytes]):
+        self._blocks = blocks
+        self._block = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not len(self._block):
+            block = next(self._blocks, None)
+            if block is None:
+                return 0
+            self._block = memoryview(block)
+        n = min(len(buffer), len(self._block))
+        buffer[:n] = self._block[:n]
+        self._block = self._block[n:]
+        return n
+
+    def close(self) -> None:
+        close = getattr(self._blocks, "close", None)
+        if close is not None:
+            close()
+        super().close()

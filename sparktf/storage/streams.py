@@ -1,5 +1,6 @@
 """File objects: a seekable read-only base, and the streams that read and write an HDFS file
-through WebHDFS without holding it whole."""
+through WebHDFS without holding it whole (:class:`HdfsScan` fills the caller's buffers straight
+from the DataNode's response)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sparktf.storage import hdfs
 from sparktf.storage.errors import StorageError
 from sparktf.storage.hdfs import WebHdfs
 
-__all__ = ["HdfsReader", "HdfsWriter", "SeekableReader"]
+__all__ = ["HdfsReader", "HdfsScan", "HdfsWriter", "SeekableReader"]
 
 
 class SeekableReader(io.RawIOBase):
@@ -106,6 +107,76 @@ class HdfsReader(SeekableReader):
         data = self._next(len(buffer))
         n = len(data)
         buffer[:n] = data
+        return n
+
+    def close(self) -> None:
+        self._close_stream()
+        super().close()
+
+
+def _raw_into(response):
+    """The ``readinto`` of the HTTP response under a urllib3 response (``http.client``'s: it
+    receives into the caller's buffer) when its body is not content-encoded, else the
+    urllib3 response's own (which reads into a new buffer and copies)."""
+    fp = getattr(response, "_fp", None)
+    encoded = (getattr(response, "headers", None) or {}).get("content-encoding")
+    if fp is not None and hasattr(fp, "readinto") and not encoded:
+        return fp.readinto
+    return response.readinto
+
+
+class HdfsScan(io.RawIOBase):
+    """A forward-only read of an HDFS file from byte ``offset`` (``length`` bytes, else to its
+    end) through WebHDFS: one streaming request, no status request first (a missing path
+    fails on the request itself); ``readinto`` receives straight into the caller's buffer. A
+    dropped transfer is resumed once from the byte reached."""
+
+    def __init__(self, fs: WebHdfs, path: str, offset: int = 0, length: int | None = None):
+        self._fs, self._path = fs, path
+        self._pos, self._end = offset, None if length is None else offset + length
+        self._context = self._into = None
+        self._resumed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _open(self) -> None:
+        length = None if self._end is None else self._end - self._pos
+        context = self._fs.data_client.read(self._path, offset=self._pos, length=length)
+        self._into = _raw_into(context.__enter__())
+        self._context = context
+
+    def start(self) -> None:
+        """Sends the request now (else the first read does): a path that is not there
+        fails here."""
+        if self._context is None:
+            with self._fs.errors("open", self._path):
+                self._open()
+
+    def _close_stream(self) -> None:
+        context, self._context, self._into = self._context, None, None
+        if context is not None:
+            with contextlib.suppress(Exception):
+                context.__exit__(None, None, None)
+
+    def readinto(self, buffer) -> int:
+        if self._end is not None:
+            buffer = memoryview(buffer)[: max(0, self._end - self._pos)]
+        if not len(buffer):
+            return 0
+        with self._fs.errors("read", self._path):
+            try:
+                if self._context is None:
+                    self._open()
+                n = self._into(buffer)
+            except Exception:
+                if self._resumed or self._context is None:
+                    raise
+                self._resumed = True  # a dropped or timed-out stream: one fresh request
+                self._close_stream()
+                self._open()
+                n = self._into(buffer)
+        self._pos += n
         return n
 
     def close(self) -> None:

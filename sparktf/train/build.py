@@ -14,6 +14,7 @@ schedule continue), or, on a fresh run, the fine-tuning source is loaded
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +42,20 @@ class Built:
     checkpoint: str | None
 
 
-def build_training(plan: RunPlan, role: Role, task, model_dir: ModelDir) -> Built:
+def build_training(
+    plan: RunPlan,
+    role: Role,
+    task,
+    model_dir: ModelDir,
+    *,
+    with_strategy: Callable[[], None] = lambda: None,
+) -> Built:
     """Strategy, model, optimizer and step variable; the latest checkpoint restored (or the
-    fine-tuning source loaded) and attached to ``model_dir`` for the next saves; the step."""
+    fine-tuning source loaded) and attached to ``model_dir`` for the next saves; the step.
+
+    ``with_strategy`` is called once the strategy exists, before the model is built: the
+    first TensorFlow work that may run beside the build (a strategy must configure the
+    runtime before anything else uses it)."""
     import tensorflow as tf
 
     from sparktf import models
@@ -53,6 +65,7 @@ def build_training(plan: RunPlan, role: Role, task, model_dir: ModelDir) -> Buil
         # parameter-server step with one inter-op thread deadlocks).
         tf.config.threading.set_intra_op_parallelism_threads(plan.scaling.threads_per_worker)
     strategy, coordinator = _strategy(tf, plan, role)
+    with_strategy()
     with strategy.scope():
         with models.precision_policy(task.config["precision"]):
             model = task.build_model()  # export/eval models: float32

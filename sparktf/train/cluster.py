@@ -129,12 +129,14 @@ class ClusterRun:
             scaling.describe(),
             plan.train.input_mode,
         )
+        # The driver's parameter servers start first: they import TensorFlow while the
+        # executors' nodes come up, and get their roles with the others'.
+        driver_keys = roles_lib.driver_ps_keys(scaling)
+        self.driver_ps.start(spec, driver_keys, self.control.issue_token)
         cluster_info = self.tfos.start(spec, address, issue_token=self._issue_token)
-        driver_addresses = [
-            f"{address.advertise}:{free_port()}" for _ in range(roles_lib.driver_ps_count(scaling))
-        ]
+        driver_addresses = [f"{address.advertise}:{free_port()}" for _ in driver_keys]
         self.roles = roles_lib.assign_roles(cluster_info, scaling, driver_addresses)
-        self.driver_ps.start(spec, self.roles, self.control.issue_token)
+        self.driver_ps.name(self.roles)
         self.control.publish_plans(
             {key: {**role.to_dict(), "name": role.name} for key, role in self.roles.items()}
         )

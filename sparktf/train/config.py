@@ -613,7 +613,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What :func:`sparktf.train.fit` returns."""
+    """What :func:`sparktf.train.fit` returns. ``elapsed_s`` and ``time_to_first_step_s``
+    (to the end of the chief's first step) count from the call of ``fit``."""
 
     model_dir: str
     start_step: int

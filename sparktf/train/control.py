@@ -60,6 +60,7 @@ from sparktf.train.limits import ConnectionLimits, RejectLog
 __all__ = [
     "BEAT_INTERVAL_S",
     "CONTROL_THREADS",
+    "HELLO_POLL_S",
     "MAX_REQUEST_BYTES",
     "REQUEST_TIMEOUT_S",
     "ControlClient",
@@ -76,6 +77,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_S = 1.0
+HELLO_POLL_S = 0.1  # how often a process that has no role yet asks for it
 MAX_REQUEST_BYTES = 1 << 20  # events are a few hundred bytes; larger bodies are not read
 REQUEST_TIMEOUT_S = ConnectionLimits.message_deadline_s  # the default time to send a request
 CONTROL_THREADS = 8  # the pool that answers complete requests (each takes microseconds)
@@ -405,7 +407,7 @@ class ControlClient:
                 raise TimeoutError(
                     f"the driver did not assign a role to {self.key} within {timeout_s:.0f} s"
                 )
-            time.sleep(0.5)
+            time.sleep(HELLO_POLL_S)
 
     def set_progress(self, progress: dict) -> None:
         with self._lock:

@@ -89,6 +89,9 @@ def fit(
 
     In both cases nothing of the run is left running.
     """
+    # The run's clock (``TrainResult.time_to_first_step_s``, ``elapsed_s``) starts here:
+    # everything fit() does before the first step is what a caller waits for.
+    started = (time.time(), time.monotonic())
     if run.tracking.mlflow_tracking_uri:
         tracking.require_mlflow()  # before anything is read or started
     # Local paths are resolved here, on the driver: executors run in their own work dirs.
@@ -96,12 +99,19 @@ def fit(
     train = dataclasses.replace(train, data=storage.parse(train.data).uri)
     plan = plan_run(train, scaling, run)
     with tracking.track(plan) as tracker:
-        out = _run(plan, spark, tracker)
+        out = _run(plan, spark, tracker, started)
         tracker.finish(out)
     return out
 
 
-def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker) -> TrainResult:
+def _run(
+    plan: RunPlan,
+    spark,
+    tracker: tracking.Tracker | tracking.NullTracker,
+    started: tuple[float, float],
+) -> TrainResult:
+    """The run of ``plan``; ``started``: ``time.time()`` and ``time.monotonic()`` when
+    fit() was called (the result's times count from there)."""
     train, run = plan.train, plan.run
     scratch.sweep()  # scratch of earlier runs' processes on this machine that are gone
     spark = _session(plan, spark)
@@ -121,8 +131,7 @@ def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker)
         plan.target_steps,
         f" (resuming from {run.model_dir})" if resumed else "",
     )
-    started_wall = time.time()
-    started = time.monotonic()
+    started_wall, started_mono = started
     result, restarts, cluster = _attempts(spark, plan, tracker)
     out = TrainResult(
         model_dir=run.model_dir,
@@ -131,7 +140,7 @@ def _run(plan: RunPlan, spark, tracker: tracking.Tracker | tracking.NullTracker)
         metrics=dict(result.metrics),
         checkpoint=result.checkpoint,
         export_path=result.export_path,
-        elapsed_s=time.monotonic() - started,
+        elapsed_s=time.monotonic() - started_mono,
         examples=result.examples,
         examples_per_sec=result.examples_per_sec,
         time_to_first_step_s=(

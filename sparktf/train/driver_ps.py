@@ -39,18 +39,25 @@ class DriverPs:
         self.processes: list[tuple[str, subprocess.Popen, str]] = []  # key, process, tmp dir
         self._names: dict[str, str] = {}
 
-    def start(self, spec: ProcessSpec, roles: dict[str, Role], issue_token) -> None:
-        """Starts a process for every role of ``roles`` keyed for the driver, each with its
-        control token (``issue_token(key)``)."""
-        for key, role in roles.items():
+    def start(self, spec: ProcessSpec, keys: list[str], issue_token) -> None:
+        """Starts a process for every key of ``keys``, each with its control token
+        (``issue_token(key)``). A process asks the driver for its role (and imports
+        TensorFlow meanwhile): it may start before the roles are assigned."""
+        for key in keys:
             if not roles_lib.is_driver_key(key):
-                continue
+                raise ValueError(f"{key!r} is not a key of the driver's processes")
             tmp = tempfile.mkdtemp(prefix="sparktf-ps-")
             own = spec.for_node(key, control_token=issue_token(key))
             proc = node.start_process(own, os.path.join(tmp, "error.json"))
             self.processes.append((key, proc, tmp))
-            self._names[key] = role.name
-            log.info("started %s on the driver (pid %d)", role.name, proc.pid)
+            self._names[key] = key
+            log.info("started %s on the driver (pid %d)", key, proc.pid)
+
+    def name(self, roles: dict[str, Role]) -> None:
+        """Names the processes by their roles (in the messages of :meth:`failure`)."""
+        for key in self._names:
+            if key in roles:
+                self._names[key] = roles[key].name
 
     def failure(self, now: float | None = None) -> str | None:
         """A message naming a process that exited before the run ended, else None (a

@@ -68,6 +68,7 @@ __all__ = [
     "decode_table",
     "feed_dir_names",
     "forget_managers",
+    "input_queue",
     "make_feeder",
     "node_local_dir",
     "remove_feed_dirs",
@@ -104,6 +105,7 @@ class FeedTimeout(FeedError, TimeoutError):
 # ----------------------------------------------------------------------------- managers
 
 _MANAGERS: dict[Any, Any] = {}
+_QUEUES: dict[int, tuple[Any, Any]] = {}
 
 
 def connect_manager(address: Any, authkey: bytes):
@@ -118,9 +120,19 @@ def connect_manager(address: Any, authkey: bytes):
     return mgr
 
 
+def input_queue(mgr):
+    """The proxy of the manager's ``input`` queue (one per manager in this process: each
+    new proxy opens an authenticated connection)."""
+    found = _QUEUES.get(id(mgr))
+    if found is None or found[0] is not mgr:
+        found = _QUEUES[id(mgr)] = (mgr, mgr.get_queue("input"))
+    return found[1]
+
+
 def forget_managers() -> None:
     """Drops the cached manager connections of this process (their managers are gone)."""
     _MANAGERS.clear()
+    _QUEUES.clear()
 
 
 def _get(mgr, key: str, default=None):
@@ -283,13 +295,14 @@ def make_feeder(
                 f"(executors {sorted(nodes)})"
             )
         mgr = connect_manager(node["addr"], node["authkey"])
-        queue = mgr.get_queue("input")
+        queue = input_queue(mgr)
         target = _await_feed_dir(mgr, token, node["key"], feed_timeout_s, flags)
+        reader = _ReaderState(mgr)
         chunks = rows = skipped = 0
         writing = target is not None
         for batch in batches:
             flags.check()
-            if writing and (flags.stopped or _get(mgr, STATE_KEY) != RUNNING):
+            if writing and (flags.stopped or not reader.running()):
                 writing = False
             if not writing:
                 skipped += batch.num_rows
@@ -297,7 +310,9 @@ def make_feeder(
             step = max(1, chunk_bytes // max(1, batch.nbytes // max(1, batch.num_rows)))
             for start in range(0, batch.num_rows, step):
                 piece = batch.slice(start, step)
-                if not _wait_for_room(mgr, queue, max_buffered, feed_timeout_s, node["key"], flags):
+                if not _wait_for_room(
+                    reader, queue, max_buffered, feed_timeout_s, node["key"], flags
+                ):
                     writing = False
                     skipped += batch.num_rows - start
                     break
@@ -360,24 +375,40 @@ def _await_feed_dir(mgr, token: str, key: str, timeout_s: float, flags) -> str |
         time.sleep(0.05)
 
 
-def _wait_for_room(mgr, queue, max_buffered: int, timeout_s: float, key: str, flags) -> bool:
+class _ReaderState:
+    """Whether the TensorFlow process still reads, asked of its manager at most every
+    ``STATE_POLL_S``: each ``TFManager.get`` opens two authenticated connections, work for
+    the executor's manager process that asking once per chunk would multiply. A reader that
+    stops removes its directory, so a chunk written in the meantime fails to be written
+    (``FileNotFoundError``) or is removed with the directory."""
+
+    def __init__(self, mgr):
+        self.mgr = mgr
+        self._running = True  # the caller has just seen it running
+        self._next = time.monotonic() + STATE_POLL_S
+
+    def running(self) -> bool:
+        now = time.monotonic()
+        if self._running and now >= self._next:
+            self._running = _get(self.mgr, STATE_KEY) == RUNNING
+            self._next = now + STATE_POLL_S
+        return self._running
+
+
+def _wait_for_room(
+    reader: _ReaderState, queue, max_buffered: int, timeout_s: float, key: str, flags
+) -> bool:
     """Back-pressure: waits while ``max_buffered`` chunks are unread. False: reader stopped.
 
     ``qsize`` travels on the proxy's open connection; the reader's state is asked at most
-    every ``STATE_POLL_S``: each ``TFManager.get`` opens two authenticated connections, work
-    for the executor's manager process that frequent polls would multiply."""
+    every ``STATE_POLL_S`` (:class:`_ReaderState`)."""
     deadline = None
     delay = 0.001
-    next_state = 0.0
     while queue.qsize() >= max_buffered:
         flags.check()
-        now = time.monotonic()
-        if now >= next_state:
-            if _get(mgr, STATE_KEY) != RUNNING:
-                return False
-            next_state = now + STATE_POLL_S
-        if flags.stopped:
+        if not reader.running() or flags.stopped:
             return False
+        now = time.monotonic()
         if deadline is None:
             deadline = now + timeout_s
         elif now > deadline:
@@ -387,7 +418,7 @@ def _wait_for_room(mgr, queue, max_buffered: int, timeout_s: float, key: str, fl
             )
         time.sleep(delay)
         delay = min(delay * 2, ROOM_POLL_MAX_S)
-    return _get(mgr, STATE_KEY) == RUNNING
+    return reader.running()
 
 
 # ----------------------------------------------------------------------------- decoding

@@ -10,6 +10,7 @@ of their own, cancelled only when the thread does not end with the run.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -25,6 +26,10 @@ from sparktf.train.plan import RunPlan
 __all__ = ["FeedJob"]
 
 log = logging.getLogger(__name__)
+
+# A split of at most this many Parquet files that Spark packs into too few partitions is
+# read file by file (a union of one scan per file) instead of being shuffled.
+MAX_FILES_READ_APART = 64
 
 
 class FeedJob:
@@ -99,14 +104,35 @@ class FeedJob:
             self.control.wait(0.1)
 
     def _frame(self, parts: int):
+        """The rows to feed, in at least ``parts`` partitions where that needs no shuffle.
+
+        The split's Parquet is read with the schema its fields imply (sparktf writes
+        ``numpy.save`` bytes as ``binary`` and scalars as ``bigint``): Spark then runs no job
+        to infer it. Spark packs small files together; when that leaves fewer than ``parts``
+        partitions, each file is read on its own (one partition or more each), which needs
+        no shuffle. Only a frame that still has too few partitions is repartitioned; the
+        frame is planned once and every pass runs the same plan, so that shuffle runs once."""
         data = self.plan.data
-        df = self.df
-        if df is None:
-            df = self.spark.read.parquet(storage.spark_uri(data.parquet))
-        df = df.select(*data.names)
+        if self.df is not None:
+            df = self.df.select(*data.names)
+        else:
+            df = self._read_split(parts)
         if df.rdd.getNumPartitions() < parts:
             df = df.repartition(parts)
         return df
+
+    def _read_split(self, parts: int):
+        data = self.plan.data
+        schema = ", ".join(
+            f"`{f.name}` {'bigint' if f.shape is None else 'binary'}" for f in data.fields
+        )
+        reader = self.spark.read.schema(schema)
+        df = reader.parquet(storage.spark_uri(data.parquet))
+        if df.rdd.getNumPartitions() < parts:
+            files = sorted(df.inputFiles())
+            if 1 < len(files) <= MAX_FILES_READ_APART:
+                df = functools.reduce(lambda a, b: a.union(b), map(reader.parquet, files))
+        return df.select(*data.names)
 
     def _run(self) -> None:
         try:
@@ -125,6 +151,7 @@ class FeedJob:
                 self.control.url,
                 feed_timeout_s=self.plan.run.failure.feed_timeout_s,
             )
+            fed = df.mapInArrow(feeder, feed_lib.SUMMARY_SCHEMA)  # one plan for every pass
             done_passes = 0
             self._await_hello(keys)
             self.started_wall = time.time()
@@ -132,7 +159,7 @@ class FeedJob:
             while passes is None or done_passes < passes:
                 if self.control.stop:
                     return
-                for row in df.mapInArrow(feeder, feed_lib.SUMMARY_SCHEMA).collect():
+                for row in fed.collect():
                     self.chunks[row.executor] += row.chunks
                     self.rows_by[row.executor] += row.rows
                     self.rows += row.rows

@@ -17,6 +17,7 @@ there).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from sparktf.train.config import ConfigError
 from sparktf.train.plan import DataInfo, ProcessSpec, Role
 
-__all__ = ["Source", "file_batches", "open_batches", "stream_layout"]
+__all__ = ["Primed", "Source", "file_batches", "open_batches", "stream_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,45 @@ class Source:
         if self.close_fn is not None:
             self.close_fn(state)
             self.close_fn = None
+
+
+class Primed:
+    """An iterator over ``items`` whose first item is fetched on a thread from the start
+    (the input fills while the process builds its model); the rest come from ``items``
+    itself. The first ``next`` waits for that thread and raises what it raised."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator[Any]):
+        self._items = items
+        self._first: Any = self._END
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._fetch, name="sparktf-first-batch", daemon=True
+        )
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        try:
+            self._first = next(self._items, self._END)
+        except BaseException as exc:  # raised in the consumer's thread
+            self._error = exc
+
+    def __iter__(self) -> Primed:
+        return self
+
+    def __next__(self) -> Any:
+        if self._thread is None:
+            return next(self._items)
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        first, self._first = self._first, self._END
+        if first is self._END:
+            raise StopIteration
+        return first
 
 
 def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Source:

@@ -273,6 +273,7 @@ def main(argv: list[str]) -> None:
     for noisy in ("tensorflow", "absl", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     _die_with_parent()
+    preload = _preload_tensorflow(spec)
 
     control = ControlClient(
         spec.control_url, spec.control_token, spec.key, driver_lost_s=spec.driver_lost_s
@@ -291,6 +292,8 @@ def main(argv: list[str]) -> None:
         _set_process_name(role.name)
         control.start_heartbeat(on_abort)
         _configure_process(spec, role)
+        if preload is not None:
+            preload.join()
         if not role.trains:
             serve(role, control)
         elif spec.consume_only:  # bench/feed.py: the feed without TensorFlow
@@ -306,7 +309,9 @@ def main(argv: list[str]) -> None:
                     "installed the driver's model %s",
                     custom.install_payload(spec.plan.custom_model),
                 )
-            result = Trainer(spec, role, control).run().to_dict()
+            # the trainer lives until the process exits (os._exit: nothing is torn down)
+            trainer = Trainer(spec, role, control)
+            result = trainer.run().to_dict()
             control.send("done" if role.is_chief else "finished", result)
             if not role.is_chief:
                 # Stay until the chief has finished too: a multi-worker process that leaves
@@ -328,20 +333,48 @@ def main(argv: list[str]) -> None:
         exit_process(1)
 
 
+def _preload_tensorflow(spec: ProcessSpec) -> threading.Thread | None:
+    """Starts importing TensorFlow in a thread while the process waits for its role, when
+    the environment TensorFlow's import sees is the same for every role (CPU only: it is
+    then set here, see :func:`_configure_runtime`); None otherwise, and in a process that
+    only reads the feed. The caller joins the thread before importing anything itself."""
+    if spec.consume_only or spec.plan.scaling.gpus_per_worker:
+        return None
+    _configure_runtime(spec, cpu_only=True)
+
+    def load() -> None:
+        try:
+            import tensorflow  # noqa: F401 (the import is the point)
+        except BaseException as exc:  # the main thread's own import reports it
+            log.debug("preloading TensorFlow failed: %s", exc)
+
+    thread = threading.Thread(target=load, name="sparktf-import-tensorflow", daemon=True)
+    thread.start()
+    return thread
+
+
+def _configure_runtime(spec: ProcessSpec, *, cpu_only: bool) -> None:
+    """The environment of the TensorFlow runtime that does not depend on the role."""
+    if cpu_only:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    threads = spec.plan.scaling.threads_per_worker
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+
+
 def _configure_process(spec: ProcessSpec, role: Role) -> None:
-    """Environment of the TensorFlow runtime, set before TensorFlow is imported."""
+    """Environment of the TensorFlow runtime, set before TensorFlow is imported (or, when
+    it was preloaded, before it initializes its devices and reads ``TF_CONFIG``)."""
     scaling = spec.plan.scaling
-    if role.role == "ps" or scaling.gpus_per_worker == 0:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only (ps tasks never take a GPU)
-    else:  # processes that share a GPU must not each take all of its memory
+    cpu_only = role.role == "ps" or scaling.gpus_per_worker == 0
+    if not cpu_only:  # processes that share a GPU must not each take all of its memory
         os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    _configure_runtime(spec, cpu_only=cpu_only)  # CPU only: ps tasks never take a GPU
     cluster = {k: v for k, v in role.cluster.items() if v}
     os.environ["TF_CONFIG"] = json.dumps(
         {"cluster": cluster, "task": {"type": role.role, "index": role.index}}
     )
-    if scaling.threads_per_worker:
-        os.environ.setdefault("OMP_NUM_THREADS", str(scaling.threads_per_worker))
-        os.environ["TF_NUM_INTRAOP_THREADS"] = str(scaling.threads_per_worker)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ __all__ = [
     "assign_roles",
     "chief_key",
     "driver_ps_count",
+    "driver_ps_keys",
     "feeding_keys",
     "is_driver_key",
     "name_tf_tasks",
@@ -59,6 +60,11 @@ def driver_ps_count(scaling: ScalingConfig) -> int:
     return scaling.num_ps if scaling.strategy == "ps" and scaling.ps_on_driver else 0
 
 
+def driver_ps_keys(scaling: ScalingConfig) -> list[str]:
+    """The keys of the parameter servers that run on the driver, by index."""
+    return [f"{DRIVER_PREFIX}ps-{i}" for i in range(driver_ps_count(scaling))]
+
+
 def assign_roles(
     cluster_info: Sequence[dict],
     scaling: ScalingConfig,
@@ -92,8 +98,7 @@ def assign_roles(
             places[key] = ("worker", index)
         else:
             places[key] = ("ps", index - scaling.num_workers)
-    for i, address in enumerate(driver_ps_addresses):
-        key = f"{DRIVER_PREFIX}ps-{i}"
+    for i, (key, address) in enumerate(zip(driver_ps_keys(scaling), driver_ps_addresses)):
         places[key] = ("ps", i)
         addresses[key] = address
     cluster: dict[str, list[str]] = {"chief": [], "worker": [], "ps": []}

@@ -32,6 +32,7 @@ import numpy as np
 from sparktf.train import inputs
 from sparktf.train.artifacts import ModelDir, latest_checkpoint
 from sparktf.train.build import Built, build_training
+from sparktf.train.config import TrainingError
 from sparktf.train.evaluation import BestMetric, EvaluationTracker, Evaluator
 from sparktf.train.plan import EVAL_METRICS, ProcessSpec, Role
 from sparktf.train.reporting import Reporter
@@ -74,39 +75,60 @@ class Trainer:
         self.pending = None  # the last step's (possibly remote) metrics
         self.saved_step = -1
         self.checkpoint: str | None = None
+        self.sources: list[inputs.Source] = []  # the input opened by run()
 
     def run(self) -> ProcessResult:
         """Builds the process, trains it, finishes (final checkpoint, evaluation, export) and
         returns its result; whatever fails on the way is raised, its input closed as failed."""
         started = time.time()
-        try:
-            self.built = built = build_training(self.plan, self.role, self.task, self.model_dir)
-            if built.checkpoint is not None:
-                # the model directory's name of it: what was restored may be a local copy
-                self.saved_step = built.start_step
-                self.checkpoint = latest_checkpoint(self.model_dir.uri) or built.checkpoint
-            self.reporter = Reporter(
-                self.plan,
-                self.role,
-                self.control,
-                EventWriter(self.model_dir, enabled=self.role.is_chief),
-                self.task,
-                started=started,
-                latest_evaluation=lambda: self.evaluation.latest if self.evaluation else None,
-            )
-            self.evaluation = self._evaluation_tracker()
+        # The inputs stay referenced by the trainer: an input pipeline torn down while the
+        # process still has its result to send can hold it up; the process exits without it.
+        opened = self.sources
+
+        def open_input() -> None:  # the input fills while the model is built
             source = inputs.open_batches(
-                self.spec, self.role, self.control, built.stepper.per_process_batch
+                self.spec, self.role, self.control, self.plan.per_process_batch
             )
+            opened.append(source)
+            source.batches = inputs.Primed(source.batches)
+
+        try:
             try:
-                result = self.finish(source, self.train(source))
+                result = self._build_and_train(started, open_input, opened)
             except BaseException:
-                source.close("failed")
+                for source in opened:
+                    source.close("failed")
                 raise
-            source.close("done")
+            opened[0].close("done")
             return result
         finally:
             self.model_dir.close()
+
+    def _build_and_train(self, started: float, open_input, opened: list) -> ProcessResult:
+        self.built = built = build_training(
+            self.plan, self.role, self.task, self.model_dir, with_strategy=open_input
+        )
+        if built.checkpoint is not None:
+            # the model directory's name of it: what was restored may be a local copy
+            self.saved_step = built.start_step
+            self.checkpoint = latest_checkpoint(self.model_dir.uri) or built.checkpoint
+        self.reporter = Reporter(
+            self.plan,
+            self.role,
+            self.control,
+            EventWriter(self.model_dir, enabled=self.role.is_chief),
+            self.task,
+            started=started,
+            latest_evaluation=lambda: self.evaluation.latest if self.evaluation else None,
+        )
+        self.evaluation = self._evaluation_tracker()
+        if built.stepper.per_process_batch != self.plan.per_process_batch:
+            raise TrainingError(
+                f"the step takes {built.stepper.per_process_batch} rows per process, "
+                f"the input gives {self.plan.per_process_batch}"
+            )
+        source = opened[0]
+        return self.finish(source, self.train(source))
 
     def _evaluation_tracker(self) -> EvaluationTracker | None:
         """The chief's, when the plan has an evaluation split."""
@@ -225,6 +247,7 @@ class Trainer:
             history, best_export = evaluation.history, evaluation.best_export
         if self.role.is_chief:
             self._write_run_record(final_step, export_path, history, best_export)
+        gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
         return ProcessResult(
             start_step=self.built.start_step,
             final_step=final_step,
@@ -237,7 +260,7 @@ class Trainer:
             first_step_wall=self.reporter.meter.first_step_wall,
             fed_rows=source.rows,
             dropped_rows=source.dropped_rows,
-            gpus=[d.name for d in tf.config.list_logical_devices("GPU")],
+            gpus=gpus,
             progress=self.reporter.progress(final_step, rate),
             eval_metrics=evaluation.metrics if evaluation else {},
             eval_history=history,
