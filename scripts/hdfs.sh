@@ -92,16 +92,19 @@ XML
 XML
 }
 
-remove_conf() {  # the client configuration `start` wrote: it names a cluster that is gone
-  local conf f
+remove_conf() {  # the client configuration this instance's `start` wrote (not another's)
+  local conf f uri
   [ -f "$CONF_RECORD" ] || return 0
   conf="$(cat "$CONF_RECORD")"
-  for f in core-site.xml hdfs-site.xml; do
-    if [ -f "$conf/$f" ] && grep -q "Written by scripts/hdfs.sh start" "$conf/$f"; then
-      rm -f "$conf/$f"
-    fi
-  done
-  rmdir "$conf" 2>/dev/null || true
+  uri="$(sed -n 's/^HDFS_URI=//p' "$READY" 2>/dev/null || true)"
+  if [ -n "$uri" ] && [ -f "$conf/core-site.xml" ] && grep -qF "<value>$uri</value>" "$conf/core-site.xml"; then
+    for f in core-site.xml hdfs-site.xml; do
+      if [ -f "$conf/$f" ] && grep -q "Written by scripts/hdfs.sh start" "$conf/$f"; then
+        rm -f "$conf/$f"
+      fi
+    done
+    rmdir "$conf" 2>/dev/null || true
+  fi
   rm -f "$CONF_RECORD"
 }
 
@@ -199,9 +202,9 @@ case "$cmd" in
     else
       echo "hdfs.sh: not running"
     fi
+    remove_conf
     rm -f "$PIDFILE" "$READY"
     rm -rf "$KRB_DIR"
-    remove_conf
     ;;
   status)
     if pid="$(running_pid)"; then

@@ -164,6 +164,53 @@ def test_hung_namenode_times_out_within_seconds():
     assert f"127.0.0.1:{port}" in out.stdout
 
 
+def test_a_transfer_cut_short_is_resumed_or_fails_never_short(monkeypatch):
+    """A DataNode whose connection closes before the declared Content-Length: the scan asks
+    again from the byte reached (same bytes in the end); when every answer is cut short it
+    fails instead of handing over a short file."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    data = bytes(range(256)) * 64
+    cut = {"every": False, "first": True}
+
+    class WebHdfsOpen(BaseHTTPRequestHandler):
+        def do_GET(self):
+            query = parse_qs(urlparse(self.path).query)
+            offset = int(query.get("offset", ["0"])[0])
+            body = data[offset:]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            short = cut["every"] or cut["first"]
+            cut["first"] = False
+            self.wfile.write(body[: len(body) // 2] if short else body)
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebHdfsOpen)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        monkeypatch.setenv("SPARKTF_WEBHDFS_URL", f"http://127.0.0.1:{port}")
+        uri = f"hdfs://127.0.0.1:{port}/data/part-0"
+        with storage.open_scan(uri) as scan:
+            assert scan.read(len(data) + 1) + scan.read() == data  # resumed once, complete
+        cut["every"] = True
+        with pytest.raises(storage.StorageError) as err, storage.open_scan(uri) as scan:
+            while scan.read(1 << 12):
+                pass
+        assert "/data/part-0" in str(err.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_permission_denied_names_path_and_user(hdfs, monkeypatch):
     private = hdfs.fresh("private")
     storage.makedirs(private)

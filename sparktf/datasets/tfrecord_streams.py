@@ -63,7 +63,7 @@ class FileRecords:
         offset, want = 0, min(block, HDFS_FIRST_BLOCK)  # offset: file offset of carry[0]
         while True:
             need = want
-            if len(carry) >= 8:  # the cut record must fit whole
+            if len(carry) >= tfrecord.HEADER_BYTES:  # its length checked: it must fit whole
                 need = max(need, int(carry[:8].view("<u8")[0]) + 16 - len(carry))
             buf = np.empty(len(carry) + need, dtype=np.uint8)
             buf[: len(carry)] = carry

@@ -129,12 +129,14 @@ class HdfsScan(io.RawIOBase):
     """A forward-only read of an HDFS file from byte ``offset`` (``length`` bytes, else to its
     end) through WebHDFS: one streaming request, no status request first (a missing path
     fails on the request itself); ``readinto`` receives straight into the caller's buffer. A
-    dropped transfer is resumed once from the byte reached."""
+    dropped transfer (an error, or the connection closed before the response's declared
+    length) is resumed from the byte reached, once for each stretch that made progress."""
 
     def __init__(self, fs: WebHdfs, path: str, offset: int = 0, length: int | None = None):
         self._fs, self._path = fs, path
         self._pos, self._end = offset, None if length is None else offset + length
         self._context = self._into = None
+        self._owed: int | None = None  # where the open response's declared length ends
         self._resumed = False
 
     def readable(self) -> bool:
@@ -143,8 +145,24 @@ class HdfsScan(io.RawIOBase):
     def _open(self) -> None:
         length = None if self._end is None else self._end - self._pos
         context = self._fs.data_client.read(self._path, offset=self._pos, length=length)
-        self._into = _raw_into(context.__enter__())
+        response = context.__enter__()
+        self._into = _raw_into(response)
         self._context = context
+        headers = getattr(response, "headers", None) or {}
+        declared = headers.get("content-length")
+        encoded = headers.get("content-encoding")
+        self._owed = self._pos + int(declared) if declared and not encoded else None
+
+    def _receive(self, buffer) -> int:
+        # http.client ends a response cut short by a closed connection as if it were
+        # complete: a read of nothing before the declared length is a dropped transfer.
+        n = self._into(buffer)
+        if n == 0 and self._owed is not None and self._pos < self._owed:
+            raise StorageError(
+                f"HDFS read of hdfs://{self._fs.loc.netloc}{self._path} ended at byte "
+                f"{self._pos}, before byte {self._owed}: the connection closed early"
+            )
+        return n
 
     def start(self) -> None:
         """Sends the request now (else the first read does): a path that is not there
@@ -168,14 +186,16 @@ class HdfsScan(io.RawIOBase):
             try:
                 if self._context is None:
                     self._open()
-                n = self._into(buffer)
+                n = self._receive(buffer)
             except Exception:
                 if self._resumed or self._context is None:
                     raise
                 self._resumed = True  # a dropped or timed-out stream: one fresh request
                 self._close_stream()
                 self._open()
-                n = self._into(buffer)
+                n = self._receive(buffer)
+        if n:
+            self._resumed = False  # progress since the last resume: the next drop may resume
         self._pos += n
         return n
 
