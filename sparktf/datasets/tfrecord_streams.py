@@ -67,7 +67,7 @@ class FileRecords:
                 need = max(need, int(carry[:8].view("<u8")[0]) + 16 - len(carry))
             buf = np.empty(len(carry) + need, dtype=np.uint8)
             buf[: len(carry)] = carry
-            got = _fill(scan, memoryview(buf)[len(carry) :])
+            got = storage.fill(scan, memoryview(buf)[len(carry) :])
             size = len(carry) + got
             starts, lengths, used = tfrecord.index_records(
                 buf, size, name=self.path, offset=offset, verify_data=verify
@@ -127,16 +127,6 @@ class FileRecords:
             while True:
                 self._queue.get_nowait()
         self._thread.join(timeout=5)
-
-
-def _fill(stream, view: memoryview) -> int:
-    got = 0
-    while got < len(view):
-        n = stream.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got
 
 
 def _pack(runs: list[Run]) -> tuple[bytes, np.ndarray, np.ndarray]:

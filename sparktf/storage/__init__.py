@@ -37,6 +37,7 @@ from sparktf.storage.errors import (
     UnknownSchemeError,
 )
 from sparktf.storage.files import (
+    fill,
     iter_blocks,
     open_file,
     open_scan,
@@ -108,6 +109,7 @@ __all__ = [
     "makedirs",
     "native_client",
     "open_file",
+    "fill",
     "open_scan",
     "parse",
     "publish",

@@ -24,6 +24,7 @@ from sparktf.storage.uri import Location, parse
 __all__ = [
     "iter_blocks",
     "open_file",
+    "fill",
     "open_scan",
     "read_bytes",
     "read_range",
@@ -128,7 +129,7 @@ def _raise_for(fs: WebHdfs, loc: Location) -> None:
         raise IsADirectoryError(f"open: {loc.uri} is a directory")
 
 
-def _fill(stream, view: memoryview) -> int:
+def fill(stream, view: memoryview) -> int:
     """Reads into ``view`` until it is full or the stream ends; the bytes read."""
     got = 0
     while got < len(view):
@@ -164,7 +165,7 @@ def iter_blocks(path: str, block: int = READ_BLOCK, *, first: int | None = None)
         want = first or block
         while True:
             data = bytearray(want)
-            got = _fill(scan, memoryview(data))
+            got = fill(scan, memoryview(data))
             if got < want:
                 del data[got:]
             if data:
@@ -195,7 +196,7 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     data = bytearray(length)
     try:
         with open_scan(path, offset, length) as scan:
-            got = _fill(scan, memoryview(data))
+            got = fill(scan, memoryview(data))
     except (PathNotFoundError, IsADirectoryError, StoragePermissionError):
         raise
     except StorageError:  # WebHDFS refuses an offset past the end: there are no bytes there
