@@ -10,7 +10,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
-EXTRAS="test"
+# test: pytest and the linters; connect: the Spark Connect client (both stacks)
+EXTRAS="test,connect"
 HADOOP=1
 STACK=default
 while [ $# -gt 0 ]; do

@@ -66,7 +66,8 @@ def load_config(section: str, path: str | os.PathLike | None = None) -> dict:
 
 
 def parser(description: str, *, config_section: str | None = None) -> argparse.ArgumentParser:
-    """An ArgumentParser with the flags every job has (--config, --log-level, --profile)."""
+    """An ArgumentParser with the flags every job has (--config, --profile, --remote,
+    --log-level)."""
     p = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -84,6 +85,15 @@ def parser(description: str, *, config_section: str | None = None) -> argparse.A
         help="Spark profile (spark/PROFILE.conf of the conf directories: "
         f"{', '.join(paths.conf_names('spark', '.conf'))}) or a spark-defaults file, used "
         "when not run through spark-submit",
+    )
+    p.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="Spark Connect URL, e.g. sc://localhost:15002/;token=...: run on that Connect "
+        "server instead of a Spark session of this process (the profile is not used then). "
+        "Not given: $SPARK_REMOTE when set and not run by spark-submit; --remote '' forces a "
+        "classic session",
     )
     p.add_argument(
         "--log-level",

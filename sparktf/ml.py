@@ -34,7 +34,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import posixpath
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -62,6 +64,7 @@ from pyspark.ml.util import (
 from sparktf import storage
 from sparktf.datasets.tables import FEATURE, TableInputError, write_table
 from sparktf.errors import SparktfError, SparktfTypeError
+from sparktf.spark import is_connect
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.ml.param import ParamMap
@@ -465,11 +468,22 @@ class _TFModelWriter(MLWriter):
         extra: dict[str, Any] = {"savedModel": SAVED_MODEL}
         if self.instance.hasSummary:
             extra["summary"] = self.instance.summary.to_dict()
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc, extraMetadata=extra)
+        spark = self.sparkSession
+        DefaultParamsWriter.saveMetadata(self.instance, path, spark, extraMetadata=extra)
         source = resolve_model(self.instance.getExportDir())
-        target = storage.join(_as_spark_resolves(self.sc, path), SAVED_MODEL)
+        target = storage.join(_as_spark_resolves(spark, path), SAVED_MODEL)
         storage.copy_tree(source, target)
         log.info("TFModel saved to %s (SavedModel copied from %s)", path, source)
+
+    def _handleOverwrite(self, path: str) -> None:
+        if not is_connect(self.sparkSession):
+            super()._handleOverwrite(path)
+            return
+        from pyspark.ml.util import ML_CONNECT_HELPER_ID
+        from pyspark.ml.wrapper import JavaWrapper
+
+        # Spark Connect's ML helper removes the path on the server, as Spark resolves it.
+        JavaWrapper(java_obj=ML_CONNECT_HELPER_ID)._call_java("handleOverwrite", path, True)
 
 
 class _TFModelReader(MLReader):
@@ -478,21 +492,32 @@ class _TFModelReader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> TFModel:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         model = self.cls()
         DefaultParamsReader.getAndSetParams(model, metadata)
         model._resetUid(metadata["uid"])
         saved = metadata.get("savedModel", SAVED_MODEL)
-        model._set(exportDir=storage.join(_as_spark_resolves(self.sc, path), saved))
+        model._set(exportDir=storage.join(_as_spark_resolves(self.sparkSession, path), saved))
         if metadata.get("summary") is not None:
             model._summary = _summary_from_dict(metadata["summary"], path)
         return model
 
 
-def _as_spark_resolves(sc: Any, path: str) -> str:
+def _as_spark_resolves(spark: Any, path: str) -> str:
     """``path`` as the URI Spark's ``save`` and ``load`` resolve it to: a path without a
     scheme is on the Hadoop configuration's ``fs.defaultFS`` (HDFS on a cluster), so that the
-    SavedModel's copy lies beside the metadata Spark writes, also inside a PipelineModel."""
+    SavedModel's copy lies beside the metadata Spark writes, also inside a PipelineModel.
+    From a Spark Connect client, which has no JVM to ask, it is where Spark put the metadata
+    (``path/metadata``, written before and read after this is called): the file path Spark
+    reports for it, less the file's own part."""
+    if is_connect(spark):
+        metadata = storage.join(path, "metadata")
+        first = spark.read.text(metadata).select("_metadata.file_path").first()
+        if first is None:
+            raise storage.PathNotFoundError(f"{metadata}: no metadata file in it")
+        written = urllib.parse.unquote(first[0])  # Spark gives the file's URI, %-escaped
+        return storage.parse(posixpath.dirname(posixpath.dirname(written))).uri
+    sc = spark.sparkContext
     jvm_path = sc._jvm.org.apache.hadoop.fs.Path(path)
     fs = jvm_path.getFileSystem(sc._jsc.hadoopConfiguration())
     return storage.parse(str(fs.makeQualified(jvm_path).toString())).uri

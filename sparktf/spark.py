@@ -4,7 +4,9 @@ Sessions are configured from the profile ``spark/<profile>.conf`` of the conf di
 (``sparktf.paths``; spark-defaults style). Under
 ``spark-submit`` (``scripts/submit.sh``) the submitted configuration wins and
 ``get_session`` only fills in what is missing; from plain Python (tests, notebooks) it reads
-the profile file and starts the session itself.
+the profile file and starts the session itself. Given a Spark Connect URL (``remote``, or
+``$SPARK_REMOTE`` outside spark-submit) it returns a Connect session instead
+(``sparktf.remote``): no JVM in this process, only runtime settings applied.
 
 ``run_tasks`` runs one Spark task per item with progress in the log; ``task_progress`` and
 ``stage_progress`` report a running job; ``spark_failure`` and ``spark_error_text`` turn a
@@ -32,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from sparktf import paths, placement
+from sparktf import remote as connect
 from sparktf.errors import SparktfError, SparktfValueError
+from sparktf.remote import is_connect
 from sparktf.security import kerberos
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "every",
     "executor_sizing",
     "get_session",
+    "is_connect",
     "is_spark_error",
     "job_session",
     "launched_by_spark_submit",
@@ -277,8 +282,13 @@ def get_session(
     app_name: str = "sparktf",
     profile: str | None = None,
     overrides: Mapping[str, str] | None = None,
+    remote: str | None = None,
 ):
     """Returns the active SparkSession, or builds one from ``profile`` and ``overrides``.
+
+    With a Spark Connect URL (``remote``, else ``$SPARK_REMOTE`` outside spark-submit) it
+    returns ``sparktf.remote.connect_session``'s session: the profile is not read, only the
+    overrides that are runtime settings apply.
 
     ``profile`` defaults to ``$SPARKTF_PROFILE`` or "local". When launched by spark-submit,
     the submitted settings are kept and the profile is not read. Otherwise a master whose
@@ -292,6 +302,12 @@ def get_session(
     from pyspark.sql import SparkSession
 
     quiet_py4j()
+    url = connect.remote_url(remote, spark_submit=launched_by_spark_submit())
+    if url is not None:
+        kerberos.preflight(dict(overrides or {}))  # this process still reads and writes HDFS
+        return connect.connect_session(app_name, url, overrides)
+    if os.environ.pop(connect.REMOTE_ENV, None):  # PySpark would go to Connect with it
+        log.info("a classic Spark session: %s ignored", connect.REMOTE_ENV)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -332,7 +348,7 @@ def get_session(
 
 def _stop_at_exit(spark) -> None:
     try:
-        if spark.sparkContext._jsc is not None:
+        if not is_connect(spark) and spark.sparkContext._jsc is not None:
             spark.stop()
     except Exception as exc:  # the JVM may already be gone: nothing left to stop
         log.debug("stopping Spark at exit: %s", exc)
@@ -344,14 +360,16 @@ def job_session(
     profile: str | None = None,
     overrides: Mapping[str, str] | None = None,
     spark=None,
+    remote: str | None = None,
 ) -> Iterator[Any]:
     """The session a job runs on: ``spark`` when its caller has one (a notebook, a test, a
-    pipeline running several jobs), left running; otherwise ``get_session``'s, stopped when
-    the job ends (a clean stop: executors are not relaunched at exit)."""
+    pipeline running several jobs), left running; otherwise ``get_session``'s (a Spark
+    Connect one with ``remote``), stopped when the job ends (a clean stop: executors are not
+    relaunched at exit; a Connect session is released on the server)."""
     if spark is not None:
         yield spark
         return
-    session = get_session(app_name, profile=profile, overrides=overrides)
+    session = get_session(app_name, profile=profile, overrides=overrides, remote=remote)
     try:
         yield session
     finally:
@@ -563,7 +581,14 @@ def every(seconds: float, report: Callable[[], None], name: str) -> Iterator[Non
 @contextmanager
 def task_progress(sc, what: str, total: int, every_s: float = PROGRESS_EVERY_S) -> Iterator[Any]:
     """An accumulator that tasks add 1 to; its count is logged while the job runs
-    ("WHAT: n/total tasks done"), and once more with the time taken when the block ends."""
+    ("WHAT: n/total tasks done"), and once more with the time taken when the block ends.
+    A Spark Connect session has no accumulators: its counter counts nothing, and only the
+    time taken is logged."""
+    if is_connect(sc):
+        started = time.monotonic()
+        yield connect.NoCount()
+        log.info("%s: %d tasks done in %.1f s", what, total, time.monotonic() - started)
+        return
     done = sc.accumulator(0)
     last = 0
 
@@ -583,19 +608,29 @@ def task_progress(sc, what: str, total: int, every_s: float = PROGRESS_EVERY_S) 
 @contextmanager
 def stage_progress(sc, every_s: float = STAGE_PROGRESS_EVERY_S) -> Iterator[None]:
     """Logs the running stages' task counts every ``every_s`` seconds while the block runs
-    (for Spark actions whose tasks do not count themselves, e.g. a DataFrame write)."""
-    tracker = sc.statusTracker()
+    (for Spark actions whose tasks do not count themselves, e.g. a DataFrame write).
+    ``sc``: a SparkContext or a session; of a Spark Connect session, the stages its server
+    reports to this client."""
+    if is_connect(sc):
+        with (
+            connect.stage_counts(sc) as running,
+            every(every_s, lambda: _log(running()), "progress"),
+        ):
+            yield
+        return
+    tracker = getattr(sc, "sparkContext", sc).statusTracker()
 
     def report() -> None:
-        for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
-            if info is not None:
-                log.info(
-                    "stage %d: %d of %d tasks done", stage_id, info.numCompletedTasks, info.numTasks
-                )
+        infos = (tracker.getStageInfo(stage_id) for stage_id in tracker.getActiveStageIds())
+        _log([(i.stageId, i.numCompletedTasks, i.numTasks) for i in infos if i is not None])
 
     with every(every_s, report, "progress"):
         yield
+
+
+def _log(stages: Sequence[tuple[int, int, int]]) -> None:
+    for stage_id, done, total in stages:
+        log.info("stage %d: %d of %d tasks done", stage_id, done, total)
 
 
 # ----------------------------------------------------------------------------- running tasks
@@ -620,6 +655,7 @@ def run_tasks(
     """
     if not items:
         return []
+    sc = connect.classic_context(sc, what)
     with task_progress(sc, what, len(items)) as done:
         task = functools.partial(_counted, functools.partial(_catching, fn, tuple(expected)), done)
         try:
@@ -709,6 +745,7 @@ class ExecutorCountError(SparktfError, RuntimeError):
 
 def registered_executors(sc) -> int:
     """Executors registered with the driver (the driver itself not counted)."""
+    sc = connect.classic_context(sc, "counting the registered executors")
     infos = sc._jsc.sc().statusTracker().getExecutorInfos()
     return max(0, len(infos) - 1)
 
@@ -717,6 +754,7 @@ def wait_for_executors(sc, count: int, timeout_s: float) -> None:
     """Waits until exactly ``count`` executors are registered; raises ExecutorCountError when
     more are, when fewer are after ``timeout_s``, and at once on a ``local[N]`` master (it has
     no executors) or a cluster that can never hold them (``placement_problem``)."""
+    sc = connect.classic_context(sc, "waiting for the executors")
     master = sc.master
     if master == "local" or master.startswith("local["):
         raise ExecutorCountError(

@@ -235,10 +235,14 @@ def locked(lock: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("lock", "extras", "stack"),
     [
-        ("requirements.lock", ("test",), {"pyspark": "4.3", "pyarrow": "26.", "numpy": "2."}),
+        (
+            "requirements.lock",
+            ("test", "connect"),
+            {"pyspark": "4.3", "pyarrow": "26.", "numpy": "2."},
+        ),
         (
             "requirements-petastorm.lock",
-            ("test", "petastorm"),
+            ("test", "petastorm", "connect"),
             {"pyspark": "4.0", "pyarrow": "14.", "numpy": "1.26", "petastorm": "0.13"},
         ),
     ],

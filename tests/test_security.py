@@ -208,7 +208,7 @@ def test_reservation_client_gets_authkeys_and_address_tuples(server):
         assert info == [NODE, second]
         assert type(info[0]["addr"]) is tuple and type(info[0]["authkey"]) is bytes
         client.close()
-    assert server.await_reservations(None, {}, timeout=5) == [NODE, second]
+    assert server.reservations.done() and server.reservations.get() == [NODE, second]
     # A client with another run's secret gets nothing.
     with pytest.raises(reservation.ReservationError, match="closed the connection"):
         reservation.AuthClient(server.address, secret=secrets.token_bytes(32)).get_reservations()
@@ -245,32 +245,43 @@ def test_reservation_forged_pickle_from_the_external_address(tmp_path, caplog):
         srv.stop()
 
 
-def test_authenticated_startup_swaps_and_always_stops_the_server():
-    original = tfos_reservation.Server
+def test_authenticated_startup_always_stops_the_server():
     address = reservation.DriverAddress(bind=LOOPBACK, advertise=LOOPBACK)
     # A failed start (anything raised, SystemExit included): the server stops at once.
     for error in (RuntimeError("boom"), SystemExit(1)):
         with pytest.raises(type(error)):
-            with reservation.authenticated_startup(address) as startup:
-                srv = tfos_reservation.Server(1)
-                assert isinstance(srv, reservation.AuthServer)
-                addr = srv.start()
+            with reservation.authenticated_startup(address, 1) as startup:
+                srv = startup.server
+                addr = srv.address
+                assert addr[0] == LOOPBACK and not refused(addr)
                 raise error
-        assert tfos_reservation.Server is original
-        assert startup.servers == [srv] and srv.stopped and refused(addr)
+        assert srv.stopped and refused(addr)
     # A successful start: the server stops once every node has fetched the cluster.
-    with reservation.authenticated_startup(address, served_timeout_s=30) as startup:
-        srv = tfos_reservation.Server(1)
-        addr = srv.start()
-        client = reservation.AuthClient(addr, secret=startup.secret)
+    with reservation.authenticated_startup(address, 1, served_timeout_s=30) as startup:
+        srv = startup.server
+        client = reservation.AuthClient(srv.address, secret=startup.secret)
         client.register(NODE)
-    assert tfos_reservation.Server is original
     assert not srv.stopped  # the node has not fetched the complete list yet
     assert client.await_reservations() == [NODE]
     deadline = time.monotonic() + 3.0
     while not srv.stopped and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert srv.stopped and refused(addr)
+    assert srv.stopped and refused(srv.address)
+
+
+def test_node_function_runs_with_the_authenticated_client(server):
+    """What a barrier task runs: TensorFlowOnSpark's node function, shipped as bytes, with
+    the client that speaks the authenticated frames."""
+    startup = reservation.Startup(secret=server.secret, address=None, server=server)
+    address = server.address
+
+    def node_function(iterator):  # what TensorFlowOnSpark's _mapfn does with the client
+        client = tfos_reservation.Client(address)
+        assert isinstance(client, reservation.AuthClient)
+        client.register({**NODE, "executor_id": next(iterator)})
+
+    startup.node_function(node_function)(iter([3]))
+    assert server.reservations.get()[0]["executor_id"] == 3
 
 
 def test_executor_side_swap_is_undone_even_on_failure(server):

@@ -185,9 +185,13 @@ def test_the_driver_logs_the_warning_once_per_run(caplog):
         def getConf(self):  # noqa: N802 (SparkContext API)
             return self.conf
 
+    class Session:  # a classic session: its settings come from its SparkContext
+        def __init__(self, pairs):
+            self.sparkContext = Context(pairs)
+
     with caplog.at_level(logging.WARNING, logger="sparktf.train.tfos_cluster"):
-        said = warn_if_transport_in_clear(Context({"spark.master": "yarn"}))
-        warn_if_transport_in_clear(Context({"spark.master": "yarn", **PROTECTED}))
+        said = warn_if_transport_in_clear(Session({"spark.master": "yarn"}))
+        warn_if_transport_in_clear(Session({"spark.master": "yarn", **PROTECTED}))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].getMessage() == said
 

@@ -7,6 +7,7 @@
     sparktf evaluate ...
     sparktf predict ...
     sparktf submit [--profile P] [--ship-env] [SPARK-SUBMIT-OPTIONS] JOB [ARGS]
+    sparktf connect start|stop|status [--dir DIR] [--master M] ...   # a local Connect server
 
 A job subcommand runs the job in this process, on a Spark session it builds from its
 ``--profile`` (as ``python jobs/X.py`` does); ``sparktf submit`` runs it through spark-submit
@@ -48,6 +49,7 @@ def _usage() -> str:
     lines += [
         "  submit                       run a job through spark-submit with sparktf's "
         "configuration",
+        "  connect {start,stop,status}  a local Spark Connect server (sparktf connect --help)",
         "",
         "options:",
         "  --conf-dir DIR   configuration files that override the shipped ones ($SPARKTF_CONF_DIR)",
@@ -66,6 +68,10 @@ def _command(argv: list[str]) -> tuple[Callable[[list[str]], int | None], list[s
         from sparktf.console import submit
 
         return submit.main, rest
+    if name == "connect":
+        from sparktf.console import connect
+
+        return connect.main, rest
     if name == "convert":
         if not rest or rest[0] not in CONVERT_DATASETS:
             got = repr(rest[0]) if rest else "nothing"

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from sparktf import remote, storage
 from sparktf import spark as sparkutil
-from sparktf import storage
 from sparktf.datasets import formats, plan, sources, tasks
 from sparktf.datasets.formats import FORMATS, PARQUET
 from sparktf.datasets.plan import (
@@ -128,7 +128,7 @@ def convert(
     )
     session = _session(spark, dataset)
     started = time.monotonic()
-    job = _Conversion(session.sparkContext, spec, options)
+    job = _Conversion(remote.classic_context(session, "converting a dataset"), spec, options)
     with storage.publish(output, overwrite=overwrite) as tmp:
         storage.makedirs(tmp)
         manifest = job.run(containers, input_path, tmp)

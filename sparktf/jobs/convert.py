@@ -19,7 +19,7 @@ from sparktf.datasets.formats import FORMATS
 from sparktf.datasets.plan import SHARD_MULTIPLE, SHARD_TARGET_BYTES
 from sparktf.datasets.sources import SourceError
 
-__all__ = ["JOB_HELP", "add_job_flags", "for_command_line", "main", "run"]
+__all__ = ["JOB_HELP", "add_job_flags", "for_command_line", "main", "refuse_remote", "run"]
 
 JOB_HELP = {
     "cifar10": "CIFAR-10 binary version: a directory holding data_batch_1.bin ... "
@@ -90,13 +90,17 @@ def run(dataset: str, args, spark=None) -> int:
     """Runs one conversion from parsed job flags (on ``spark`` when given, else on a session
     of its own, started only once the input has been checked); input and flag problems are
     UsageErrors."""
+    if spark is None:
+        refuse_remote(args.remote)
     kinds = [f.strip() for f in args.format.split(",") if f.strip()]
     sessions = []
 
     def session():
         from sparktf.spark import get_session
 
-        sessions.append(get_session(f"sparktf-convert-{dataset}", profile=args.profile))
+        sessions.append(
+            get_session(f"sparktf-convert-{dataset}", profile=args.profile, remote=args.remote)
+        )
         return sessions[-1]
 
     try:
@@ -117,6 +121,25 @@ def run(dataset: str, args, spark=None) -> int:
         for spark in sessions:  # a clean stop: executors are not relaunched at exit
             spark.stop()
     return 0
+
+
+def refuse_remote(remote: str | None) -> None:
+    """A UsageError when the job is to run on Spark Connect (``--remote``, or
+    ``$SPARK_REMOTE`` outside spark-submit): a conversion runs its tasks through RDDs, which
+    a Connect session has not."""
+    from sparktf.remote import redacted, remote_url
+    from sparktf.spark import launched_by_spark_submit
+
+    url = remote_url(remote, spark_submit=launched_by_spark_submit())
+    if url is not None:
+        given = "--remote" if remote else "SPARK_REMOTE"
+        raise cli.UsageError(
+            f"the convert jobs need a classic Spark session (they run their tasks as RDDs) and "
+            f"cannot run on Spark Connect ({given} {redacted(url)}): run the conversion "
+            "without --remote and with SPARK_REMOTE unset (or --remote ''), on a local Spark "
+            "(--profile local) or through sparktf submit / spark-submit against the cluster; "
+            "the converted dataset can then be used from a Connect client"
+        )
 
 
 def main(

@@ -228,7 +228,7 @@ def evaluate(
     )
     started = time.monotonic()
     df = spark.read.parquet(storage.spark_uri(plan.table))
-    with stage_progress(spark.sparkContext):
+    with stage_progress(spark):
         if plan.kind == CLASSIFIER:
             result = _classifier(df, plan, batch_size)
         else:
@@ -495,7 +495,7 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, s
 
     from sparktf.spark import job_session
 
-    with job_session("sparktf-evaluate", args.profile, spark=spark) as session:
+    with job_session("sparktf-evaluate", args.profile, spark=spark, remote=args.remote) as session:
         result = evaluate(
             session, args.model, args.data, split=args.split, batch_size=args.batch_size, plan=plan
         )

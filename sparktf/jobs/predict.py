@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, s
 
     from sparktf.spark import job_session, stage_progress
 
-    with job_session("sparktf-predict", args.profile, spark=spark) as spark:
+    with job_session("sparktf-predict", args.profile, spark=spark, remote=args.remote) as spark:
         start = time.monotonic()
         df = spark.read.parquet(storage.spark_uri(table))
         if args.partitions:
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, s
         out = result.select(*keep, *added, F.lit(info.version).cast("long").alias("model_version"))
         with (
             storage.publish(args.output, overwrite=args.overwrite) as tmp,
-            stage_progress(spark.sparkContext),
+            stage_progress(spark),
         ):
             try:
                 out.write.parquet(storage.spark_uri(tmp))

@@ -27,8 +27,10 @@ from typing import Any
 
 from sparktf import cli
 from sparktf.placement import PlacementError
+from sparktf.remote import remote_url
 from sparktf.spark import (
     executor_sizing,
+    is_connect,
     job_session,
     launched_by_spark_submit,
     session_conf,
@@ -268,17 +270,23 @@ def main(
         tracking.check(run)  # MLflow's store answers: before Spark starts
     except ConfigError as exc:
         raise usage_error(exc) from None
-    if launched_by_spark_submit():  # its own configuration counts
+    name = f"sparktf-train-{train.model}"
+    connect = spark is None and remote_url(args.remote, spark_submit=launched_by_spark_submit())
+    if connect:
+        # The Connect server's cluster runs the executors: this machine's profile does not
+        # size them. The GPU settings are passed to be named if the session cannot take them.
+        overrides = dict(gpu_spark_conf(scaling))
+    elif launched_by_spark_submit():  # its own configuration counts
         from pyspark import SparkConf, SparkContext
 
         SparkContext._ensure_initialized()  # the JVM's settings, spark-submit's master among them
-        conf = dict(SparkConf().getAll())
+        overrides = session_overrides(dict(SparkConf().getAll()), scaling)
     else:
-        conf = session_conf(args.profile)
-    name, overrides = f"sparktf-train-{train.model}", session_overrides(conf, scaling)
-    with job_session(name, args.profile, overrides, spark=spark) as spark:
+        overrides = session_overrides(session_conf(args.profile), scaling)
+    with job_session(name, args.profile, overrides, spark=spark, remote=args.remote) as spark:
         if train.data == "demo":
-            train = dataclasses.replace(train, data=demo.ensure_dataset(train.model, spark))
+            made = _demo_on_connect if is_connect(spark) else spark
+            train = dataclasses.replace(train, data=demo.ensure_dataset(train.model, made))
         try:
             result = fit(train, scaling, run, spark=spark)
         except ConfigError as exc:
@@ -293,6 +301,17 @@ def main(
     else:
         print(text)
     return 0
+
+
+def _demo_on_connect():
+    """What ``--data demo`` converts with on Spark Connect: nothing (a conversion needs a
+    classic session); the demo dataset made by an earlier run is used as it is."""
+    raise cli.UsageError(
+        "--data demo: the demo dataset is not made yet, and making it needs a classic Spark "
+        "session (a conversion runs RDD tasks), which a Spark Connect client has not: run the "
+        "job once without --remote (and with SPARK_REMOTE unset), or pass --data with a "
+        "converted dataset"
+    )
 
 
 def executors_needed(section: str, argv: Sequence[str]) -> int | None:

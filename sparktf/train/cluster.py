@@ -78,7 +78,7 @@ class ClusterRun:
         self.bench = bench or BenchOptions()
         self.control: ControlServer | None = None
         self.roles: dict[str, Role] = {}
-        self.tfos = TfosCluster(spark.sparkContext)
+        self.tfos = TfosCluster(spark)
         self.driver_ps = DriverPs()
         self.feed: FeedJob | None = None
         self.monitor: RunMonitor | None = None
@@ -103,15 +103,16 @@ class ClusterRun:
         """Starts every TensorFlow process of the plan and, in ``spark`` input mode, the feed.
 
         Raises:
+            SlotsError: the cluster has fewer task slots than the plan has processes on
+                executors (a ConfigError).
             ConfigError: the executors the plan needs are not registered.
             TrainingError: TensorFlowOnSpark could not start the cluster.
         """
         from sparktf.train import reservation  # imports TensorFlowOnSpark: see TfosCluster
 
         plan, scaling, run = self.plan, self.plan.scaling, self.plan.run
-        sc = self.spark.sparkContext
-        await_executors(sc, scaling.num_executors, run.failure.startup_timeout_s)
-        address = reservation.driver_address(sc)  # loopback on the local profile
+        await_executors(self.spark, scaling.num_executors, run.failure.startup_timeout_s)
+        address = reservation.driver_address(self.spark)  # loopback on the local profile
         self.control = ControlServer(
             address.advertise, bind_host=address.bind, on_event=self._first_error.record
         )

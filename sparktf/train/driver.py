@@ -10,7 +10,7 @@ import logging
 import time
 
 from sparktf import paths, storage
-from sparktf.train import artifacts, scratch, tracking
+from sparktf.train import artifacts, gang, scratch, tracking
 from sparktf.train.cluster import ClusterRun
 from sparktf.train.config import (
     ConfigError,
@@ -167,7 +167,7 @@ def _session(plan: RunPlan, spark):
         from sparktf.spark import get_session
 
         spark = get_session(f"sparktf-train-{train.model}", overrides=gpu_spark_conf(plan.scaling))
-    conf = spark.sparkContext.getConf()
+    conf = gang.conf_values(spark, ("spark.python.worker.reuse", "spark.task.maxFailures"))
     if train.input_mode == "spark" and conf.get("spark.python.worker.reuse", "true") != "true":
         raise ConfigError("the spark input mode needs spark.python.worker.reuse=true")
     if conf.get("spark.task.maxFailures", "4") != "1":

@@ -4,8 +4,9 @@ A :class:`FeedJob` runs on a thread of the driver: it reads the split's Parquet 
 DataFrame it is given), waits until every feeding process has said hello, then runs
 ``feed_passes`` passes of ``DataFrame.mapInArrow`` with :func:`sparktf.train.feed.make_feeder`
 (``None``: until the run stops) and counts what each process received. When the passes are
-done it publishes those counts (the readers end on them). Its Spark jobs run in a job group
-of their own, cancelled only when the thread does not end with the run.
+done it publishes those counts (the readers end on them). Its Spark jobs carry a job tag of
+their own, interrupted only when the thread does not end with the run. Only DataFrame
+operations are used, so a Spark Connect client feeds the same way as a classic session.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import Counter
 
 from sparktf import spark as spark_lib
 from sparktf import storage
+from sparktf.remote import is_connect
 from sparktf.train import feed as feed_lib
 from sparktf.train.control import ControlServer
 from sparktf.train.plan import RunPlan
@@ -88,7 +90,10 @@ class FeedJob:
         thread.join(max(0.5, deadline - time.monotonic()))
         if thread.is_alive():
             log.warning("the feed job did not end; cancelling it")
-            self.spark.sparkContext.cancelJobGroup(self.group)
+            try:
+                self.spark.interruptTag(self.group)
+            except Exception as exc:  # the session is gone
+                log.debug("interrupting the feed: %s", exc)
             thread.join(2.0)
 
     def _await_hello(self, keys: list[str]) -> None:
@@ -111,13 +116,17 @@ class FeedJob:
         to infer it. Spark packs small files together; when that leaves fewer than ``parts``
         partitions, each file is read on its own (one partition or more each), which needs
         no shuffle. Only a frame that still has too few partitions is repartitioned; the
-        frame is planned once and every pass runs the same plan, so that shuffle runs once."""
+        frame is planned once and every pass runs the same plan, so that shuffle runs once.
+
+        A Spark Connect client cannot count a frame's partitions: there a split of fewer than
+        ``parts`` files is repartitioned, one of up to ``MAX_FILES_READ_APART`` files is read
+        file by file (at least one partition each), and a given frame is repartitioned."""
         data = self.plan.data
-        if self.df is not None:
-            df = self.df.select(*data.names)
-        else:
-            df = self._read_split(parts)
-        if df.rdd.getNumPartitions() < parts:
+        df = self.df.select(*data.names) if self.df is not None else self._read_split(parts)
+        count = _partitions(df)
+        if count is None and self.df is None:
+            return df
+        if count is None or count < parts:
             df = df.repartition(parts)
         return df
 
@@ -128,17 +137,18 @@ class FeedJob:
         )
         reader = self.spark.read.schema(schema)
         df = reader.parquet(storage.spark_uri(data.parquet))
-        if df.rdd.getNumPartitions() < parts:
+        count = _partitions(df)
+        if count is None or count < parts:
             files = sorted(df.inputFiles())
+            if count is None and len(files) < parts:
+                return df.select(*data.names).repartition(parts)
             if 1 < len(files) <= MAX_FILES_READ_APART:
                 df = functools.reduce(lambda a, b: a.union(b), map(reader.parquet, files))
         return df.select(*data.names)
 
     def _run(self) -> None:
         try:
-            self.spark.sparkContext.setJobGroup(
-                self.group, "sparktf: feed rows to TensorFlow", interruptOnCancel=False
-            )
+            self.spark.addTag(self.group)
             keys = list(self.nodes)
             df = self._frame(2 * len(keys))
             executors = {
@@ -170,3 +180,13 @@ class FeedJob:
         except BaseException as exc:
             if not self._ending and not self.control.abort:
                 self.error = exc
+        finally:
+            try:
+                self.spark.removeTag(self.group)
+            except Exception as exc:  # the session is gone
+                log.debug("removing the feed's job tag: %s", exc)
+
+
+def _partitions(df) -> int | None:
+    """The frame's partitions, or None on a Spark Connect client (it has no RDDs)."""
+    return None if is_connect(df.sparkSession) else df.rdd.getNumPartitions()

@@ -27,11 +27,12 @@ carries the control token of that node's TensorFlow process (sealed like every a
 client keeps it for the node function (:func:`sparktf.train.control.issued_token`). A node
 registers once: a second ``REG`` for the same executor is refused.
 
-:func:`authenticated_startup` wraps one ``TFCluster.run``: the server binds only the
-driver's address (:func:`driver_address`: ``spark.driver.bindAddress``/``spark.driver.host``,
-loopback on the local profile), and is stopped on every exit path -- at once when the
-start fails, and as soon as every node has fetched the complete cluster when it succeeds
-(sparktf's control server takes over from there).
+:func:`authenticated_startup` serves one bring-up (:mod:`sparktf.train.tfos_cluster`): the
+server binds only the driver's address (:func:`driver_address`: ``spark.driver.bindAddress``/
+``spark.driver.host``, loopback on the local profile; on a Spark Connect client the address
+that reaches the Connect server), and is stopped on every exit path -- at once when the start
+fails, and as soon as every node has fetched the complete cluster when it succeeds (sparktf's
+control server takes over from there).
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tensorflowonspark import reservation as tfos_reservation
 
 from sparktf.errors import SparktfValueError
+from sparktf.remote import is_connect
 from sparktf.train import control
 from sparktf.train.frames import (
     MAX_FRAME_BYTES,
@@ -70,6 +72,7 @@ from sparktf.train.limits import ConnectionLimits
 __all__ = [
     "AWAIT_POLL_S",
     "CLIENT_TIMEOUT_S",
+    "DRIVER_HOST_ENV",
     "COMPAT",
     "MAX_FRAME_BYTES",
     "NONCE_BYTES",
@@ -77,7 +80,6 @@ __all__ = [
     "TAG_BYTES",
     "AuthClient",
     "AuthServer",
-    "AuthenticatedNodes",
     "Codec",
     "DriverAddress",
     "Rejected",
@@ -101,6 +103,8 @@ CLIENT_TIMEOUT_S = 60.0
 SERVED_TIMEOUT_S = 30.0  # after a start: how long the server waits for the last fetches
 AWAIT_POLL_S = 0.1  # how often the driver and the nodes check that every node registered
 WHAT = "reservation server"  # how logs and errors name the server
+# Where a Spark Connect client's servers listen, when the executors reach it there.
+DRIVER_HOST_ENV = "SPARKTF_DRIVER_HOST"
 
 
 class ReservationError(FrameError):
@@ -214,9 +218,8 @@ def server_ports() -> list[int]:
 
 
 class AuthServer:
-    """TensorFlowOnSpark's reservation ``Server`` as ``TFCluster.run`` uses it (``start``,
-    ``await_reservations``, ``stop``, ``done``), served over authenticated frames on one
-    address.
+    """TensorFlowOnSpark's reservation ``Server`` (``start``, ``stop``, ``done``), served over
+    authenticated frames on one address; ``reservations`` holds the registered nodes.
 
     ``start()`` returns ``(advertise_host, port)`` for ``cluster_meta``; the port comes from
     ``TFOS_SERVER_PORT`` when set (TensorFlowOnSpark's setting), else any.
@@ -287,29 +290,6 @@ class AuthServer:
         threading.Thread(
             target=wait_and_stop, name="sparktf-reservations-stop", daemon=True
         ).start()
-
-    def await_reservations(self, sc, status=None, timeout=600) -> list[dict]:
-        """TensorFlowOnSpark's wait for every node's reservation, checking every
-        ``AWAIT_POLL_S``; returns the nodes.
-
-        When ``status`` holds an ``"error"`` (a node failed), does what TensorFlowOnSpark
-        does then: cancels ``sc``'s jobs, stops it and raises ``SystemExit``.
-
-        Raises:
-            Exception: after ``timeout`` seconds without every reservation (TensorFlowOnSpark's
-                message and type, which its callers expect).
-        """
-        status = {} if status is None else status
-        deadline = time.monotonic() + timeout
-        while not self.reservations.done():
-            if "error" in status:
-                sc.cancelAllJobs()
-                sc.stop()
-                sys.exit(1)
-            if time.monotonic() > deadline:
-                raise Exception("timed out waiting for reservations to complete")
-            time.sleep(AWAIT_POLL_S)
-        return self.reservations.get()
 
 
 class AuthClient:
@@ -445,7 +425,6 @@ def defer_tensorflow_import() -> None:
     its place loads the real one (from its file) the first time an attribute is asked for, so
     code that does use ``compat`` behaves as before. No-op once the real one is imported."""
     import importlib.util
-    import sys
     import types
 
     if COMPAT in sys.modules:
@@ -468,28 +447,6 @@ def defer_tensorflow_import() -> None:
     sys.modules["tensorflowonspark"].compat = lazy
 
 
-class AuthenticatedNodes:
-    """TensorFlowOnSpark's node RDD as ``TFCluster.run`` sees it: its ``foreachPartition``
-    runs the node function through :func:`run_with_auth_client`."""
-
-    def __init__(self, rdd, secret: bytes):
-        self._rdd = rdd
-        self._secret = secret
-
-    def foreachPartition(self, f):  # noqa: N802 (RDD API)
-        from pyspark import cloudpickle
-
-        # f as bytes: unpickling it imports TensorFlowOnSpark's node module, which must wait
-        # until run_with_auth_client has deferred its TensorFlow import.
-        payload = cloudpickle.dumps(f)
-        return self._rdd.foreachPartition(
-            functools.partial(run_with_auth_client, payload, self._secret)
-        )
-
-    def __getattr__(self, name):
-        return getattr(self._rdd, name)
-
-
 # ----------------------------------------------------------------------------- start-up
 
 
@@ -508,17 +465,45 @@ def _ipv4(host: str) -> str:
         raise OSError(f"cannot resolve the driver address {host!r}: {exc}") from None
 
 
-def driver_address(sc) -> DriverAddress:
+def _route_to(host: str, port: int) -> str:
+    """The local IPv4 address this machine uses to reach ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((_ipv4(host), port or 15002))
+        return sock.getsockname()[0]
+
+
+def _connect_driver_address(spark) -> DriverAddress:
+    """A Spark Connect client is the run's driver: its servers listen where the cluster's
+    executors reach this machine -- ``SPARKTF_DRIVER_HOST``, else ``SPARK_LOCAL_IP``, else
+    the address that routes to the Connect server (loopback for a server on this machine)."""
+    advertise = os.environ.get(DRIVER_HOST_ENV) or os.environ.get("SPARK_LOCAL_IP")
+    if not advertise:
+        try:
+            builder = spark.client._builder  # the client's channel: where the server is
+            host, port = (builder.host or "localhost").strip("[]"), int(builder._port or 0)
+        except (AttributeError, TypeError, ValueError):
+            raise SparktfValueError(
+                "cannot tell which address of this machine the Spark Connect server's "
+                f"executors reach: set {DRIVER_HOST_ENV}"
+            ) from None
+        advertise = _route_to(host, port)
+    return DriverAddress(bind=_ipv4(advertise), advertise=advertise)
+
+
+def driver_address(spark) -> DriverAddress:
     """Where the driver's servers listen: Spark's own driver address.
 
     Advertised: ``spark.driver.host`` (what executors already use to reach the driver), else
     ``SPARK_LOCAL_IP``, else TensorFlowOnSpark's guess. Bound: ``spark.driver.bindAddress``
     when it names one address, else the advertised one -- never every interface. On the local
-    profile both are 127.0.0.1.
+    profile both are 127.0.0.1. ``spark`` may be a Spark Connect session: see
+    :func:`_connect_driver_address`.
     """
     from tensorflowonspark import util
 
-    conf = sc.getConf()
+    if is_connect(spark):
+        return _connect_driver_address(spark)
+    conf = spark.sparkContext.getConf()
     advertise = (
         conf.get("spark.driver.host", None)
         or os.environ.get("SPARK_LOCAL_IP")
@@ -532,60 +517,56 @@ def driver_address(sc) -> DriverAddress:
 
 @dataclass
 class Startup:
-    """One authenticated start-up: the secret and the servers created under it."""
+    """One authenticated start-up: the secret and its reservation server."""
 
     secret: bytes
     address: DriverAddress
-    servers: list[AuthServer] = field(default_factory=list)
+    server: AuthServer | None = None
 
-    def wrap(self, rdd) -> AuthenticatedNodes:
-        return AuthenticatedNodes(rdd, self.secret)
+    def node_function(self, f: Callable[[Iterator], Any]) -> Callable[[Iterator], Any]:
+        """TensorFlowOnSpark's node function ``f`` as a Spark task runs it: with the
+        authenticated client (:func:`run_with_auth_client`)."""
+        from pyspark import cloudpickle
 
-
-_SWAP_LOCK = threading.Lock()
+        # f as bytes: unpickling it imports TensorFlowOnSpark's node module, which must wait
+        # until run_with_auth_client has deferred its TensorFlow import.
+        return functools.partial(run_with_auth_client, cloudpickle.dumps(f), self.secret)
 
 
 @contextmanager
 def authenticated_startup(
     address: DriverAddress,
+    count: int,
     *,
     served_timeout_s: float = SERVED_TIMEOUT_S,
     issue_token: Callable[[dict], str] | None = None,
 ) -> Iterator[Startup]:
-    """For the block (one ``TFCluster.run``), TensorFlowOnSpark creates :class:`AuthServer`
-    instead of its own server; pass ``startup.wrap`` the node RDD (as
-    ``tfos_cluster.GuardedContext`` does) so the executors use :class:`AuthClient`.
+    """A started :class:`AuthServer` for ``count`` nodes, with a fresh secret, for the block
+    (one bring-up); ``startup.node_function`` makes the executors' side.
 
-    Leaving the block restores TensorFlowOnSpark's ``Server`` and stops the server: at once
-    when the block raised (anything, ``SystemExit`` included), else once every node has
-    fetched the cluster. Start-ups in one driver take turns (the swap is process-wide).
+    Leaving the block stops the server: at once when the block raised (anything,
+    ``SystemExit`` included), else once every node has fetched the cluster.
     ``issue_token`` (see :class:`ReservationBook`) gives each registering node the control
     token of its TensorFlow process.
+
+    Raises:
+        OSError: when no port of ``TFOS_SERVER_PORT`` can be bound.
     """
     startup = Startup(secret=secrets.token_bytes(32), address=address)
-
-    def server(count: int) -> AuthServer:
-        s = AuthServer(
-            count,
-            secret=startup.secret,
-            bind_host=address.bind,
-            advertise_host=address.advertise,
-            issue_token=issue_token,
-        )
-        startup.servers.append(s)
-        return s
-
-    with _SWAP_LOCK:
-        original = tfos_reservation.Server
-        tfos_reservation.Server = server
-        succeeded = False
-        try:
-            yield startup
-            succeeded = True
-        finally:
-            tfos_reservation.Server = original
-            for s in startup.servers:
-                if succeeded:
-                    s.stop_when_served(served_timeout_s)
-                else:
-                    s.stop()
+    startup.server = AuthServer(
+        count,
+        secret=startup.secret,
+        bind_host=address.bind,
+        advertise_host=address.advertise,
+        issue_token=issue_token,
+    )
+    startup.server.start()
+    succeeded = False
+    try:
+        yield startup
+        succeeded = True
+    finally:
+        if succeeded:
+            startup.server.stop_when_served(served_timeout_s)
+        else:
+            startup.server.stop()

@@ -1,0 +1,243 @@
+"""Gang scheduling: a run's TensorFlow nodes start in one Spark barrier stage.
+
+A barrier stage launches all of its tasks together or none of them, so a run never holds
+part of the cluster while it waits for the rest. The stage is a ``DataFrame.mapInArrow(...,
+barrier=True)`` over ``spark.range(n)`` in ``n`` partitions: the same call on a classic
+session and on a Spark Connect client, so both bring the cluster up the same way. Task ``i``
+receives the one number ``i`` (TensorFlowOnSpark's executor id) and runs the node function.
+
+Before it submits the stage, :func:`check_slots` compares the task slots the cluster has
+(:func:`declared_slots` from the master and its settings; on a classic session also what the
+scheduler reports) with the ``n`` the run needs, and fails at once naming both, rather than
+letting the stage wait for slots that never come. Spark's own check (``[SPARK-24819]``) is
+translated the same way.
+
+The stage runs on a thread of the driver (the Connect client) under a job tag of its own
+(``SparkSession.addTag``), so that it can be interrupted without touching other jobs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from sparktf.remote import is_connect
+from sparktf.train.config import ConfigError
+
+__all__ = [
+    "SLOT_KEYS",
+    "BarrierStage",
+    "SlotsError",
+    "check_slots",
+    "conf_values",
+    "declared_slots",
+    "node_task",
+    "slots_message",
+]
+
+log = logging.getLogger(__name__)
+
+# The settings that size a cluster's task slots.
+SLOT_KEYS = (
+    "spark.master",
+    "spark.task.cpus",
+    "spark.executor.cores",
+    "spark.executor.instances",
+    "spark.cores.max",
+    "spark.dynamicAllocation.enabled",
+)
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
+_LOCAL = re.compile(r"local\[(\d+|\*)(?:,\s*\d+)?\]")
+SPARK_SLOTS_CHECK = "SPARK-24819"  # Spark's message when a barrier stage cannot fit
+
+
+class SlotsError(ConfigError):
+    """The cluster has fewer task slots than the TensorFlow processes of the run."""
+
+
+def conf_values(spark, keys: tuple[str, ...] = SLOT_KEYS) -> dict[str, str]:
+    """The session's values of ``keys`` that are set, on a classic session or a Connect
+    client alike."""
+    if not is_connect(spark):
+        conf = dict(spark.sparkContext.getConf().getAll())
+        return {k: conf[k] for k in keys if k in conf}
+    values = {}
+    for key in keys:
+        try:
+            value = spark.conf.get(key, None)
+        except Exception as exc:  # a setting the server will not tell
+            log.debug("cannot read %s from the Connect server: %s", key, exc)
+            value = None
+        if value is not None:
+            values[key] = value
+    return values
+
+
+def _int(conf: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(conf.get(key, default))
+    except ValueError:
+        return default
+
+
+def declared_slots(conf: Mapping[str, str]) -> tuple[int, str] | None:
+    """The task slots the settings give the application (how many tasks run at once) and how
+    that number comes about, or None when the settings do not fix it (dynamic allocation, a
+    standalone master without ``spark.cores.max``, no executor count)."""
+    master = conf.get("spark.master", "")
+    cpus = max(1, _int(conf, "spark.task.cpus", 1))
+    per_task = f"spark.task.cpus={cpus}"
+    m = _LOCAL_CLUSTER.fullmatch(master)
+    if m:
+        executors, cores = int(m.group(1)), int(m.group(2))
+        return executors * (
+            cores // cpus
+        ), f"{master}: {executors} executors x {cores} cores, {per_task}"
+    if _LOCAL.fullmatch(master) or master == "local":
+        return None  # no executors at all: the executor check says so
+    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        return None
+    if master.startswith("spark://") and "spark.cores.max" in conf:
+        cores = _int(conf, "spark.cores.max", 0)
+        return cores // cpus, f"spark.cores.max={cores}, {per_task}"
+    if master.startswith(("yarn", "k8s://")) and "spark.executor.instances" in conf:
+        executors = _int(conf, "spark.executor.instances", 0)
+        cores = _int(conf, "spark.executor.cores", 1)
+        how = f"spark.executor.instances={executors} x spark.executor.cores={cores}, {per_task}"
+        return executors * (cores // cpus), how
+    return None
+
+
+def slots_message(needed: int, have: int | None, how: str) -> str:
+    """Why the run cannot start: the slots it needs against those the cluster has."""
+    has = (
+        f"the cluster has {have} ({how})" if have is not None else f"the cluster has fewer ({how})"
+    )
+    return (
+        f"the run needs {needed} task slots at once (one barrier task per TensorFlow process) "
+        f"and {has}; give the application more executors or cores, or train with fewer "
+        "processes (ScalingConfig / --num-executors)"
+    )
+
+
+def _scheduler_slots(spark) -> tuple[int, int] | None:
+    """A classic session's (task slots, tasks running) as the scheduler counts them now."""
+    try:
+        jsc = spark.sparkContext._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        slots = int(jsc.maxNumConcurrentTasks(profile))
+        running = sum(int(e.numRunningTasks()) for e in jsc.statusTracker().getExecutorInfos())
+        return slots, running
+    except Exception as exc:  # another Spark version: Spark's own check remains
+        log.debug("cannot read the scheduler's task slots: %s", exc)
+        return None
+
+
+def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: float = 10.0) -> None:
+    """Fails at once when the cluster cannot run ``needed`` tasks together.
+
+    The settings' slots are checked first (any session). With ``scheduler``, on a classic
+    session, the scheduler's count follows (its executors must be registered by then); slots
+    busy with other tasks are waited for up to ``free_wait_s``.
+
+    Raises:
+        SlotsError: naming the slots needed and those the cluster has.
+    """
+    declared = declared_slots(conf_values(spark))
+    if declared is not None and declared[0] < needed:
+        raise SlotsError(slots_message(needed, *declared))
+    if not scheduler or is_connect(spark):
+        return
+    deadline = time.monotonic() + free_wait_s
+    while True:
+        counted = _scheduler_slots(spark)
+        if counted is None:
+            return
+        slots, running = counted
+        if slots < needed:
+            raise SlotsError(slots_message(needed, slots, "registered executors"))
+        if slots - running >= needed:
+            return
+        if time.monotonic() > deadline:
+            raise SlotsError(
+                slots_message(
+                    needed, slots - running, f"free of {slots}: {running} busy with other tasks"
+                )
+            )
+        time.sleep(0.2)
+
+
+def node_task(run: Callable[[Iterator[int]], Any], batches: Iterator) -> Iterator:
+    """One barrier task (``mapInArrow``): runs ``run`` on the executor id of its partition
+    and returns no rows."""
+    ids = [int(i) for batch in batches for i in batch.column(0).to_pylist()]
+    run(iter(ids))
+    yield from ()
+
+
+class BarrierStage:
+    """``n`` tasks of ``run`` (each given its executor id) in one barrier stage, on a thread.
+
+    ``error`` holds Spark's failure once the stage failed (with a too-small cluster: the slots
+    message); ``interrupt`` cancels it.
+    """
+
+    SCHEMA = "node long"
+
+    def __init__(self, spark, n: int, run: Callable[[Iterator[int]], Any], *, what: str):
+        self.spark = spark
+        self.n = n
+        self.run = run
+        self.what = what
+        self.tag = f"sparktf-nodes-{uuid.uuid4().hex[:8]}"
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> BarrierStage:
+        self._thread = threading.Thread(target=self._run, name="sparktf-nodes", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        spark = self.spark
+        try:
+            spark.addTag(self.tag)
+            nodes = spark.range(0, self.n, 1, self.n)
+            task = functools.partial(node_task, self.run)
+            nodes.mapInArrow(task, self.SCHEMA, barrier=True).collect()
+        except BaseException as exc:
+            text = str(exc)
+            if SPARK_SLOTS_CHECK in text:
+                declared = declared_slots(conf_values(spark))
+                have, how = declared if declared else (None, "Spark's barrier check")
+                text = slots_message(self.n, have, how)
+            self.error = text
+            log.debug("%s ended: %s", self.what, text)
+        finally:
+            try:
+                spark.removeTag(self.tag)
+            except Exception as exc:  # the session is gone
+                log.debug("removing the job tag: %s", exc)
+
+    def join(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the stage to end; whether it has."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout_s))
+        return not self.running
+
+    def interrupt(self) -> None:
+        """Cancels the stage's Spark job (its tasks are interrupted)."""
+        try:
+            self.spark.interruptTag(self.tag)
+        except Exception as exc:  # the session is gone
+            log.debug("interrupting %s: %s", self.what, exc)
