@@ -92,7 +92,8 @@ def parser(description: str, *, config_section: str | None = None) -> argparse.A
         metavar="URL",
         help="Spark Connect URL, e.g. sc://localhost:15002/;token=...: run on that Connect "
         "server instead of a Spark session of this process (the profile is not used then). "
-        "Not given: $SPARK_REMOTE when set and not run by spark-submit; --remote '' forces a "
+        "Not given: $SPARK_REMOTE when set and not run by spark-submit (prefer it for a URL "
+        "with a token: a command line is visible to every user); --remote '' forces a "
         "classic session",
     )
     p.add_argument(

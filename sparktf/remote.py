@@ -35,10 +35,13 @@ __all__ = [
     "ClassicSessionError",
     "ConnectUnreachableError",
     "NoCount",
+    "channel",
+    "channel_warning",
     "check_url",
     "classic_context",
     "connect_session",
     "is_connect",
+    "is_loopback",
     "redacted",
     "remote_url",
     "split_runtime",
@@ -54,7 +57,8 @@ CONNECT_URL_EXAMPLE = "sc://localhost:15002/;token=..."
 REACH_TIMEOUT_S = 5.0
 
 _URL = re.compile(r"sc://(?P<host>\[[^\]]+\]|[^:/;]+)(?::(?P<port>\d+))?(?P<rest>/.*)?\Z", re.I)
-_TOKEN = re.compile(r"(;token=)[^;]*", re.I)
+# a token parameter wherever it stands (a malformed URL included), up to the next separator
+_TOKEN = re.compile(r"(token=)[^;&/?#\s]*", re.I)
 
 
 class ClassicSessionError(SparktfError, RuntimeError):
@@ -71,6 +75,49 @@ def is_connect(spark: Any) -> bool:
     module = sys.modules.get("pyspark.sql.connect.session")  # no instance without the module
     cls = getattr(module, "SparkSession", None)
     return cls is not None and isinstance(spark, cls)
+
+
+def channel(spark: Any) -> tuple[str, int, bool]:
+    """A Connect session's server: its host, its port and whether the channel is protected
+    (TLS, or a token over gRPC local credentials to ``localhost``).
+
+    Raises:
+        SparktfValueError: when the session does not tell (another pyspark client).
+    """
+    try:
+        builder = spark.client._builder
+        host = (builder.host or "localhost").strip("[]")
+        return host, int(builder._port or DEFAULT_PORT), bool(builder.secure)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise SparktfValueError(f"cannot read the Spark Connect session's server: {exc}") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface."""
+    if host == "localhost":
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(infos) and all(
+        info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos
+    )
+
+
+def channel_warning(spark: Any) -> str | None:
+    """What a run should be told when the functions it sends to a Connect server (and the
+    run's secrets they hold) cross the network in clear; None on loopback or a protected
+    channel."""
+    host, port, protected = channel(spark)
+    if protected or is_loopback(host):
+        return None
+    return (
+        f"the Spark Connect channel to {host}:{port} is not encrypted (the URL has neither "
+        "use_ssl=true nor a token): the run's secrets (reservation secret, control tokens) "
+        "travel in clear inside the functions sent to the server; use "
+        f"sc://{host}:{port}/;use_ssl=true;token=..."
+    )
 
 
 def redacted(url: str) -> str:

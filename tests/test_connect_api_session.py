@@ -56,6 +56,8 @@ def test_connect_urls_are_accepted(url):
         "spark://localhost:7077",
         "sc://",
         f"sc://localhost:15002;token={TOKEN}",  # parameters follow '/;'
+        f"sc://localhost:15002/token={TOKEN}",
+        f"sc://localhost:15002?token={TOKEN}",
         "sc://localhost:port",
         "",
     ],
@@ -71,6 +73,44 @@ def test_the_token_is_hidden_and_the_port_defaults_to_15002():
     assert remote.redacted(url) == "sc://h:1/;user_id=me;token=***;use_ssl=true"
     assert remote.url_address("sc://spark.example.com") == ("spark.example.com", 15002)
     assert remote.url_address("sc://[::1]:15999/;token=x") == ("::1", 15999)
+
+
+class _Builder:
+    def __init__(self, host, port, secure):
+        self.host, self._port, self.secure = host, port, secure
+
+
+class _Client:
+    def __init__(self, *args):
+        self._builder = _Builder(*args)
+
+
+class _ConnectSession:
+    """What sparktf reads of a Connect session's channel (pyspark's ChannelBuilder)."""
+
+    def __init__(self, *args):
+        self.client = _Client(*args)
+
+
+def test_a_connect_channel_in_clear_over_the_network_is_warned_about():
+    warning = remote.channel_warning(_ConnectSession("10.1.2.3", 15002, False))
+    assert "10.1.2.3:15002 is not encrypted" in warning and "use_ssl=true" in warning
+    assert remote.channel_warning(_ConnectSession("10.1.2.3", 15002, True)) is None
+    assert remote.channel_warning(_ConnectSession("localhost", 15002, False)) is None
+    assert remote.channel_warning(_ConnectSession("127.0.0.1", 15002, False)) is None
+    assert remote.is_loopback("::1") and not remote.is_loopback("10.1.2.3")
+
+
+def test_a_connect_clients_servers_never_listen_on_every_interface(monkeypatch):
+    from sparktf.train import reservation
+
+    session = _ConnectSession("127.0.0.1", 15002, True)
+    monkeypatch.delenv(reservation.DRIVER_HOST_ENV, raising=False)
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert reservation.connect_driver_address(session).bind == "127.0.0.1"  # routes to the server
+    monkeypatch.setenv(reservation.DRIVER_HOST_ENV, "0.0.0.0")
+    with pytest.raises(SparktfValueError, match="every interface"):
+        reservation.connect_driver_address(session)
 
 
 def test_the_url_comes_from_the_flag_then_spark_remote_outside_spark_submit(no_remote_env):

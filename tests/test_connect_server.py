@@ -246,3 +246,22 @@ def test_nothing_running_is_said_and_safe(tmp_path, capsys):
     assert "not running" in capsys.readouterr().out
     with pytest.raises(connect.ConnectError, match="must not contain spaces"):
         connect.start(tmp_path / "with space")
+
+
+def test_stop_never_touches_a_session_that_is_not_its_servers(tmp_path):
+    """A pid file left by a crash whose pid now leads another session (a login shell, another
+    server): stop leaves that session alone and only clears the stale state."""
+    import subprocess as sp
+
+    other = sp.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        tmp_path.chmod(0o700)
+        (tmp_path / "pid").write_text(str(other.pid))
+        (tmp_path / "port").write_text("1")
+        assert connect.status(tmp_path) is None
+        assert connect.stop(tmp_path) is False
+        assert other.poll() is None, "stop killed a session that is not its server's"
+        assert not (tmp_path / "pid").exists()
+    finally:
+        other.kill()
+        other.wait()

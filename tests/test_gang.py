@@ -98,3 +98,109 @@ def test_a_run_that_needs_more_slots_than_the_cluster_fails_at_once(spark, mnist
     assert "needs 3 task slots" in text and "the cluster has 2" in text
     assert took < 60, f"took {took:.0f} s: the check did not fail fast"
     assert_nothing_left()
+
+
+class _Conf:
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def getAll(self):  # noqa: N802 (SparkConf API)
+        return list(self.pairs.items())
+
+
+class _Context:
+    def __init__(self, pairs):
+        self.conf = _Conf(pairs)
+
+    def getConf(self):  # noqa: N802 (SparkContext API)
+        return self.conf
+
+
+class _Session:
+    """What the checks read of a classic session: its settings; the scheduler's count is
+    monkeypatched (a real one is in the integration test above)."""
+
+    def __init__(self, pairs):
+        self.sparkContext = _Context(pairs)
+
+
+def test_the_scheduler_count_fails_a_run_that_cannot_fit_and_waits_for_busy_slots(monkeypatch):
+    spark = _Session({"spark.master": "spark://h:7077"})  # the settings fix no count
+    counts = iter([(4, 3), (4, 3), (4, 1)])  # 4 slots, 3 then 1 busy with another job
+    monkeypatch.setattr(gang, "_scheduler_slots", lambda s: next(counts))
+    gang.check_slots(spark, 3, free_wait_s=5.0)  # returns once 3 are free
+    monkeypatch.setattr(gang, "_scheduler_slots", lambda s: (2, 0))
+    with pytest.raises(gang.SlotsError, match=r"needs 3 task slots .* the cluster has 2 \("):
+        gang.check_slots(spark, 3)
+    monkeypatch.setattr(gang, "_scheduler_slots", lambda s: (4, 2))
+    with pytest.raises(gang.SlotsError, match=r"has 2 \(free of 4: 2 busy with other tasks\)"):
+        gang.check_slots(spark, 3, free_wait_s=0.3)
+    gang.check_slots(spark, 3, scheduler=False)  # the settings alone: nothing to say
+
+
+def test_dynamic_allocation_is_refused_before_anything_starts():
+    spark = _Session({"spark.master": "yarn", "spark.dynamicAllocation.enabled": "true"})
+    with pytest.raises(gang.SlotsError, match="spark.dynamicAllocation.enabled=true"):
+        gang.check_slots(spark, 2, scheduler=False)
+
+
+class _FailingFrame:
+    def __init__(self, error):
+        self.error = error
+
+    def mapInArrow(self, *args, **kwargs):  # noqa: N802 (DataFrame API)
+        return self
+
+    def collect(self):
+        raise self.error
+
+
+class _StageSession(_Session):
+    """A session whose barrier stage fails with Spark's ``error``; records its job tags."""
+
+    def __init__(self, pairs, error):
+        super().__init__(pairs)
+        self.error = error
+        self.tags: list[tuple[str, str]] = []
+
+    def range(self, *args):
+        return _FailingFrame(self.error)
+
+    def addTag(self, tag):  # noqa: N802 (SparkSession API)
+        self.tags.append(("add", tag))
+
+    def removeTag(self, tag):  # noqa: N802 (SparkSession API)
+        self.tags.append(("remove", tag))
+
+
+@pytest.mark.parametrize(
+    ("spark_says", "we_say"),
+    [
+        (
+            "[SPARK-24819]: Barrier execution mode does not allow run a barrier stage that "
+            "requires more slots than the total number of slots in the cluster currently.",
+            "needs 3 task slots at once (one barrier task per TensorFlow process) and the "
+            "cluster has fewer (Spark's barrier check)",
+        ),
+        (
+            "[SPARK-24942]: Barrier execution mode does not support dynamic resource allocation",
+            "spark.dynamicAllocation.enabled=true",
+        ),
+        ("Job aborted: the node failed", "Job aborted: the node failed"),
+    ],
+)
+def test_a_failed_barrier_stage_says_why_in_sparktfs_words(spark_says, we_say):
+    spark = _StageSession({"spark.master": "spark://h:7077"}, RuntimeError(spark_says))
+    stage = gang.BarrierStage(spark, 3, lambda ids: None, what="the nodes").start()
+    assert stage.join(10.0)
+    assert we_say in stage.error
+    assert spark.tags == [("add", stage.tag), ("remove", stage.tag)]
+
+
+def test_a_barrier_task_runs_its_function_on_its_executor_id():
+    import pyarrow as pa
+
+    seen = []
+    batches = [pa.RecordBatch.from_pydict({"id": [2]})]
+    assert list(gang.node_task(lambda ids: seen.extend(ids), iter(batches))) == []
+    assert seen == [2]

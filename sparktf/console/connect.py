@@ -45,7 +45,6 @@ import argparse
 import importlib.util
 import logging
 import os
-import re
 import secrets
 import shlex
 import signal
@@ -103,7 +102,6 @@ _CLIENT_ENV = (
 )
 _TAG = "-Dio.sparktf.connect.dir="  # on the java command lines (no -Dspark*: Spark refuses)
 _STOP_GRACE_S = 30.0
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]")
 _FILES = ("pid", "port", "master", "token", "spark.conf")
 
 
@@ -175,11 +173,12 @@ def expected_slots(master: str, conf: Mapping[str, str]) -> int | None:
     ``local-cluster``'s executors times their task slots; a standalone master's ALIVE
     workers as the application's executors fill them (``spark.cores.max`` respected); None
     where that cannot be known (other masters, a master that does not answer)."""
+    from sparktf.train.gang import declared_slots
+
     task_cpus = max(1, int(conf.get("spark.task.cpus", "1")))
-    found = _LOCAL_CLUSTER.fullmatch(master.strip())
-    if found:
-        executors, cores = int(found.group(1)), int(found.group(2))
-        return executors * (cores // task_cpus)
+    if master.strip().startswith("local-cluster["):
+        declared = declared_slots({**conf, "spark.master": master.strip()})
+        return None if declared is None else declared[0]
     if not master.startswith("spark://"):
         return None
     cluster = spark.cluster_resources(master, conf)
@@ -491,9 +490,12 @@ def stop(directory: str | os.PathLike | None = None) -> bool:
         while _tagged(leader, path) and time.monotonic() < deadline:
             _reap(leader)
             time.sleep(0.2)
-    if leader is not None:
+    # The rest of its session (executors, Python workers) -- only of a session that is this
+    # server's: the server was found, or its pid is gone. Linux reuses no pid that still
+    # names a session with a live member, so a live leader without the tag is another's.
+    if leader is not None and (stopped or not Path(f"/proc/{leader}").exists()):
         _reap(leader)
-        for _ in range(50):  # the rest of its session: executors, Python workers
+        for _ in range(50):
             left = session_processes(leader)
             if not left:
                 break

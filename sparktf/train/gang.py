@@ -37,6 +37,7 @@ __all__ = [
     "check_slots",
     "conf_values",
     "declared_slots",
+    "dynamic_allocation_message",
     "node_task",
     "slots_message",
 ]
@@ -55,6 +56,8 @@ SLOT_KEYS = (
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
 _LOCAL = re.compile(r"local\[(\d+|\*)(?:,\s*\d+)?\]")
 SPARK_SLOTS_CHECK = "SPARK-24819"  # Spark's message when a barrier stage cannot fit
+SPARK_DYNAMIC_CHECK = "SPARK-24942"  # Spark's refusal of a barrier stage under dynamic allocation
+DYNAMIC = "spark.dynamicAllocation.enabled"
 
 
 class SlotsError(ConfigError):
@@ -114,6 +117,15 @@ def declared_slots(conf: Mapping[str, str]) -> tuple[int, str] | None:
     return None
 
 
+def dynamic_allocation_message(needed: int) -> str:
+    """Why the run cannot start under dynamic allocation."""
+    return (
+        f"the run's {needed} TensorFlow processes start together in one barrier stage, which "
+        f"Spark refuses while dynamic allocation is on ({DYNAMIC}=true): turn it off and give "
+        f"the application {needed} executors (spark.executor.instances)"
+    )
+
+
 def slots_message(needed: int, have: int | None, how: str) -> str:
     """Why the run cannot start: the slots it needs against those the cluster has."""
     has = (
@@ -147,9 +159,12 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
     busy with other tasks are waited for up to ``free_wait_s``.
 
     Raises:
-        SlotsError: naming the slots needed and those the cluster has.
+        SlotsError: naming the slots needed and those the cluster has, or dynamic allocation.
     """
-    declared = declared_slots(conf_values(spark))
+    conf = conf_values(spark)
+    if conf.get(DYNAMIC, "false").strip().lower() == "true":
+        raise SlotsError(dynamic_allocation_message(needed))
+    declared = declared_slots(conf)
     if declared is not None and declared[0] < needed:
         raise SlotsError(slots_message(needed, *declared))
     if not scheduler or is_connect(spark):
@@ -217,7 +232,9 @@ class BarrierStage:
             nodes.mapInArrow(task, self.SCHEMA, barrier=True).collect()
         except BaseException as exc:
             text = str(exc)
-            if SPARK_SLOTS_CHECK in text:
+            if SPARK_DYNAMIC_CHECK in text:
+                text = dynamic_allocation_message(self.n)
+            elif SPARK_SLOTS_CHECK in text:
                 declared = declared_slots(conf_values(spark))
                 have, how = declared if declared else (None, "Spark's barrier check")
                 text = slots_message(self.n, have, how)

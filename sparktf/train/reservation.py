@@ -6,8 +6,8 @@ until all have registered and fetches the list. Its own server binds every inter
 ``pickle.loads`` whatever arrives, so anyone who can reach the port runs code on the driver,
 and anyone who asks gets every manager's authkey (code execution on the executors).
 
-This module replaces that message layer for sparktf's runs; TensorFlowOnSpark still does the
-bring-up. Three parts:
+This module replaces that message layer for sparktf's runs (sparktf's own bring-up,
+:mod:`sparktf.train.tfos_cluster`, runs TensorFlowOnSpark's node code). Three parts:
 
 * the wire: :mod:`sparktf.train.frames` (length-prefixed frames sealed with AES-256-GCM,
   authenticated before anything is decoded, no replay, encrypted JSON bodies), served by its
@@ -52,6 +52,7 @@ from typing import Any
 
 from tensorflowonspark import reservation as tfos_reservation
 
+from sparktf import remote
 from sparktf.errors import SparktfValueError
 from sparktf.remote import is_connect
 from sparktf.train import control
@@ -90,6 +91,7 @@ __all__ = [
     "bound_manager_class",
     "decode",
     "defer_tensorflow_import",
+    "connect_driver_address",
     "driver_address",
     "encode",
     "quiet_tensorflowonspark",
@@ -366,7 +368,7 @@ def run_with_auth_client(f, secret: bytes, iterator):
     ``reservation.Client`` speaking :class:`AuthServer`'s frames; restores the original
     afterwards (PySpark reuses workers: a later plain TensorFlowOnSpark run must not see it).
 
-    ``f`` arrives as the bytes :class:`AuthenticatedNodes` made of it on the driver, inside
+    ``f`` arrives as the bytes :meth:`Startup.node_function` made of it on the driver, inside
     this Spark task's own payload (the same trust as the task itself), and is loaded only
     after :func:`defer_tensorflow_import`: the Spark worker that runs the reservation then
     does not import TensorFlow (sparktf's TensorFlow process is a fresh interpreter)."""
@@ -472,21 +474,35 @@ def _route_to(host: str, port: int) -> str:
         return sock.getsockname()[0]
 
 
-def _connect_driver_address(spark) -> DriverAddress:
+def connect_driver_address(spark) -> DriverAddress:
     """A Spark Connect client is the run's driver: its servers listen where the cluster's
-    executors reach this machine -- ``SPARKTF_DRIVER_HOST``, else ``SPARK_LOCAL_IP``, else
-    the address that routes to the Connect server (loopback for a server on this machine)."""
-    advertise = os.environ.get(DRIVER_HOST_ENV) or os.environ.get("SPARK_LOCAL_IP")
-    if not advertise:
-        try:
-            builder = spark.client._builder  # the client's channel: where the server is
-            host, port = (builder.host or "localhost").strip("[]"), int(builder._port or 0)
-        except (AttributeError, TypeError, ValueError):
-            raise SparktfValueError(
-                "cannot tell which address of this machine the Spark Connect server's "
-                f"executors reach: set {DRIVER_HOST_ENV}"
-            ) from None
-        advertise = _route_to(host, port)
+    executors reach this machine -- ``SPARKTF_DRIVER_HOST``, else ``SPARK_LOCAL_IP`` (unless
+    it is loopback and the server is not), else the address that routes to the Connect
+    server (loopback for a server on this machine). Never every interface.
+
+    Raises:
+        ValueError: a wildcard address, or no way to tell the address.
+    """
+    host, port, _ = remote.channel(spark)
+    advertise = os.environ.get(DRIVER_HOST_ENV)
+    local_ip = os.environ.get("SPARK_LOCAL_IP")
+    if not advertise and local_ip:
+        if remote.is_loopback(local_ip) and not remote.is_loopback(host):
+            log.warning(
+                "SPARK_LOCAL_IP=%s is loopback and the Connect server %s is not: the run's "
+                "servers listen where this machine reaches it instead (set %s to choose)",
+                local_ip,
+                host,
+                DRIVER_HOST_ENV,
+            )
+        else:
+            advertise = local_ip
+    advertise = advertise or _route_to(host, port)
+    if advertise in ("0.0.0.0", "::", "*"):
+        raise SparktfValueError(
+            f"{advertise} would listen on every interface: set {DRIVER_HOST_ENV} to the "
+            "address the Connect server's executors reach this machine at"
+        )
     return DriverAddress(bind=_ipv4(advertise), advertise=advertise)
 
 
@@ -497,12 +513,12 @@ def driver_address(spark) -> DriverAddress:
     ``SPARK_LOCAL_IP``, else TensorFlowOnSpark's guess. Bound: ``spark.driver.bindAddress``
     when it names one address, else the advertised one -- never every interface. On the local
     profile both are 127.0.0.1. ``spark`` may be a Spark Connect session: see
-    :func:`_connect_driver_address`.
+    :func:`connect_driver_address`.
     """
     from tensorflowonspark import util
 
     if is_connect(spark):
-        return _connect_driver_address(spark)
+        return connect_driver_address(spark)
     conf = spark.sparkContext.getConf()
     advertise = (
         conf.get("spark.driver.host", None)

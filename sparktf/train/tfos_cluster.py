@@ -24,6 +24,7 @@ import secrets
 import threading
 import time
 
+from sparktf import remote
 from sparktf import spark as spark_lib
 from sparktf.remote import is_connect
 from sparktf.train import gang, node
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 # report, which names the cause more clearly than Spark's.
 TFOS_ERROR_GRACE_S = 5.0
 QUEUES = ("input", "output", "error")  # each node's manager queues (TensorFlowOnSpark's)
-AWAIT_POLL_S = 0.1  # how often the driver checks that every node registered
 
 
 def await_executors(spark, num_executors: int, startup_timeout_s: float) -> None:
@@ -66,6 +66,7 @@ def await_executors(spark, num_executors: int, startup_timeout_s: float) -> None
         )
     except spark_lib.ExecutorCountError as exc:
         raise ConfigError(str(exc)) from None
+    gang.check_slots(spark, num_executors)  # now the scheduler's count: busy slots too
 
 
 def warn_if_transport_in_clear(spark) -> str | None:
@@ -74,6 +75,8 @@ def warn_if_transport_in_clear(spark) -> str | None:
     master whose executors are separate processes); returns the warning, else None."""
     keys = ("spark.master", *spark_lib.TRANSPORT_SETTINGS)
     warning = spark_lib.transport_warning(gang.conf_values(spark, keys))
+    if is_connect(spark):  # the node function (and its secrets) goes to the server too
+        warning = remote.channel_warning(spark) or warning
     if warning:
         log.warning("%s", warning)
     return warning
@@ -96,6 +99,8 @@ def cluster_template(num_executors: int, num_ps: int) -> dict[str, list[int]]:
 
 
 def _default_fs(spark) -> str:
+    """TensorFlowOnSpark's ``ctx.defaultFS`` for the nodes (sparktf's node function does not
+    read it): the session's ``spark.hadoop.fs.defaultFS``, else ``file://``."""
     default = gang.conf_values(spark, ("spark.hadoop.fs.defaultFS",)).get(
         "spark.hadoop.fs.defaultFS", "file://"
     )
@@ -139,7 +144,6 @@ class TfosCluster:
         # its INFO lines include the managers' authkeys: redacted, quiet unless DEBUG
         protect_tensorflowonspark_logs(spec.token)
         warn_if_transport_in_clear(self.spark)
-        gang.check_slots(self.spark, n)
         with reservation.authenticated_startup(address, n, issue_token=issue_token) as startup:
             self._startup = startup
             protect_tensorflowonspark_logs(*_secrets_of(startup))
@@ -167,10 +171,12 @@ class TfosCluster:
             self.stage = gang.BarrierStage(
                 self.spark, n, startup.node_function(node_fn), what="the TensorFlow nodes"
             ).start()
-            self.cluster_info = self._await_nodes(startup.server, run.failure.startup_timeout_s)
+            self.cluster_info = self._await_nodes(
+                startup.server, run.failure.startup_timeout_s, reservation.AWAIT_POLL_S
+            )
         return self.cluster_info
 
-    def _await_nodes(self, server, timeout_s: float) -> list[dict]:
+    def _await_nodes(self, server, timeout_s: float, poll_s: float) -> list[dict]:
         """TensorFlowOnSpark's nodes once every one has registered.
 
         Raises:
@@ -189,7 +195,7 @@ class TfosCluster:
                     f"only {len(book.get())} of {self.stage.n} TensorFlow nodes registered "
                     f"within {timeout_s:.0f} s (FailureConfig.startup_timeout_s)"
                 )
-            time.sleep(AWAIT_POLL_S)
+            time.sleep(poll_s)
         nodes = sorted(book.get(), key=lambda info: info["executor_id"])
         for info in nodes:  # as TensorFlowOnSpark describes them, less the manager's key
             log.debug("TensorFlowOnSpark node %s", {**info, "authkey": REDACTED})
