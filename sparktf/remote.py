@@ -34,7 +34,6 @@ __all__ = [
     "REMOTE_ENV",
     "ClassicSessionError",
     "ConnectUnreachableError",
-    "NoCount",
     "channel",
     "channel_warning",
     "check_url",
@@ -253,12 +252,3 @@ def classic_context(spark: Any, what: str) -> Any:
             "has none: run it without --remote and with SPARK_REMOTE unset"
         )
     return getattr(spark, "sparkContext", spark)
-
-
-class NoCount:
-    """What tasks add 1 to where nothing can count (Spark Connect has no accumulators)."""
-
-    value = 0
-
-    def add(self, _: int) -> None:
-        pass

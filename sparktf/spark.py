@@ -582,13 +582,7 @@ def every(seconds: float, report: Callable[[], None], name: str) -> Iterator[Non
 def task_progress(sc, what: str, total: int, every_s: float = PROGRESS_EVERY_S) -> Iterator[Any]:
     """An accumulator that tasks add 1 to; its count is logged while the job runs
     ("WHAT: n/total tasks done"), and once more with the time taken when the block ends.
-    A Spark Connect session has no accumulators: its counter counts nothing, and only the
-    time taken is logged."""
-    if is_connect(sc):
-        started = time.monotonic()
-        yield connect.NoCount()
-        log.info("%s: %d tasks done in %.1f s", what, total, time.monotonic() - started)
-        return
+    ``sc``: a SparkContext (a Spark Connect session has no accumulators)."""
     done = sc.accumulator(0)
     last = 0
 

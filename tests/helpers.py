@@ -110,3 +110,25 @@ def assert_nothing_left(timeout_s: float = 20.0) -> None:
         time.sleep(0.5)
     assert node_processes() == []
     assert [p for p in os.listdir("/dev/shm") if p.startswith("sparktf-feed-")] == []
+
+
+class ConfSession:
+    """What sparktf reads of a classic session's settings (``spark.sparkContext.getConf()
+    .getAll()``), for unit tests of functions that only read them."""
+
+    class _Conf:
+        def __init__(self, pairs):
+            self.pairs = pairs
+
+        def getAll(self):  # noqa: N802 (SparkConf API)
+            return list(self.pairs.items())
+
+    class _Context:
+        def __init__(self, conf):
+            self.conf = conf
+
+        def getConf(self):  # noqa: N802 (SparkContext API)
+            return self.conf
+
+    def __init__(self, pairs: dict[str, str]):
+        self.sparkContext = self._Context(self._Conf(pairs))

@@ -5,14 +5,13 @@ and the jobs that need a classic session refusing at once (``sparktf.remote``,
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from sparktf import cli, remote, spark
 from sparktf.errors import SparktfValueError
 from sparktf.jobs import convert as convert_job
 from sparktf.jobs import predict as predict_job
+from tests.conftest import free_port
 
 TOKEN = "s3cret-token-value"
 
@@ -22,12 +21,6 @@ def no_remote_env(monkeypatch):
     monkeypatch.delenv(remote.REMOTE_ENV, raising=False)
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)  # not under spark-submit
     return monkeypatch
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- URLs
@@ -151,12 +144,6 @@ class SparkSession:  # the name of a Connect session's class, not the class
 def test_is_connect_is_false_for_what_is_not_a_connect_session(thing):
     assert spark.is_connect(thing) is False
     assert remote.is_connect(thing) is False
-
-
-def test_progress_needs_no_connect_client_for_a_plain_count():
-    counter = remote.NoCount()
-    counter.add(1)
-    assert counter.value == 0
 
 
 def test_a_connect_session_with_nothing_listening_fails_at_once(no_remote_env):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -70,15 +69,6 @@ def listening(port: int) -> list[str]:
             if state == "0A" and int(hexport, 16) == port:
                 found.append(address)
     return found
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +146,7 @@ def test_stop_leaves_no_process_and_frees_the_port(server):
     assert server.pid in session and len(session) >= 3  # the server and its two executors
     assert connect.stop(server.dir) is True
     assert connect.session_processes(server.pid) == []
-    assert port_free(server.port)
+    assert connect.port_free(server.port)
     assert connect.status(server.dir) is None
     assert not (server.dir / "token").exists() and not (server.dir / "pid").exists()
     assert connect.stop(server.dir) is False  # safe when nothing runs

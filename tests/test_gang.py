@@ -13,7 +13,7 @@ import pytest
 
 from sparktf.train import gang
 from sparktf.train.tfos_cluster import cluster_template
-from tests.helpers import assert_nothing_left
+from tests.helpers import ConfSession, assert_nothing_left
 
 
 @pytest.mark.parametrize(
@@ -100,28 +100,9 @@ def test_a_run_that_needs_more_slots_than_the_cluster_fails_at_once(spark, mnist
     assert_nothing_left()
 
 
-class _Conf:
-    def __init__(self, pairs):
-        self.pairs = pairs
-
-    def getAll(self):  # noqa: N802 (SparkConf API)
-        return list(self.pairs.items())
-
-
-class _Context:
-    def __init__(self, pairs):
-        self.conf = _Conf(pairs)
-
-    def getConf(self):  # noqa: N802 (SparkContext API)
-        return self.conf
-
-
-class _Session:
-    """What the checks read of a classic session: its settings; the scheduler's count is
-    monkeypatched (a real one is in the integration test above)."""
-
-    def __init__(self, pairs):
-        self.sparkContext = _Context(pairs)
+# What the checks read of a classic session: its settings; the scheduler's count is
+# monkeypatched (a real one is in the integration test above).
+_Session = ConfSession
 
 
 def test_the_scheduler_count_fails_a_run_that_cannot_fit_and_waits_for_busy_slots(monkeypatch):

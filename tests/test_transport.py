@@ -170,24 +170,7 @@ def test_the_warning_names_what_to_change_and_only_when_secrets_travel_in_clear(
 
 def test_the_driver_logs_the_warning_once_per_run(caplog):
     from sparktf.train.tfos_cluster import warn_if_transport_in_clear
-
-    class Conf:
-        def __init__(self, pairs):
-            self.pairs = pairs
-
-        def getAll(self):  # noqa: N802 (SparkConf API)
-            return list(self.pairs.items())
-
-    class Context:
-        def __init__(self, pairs):
-            self.conf = Conf(pairs)
-
-        def getConf(self):  # noqa: N802 (SparkContext API)
-            return self.conf
-
-    class Session:  # a classic session: its settings come from its SparkContext
-        def __init__(self, pairs):
-            self.sparkContext = Context(pairs)
+    from tests.helpers import ConfSession as Session
 
     with caplog.at_level(logging.WARNING, logger="sparktf.train.tfos_cluster"):
         said = warn_if_transport_in_clear(Session({"spark.master": "yarn"}))

@@ -68,8 +68,10 @@ __all__ = [
     "ConnectServer",
     "default_dir",
     "expected_slots",
+    "free_port",
     "main",
     "parse",
+    "port_free",
     "server_conf",
     "session_processes",
     "start",
@@ -298,13 +300,15 @@ def status(directory: str | os.PathLike | None = None) -> ConnectServer | None:
 # ----------------------------------------------------------------------------- start
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether ``port`` of 127.0.0.1 can be bound now (nothing listens on it)."""
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", port))
@@ -348,8 +352,8 @@ def start(
             f"{running.pid}); stop it first (sparktf connect stop --dir {path})"
         )
     stop(path)  # what a server that died left behind
-    port = port or _free_port()
-    if not _port_free(port):
+    port = port or free_port()
+    if not port_free(port):
         raise ConnectError(f"port {port} of 127.0.0.1 is taken: choose another --port")
     settings = server_conf(master, port, conf)
     tag = f"{_TAG}{path}"
@@ -506,7 +510,7 @@ def stop(directory: str | os.PathLike | None = None) -> bool:
             raise ConnectError(f"processes of the Connect server of {path} survive: {left}")
     if port and port.isdigit():
         for _ in range(50):
-            if _port_free(int(port)):
+            if port_free(int(port)):
                 break
             time.sleep(0.1)
     for name in _FILES:

@@ -99,12 +99,11 @@ def declared_slots(conf: Mapping[str, str]) -> tuple[int, str] | None:
     m = _LOCAL_CLUSTER.fullmatch(master)
     if m:
         executors, cores = int(m.group(1)), int(m.group(2))
-        return executors * (
-            cores // cpus
-        ), f"{master}: {executors} executors x {cores} cores, {per_task}"
+        how = f"{master}: {executors} executors x {cores} cores, {per_task}"
+        return executors * (cores // cpus), how
     if _LOCAL.fullmatch(master) or master == "local":
         return None  # no executors at all: the executor check says so
-    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+    if _dynamic(conf):
         return None
     if master.startswith("spark://") and "spark.cores.max" in conf:
         cores = _int(conf, "spark.cores.max", 0)
@@ -115,6 +114,10 @@ def declared_slots(conf: Mapping[str, str]) -> tuple[int, str] | None:
         how = f"spark.executor.instances={executors} x spark.executor.cores={cores}, {per_task}"
         return executors * (cores // cpus), how
     return None
+
+
+def _dynamic(conf: Mapping[str, str]) -> bool:
+    return conf.get(DYNAMIC, "false").strip().lower() == "true"
 
 
 def dynamic_allocation_message(needed: int) -> str:
@@ -162,7 +165,7 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
         SlotsError: naming the slots needed and those the cluster has, or dynamic allocation.
     """
     conf = conf_values(spark)
-    if conf.get(DYNAMIC, "false").strip().lower() == "true":
+    if _dynamic(conf):
         raise SlotsError(dynamic_allocation_message(needed))
     declared = declared_slots(conf)
     if declared is not None and declared[0] < needed:
