@@ -1,9 +1,11 @@
 """Nothing left behind, append-only artifacts: scratch directories removed on every exit and
-swept when their owner is gone, the executors' model cache bounded, TensorBoard events on
-HDFS published in segments, checkpoint uploads that never look complete when cut short."""
+swept when their owner is gone (a training process's, ``sparktf submit``'s), the executors'
+model cache bounded, TensorBoard events on HDFS published in segments, checkpoint uploads that
+never look complete when cut short."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import posixpath
@@ -136,6 +138,109 @@ def test_an_aborted_process_removes_its_scratch_and_feed_dirs(tmp_path):
     assert child.wait() == 3
     assert len(made) == 2 and all(p.startswith(str(tmp_path)) for p in made), made
     assert [p for p in made if os.path.exists(p)] == []
+
+
+# ----------------------------------------------------------------------------- sparktf submit
+
+# A spark-submit that says where its properties file is, and which signal it got.
+FAKE_SUBMIT = """#!/bin/sh
+for arg in "$@"; do
+  [ "$prev" = --extra-properties-file ] && props="$arg"
+  prev="$arg"
+done
+trap 'echo TERM > "$OUT/signal"; exit 143' TERM
+echo "$$ $props" > "$OUT/started.tmp" && mv "$OUT/started.tmp" "$OUT/started"
+while :; do sleep 0.1; done
+"""
+
+
+def _submit(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """``sparktf submit`` of a standalone run (a shared secret in its scratch) through the
+    fake spark-submit, its home under ``tmp_path``."""
+    fake = tmp_path / "spark-submit"
+    fake.write_text(FAKE_SUBMIT)
+    fake.chmod(0o700)
+    secret = tmp_path / "cluster-secret.conf"
+    secret.write_text("spark.authenticate.secret " + "5ec2e7" * 8 + "\n")
+    secret.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k not in ("HADOOP_CONF_DIR", "SPARKTF_PROFILE")}
+    env.update(
+        OUT=str(tmp_path),
+        SPARKTF_HOME=str(tmp_path / "home"),
+        SPARKTF_SPARK_SUBMIT=str(fake),
+        SPARKTF_SPARK_MASTER="spark://127.0.0.1:7077",
+        SPARKTF_SPARK_SECRET_FILE=str(secret),
+        SPARKTF_SPARK_CLUSTER_DIR=str(tmp_path / "no-cluster"),
+    )
+    closed = "spark.sparktf.master.webui=http://127.0.0.1:9"  # nothing answers: no sizing
+    argv = [sys.executable, "-m", "sparktf", "submit", "--profile", "standalone"]
+    return subprocess.Popen([*argv, "--conf", closed, *args, "predict"], cwd=ROOT, env=env)
+
+
+def _started(tmp_path: Path, submit: subprocess.Popen) -> tuple[int, Path]:
+    """The fake spark-submit's pid and the properties file it was given."""
+    started = tmp_path / "started"
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert submit.poll() is None, f"sparktf submit ended with {submit.returncode}"
+        assert time.monotonic() < deadline, "the fake spark-submit did not start"
+        time.sleep(0.05)
+    pid, props = started.read_text().split()
+    return int(pid), Path(props)
+
+
+def _stop(submit: subprocess.Popen, tmp_path: Path) -> None:
+    """Stops the ``sparktf submit`` and its fake spark-submit, whatever a test left."""
+    if submit.poll() is None:
+        submit.kill()
+        submit.wait()
+    started = tmp_path / "started"
+    if started.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(started.read_text().split()[0]), signal.SIGKILL)
+
+
+def _submit_scratch(tmp_path: Path) -> list[str]:
+    state = tmp_path / "home" / "submit"
+    return sorted(p.name for p in state.iterdir()) if state.exists() else []
+
+
+def test_a_terminated_submit_stops_spark_submit_and_removes_its_secret(tmp_path):
+    submit = _submit(tmp_path)
+    try:
+        _, props = _started(tmp_path, submit)
+        assert "5ec2e7" in props.read_text() and _submit_scratch(tmp_path)
+        submit.send_signal(signal.SIGTERM)
+        assert submit.wait(30) == 143  # spark-submit's code, as a shell reports it
+    finally:
+        _stop(submit, tmp_path)
+    assert (tmp_path / "signal").read_text().strip() == "TERM"  # passed on
+    assert not props.exists() and _submit_scratch(tmp_path) == []
+
+
+def test_a_killed_submits_scratch_is_swept_once_its_spark_submit_is_gone(tmp_path):
+    submit = _submit(tmp_path)
+    try:
+        child, props = _started(tmp_path, submit)
+        submit.kill()  # SIGKILL: nothing of sparktf submit runs after it
+        submit.wait()
+        left = _submit_scratch(tmp_path)
+        assert props.exists() and len(left) == 1
+        # the orphaned spark-submit still holds the scratch's owner lock: a later submit
+        # leaves it alone
+        dry = _submit(tmp_path, "--dry-run")
+        assert dry.wait(60) == 0 and _submit_scratch(tmp_path) == left
+        os.kill(child, signal.SIGTERM)
+        held = str(tmp_path / "home" / "submit" / left[0])
+        deadline = time.monotonic() + 30
+        while not scratch.is_stale(held):  # its lock goes with the last process holding it
+            assert time.monotonic() < deadline, "the fake spark-submit did not stop"
+            time.sleep(0.05)
+        dry = _submit(tmp_path, "--dry-run")
+        assert dry.wait(60) == 0
+    finally:
+        _stop(submit, tmp_path)
+    assert not props.exists() and _submit_scratch(tmp_path) == []
 
 
 # ----------------------------------------------------------------------------- model cache

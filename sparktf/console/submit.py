@@ -31,7 +31,10 @@ lists them) or a Python file (``jobs/train_resnet.py``). What it adds to spark-s
   ``--log-level DEBUG`` brings Spark's INFO lines back.
 
 ``--dry-run`` prints the spark-submit command instead of running it. The exit code is the
-job's.
+job's (128 + N when a signal N ended spark-submit). SIGTERM and SIGHUP are passed on to
+spark-submit, and its scratch files (the private file with the shared secret among them) are
+removed when it ends; those of a ``sparktf submit`` killed outright (SIGKILL) are removed by the
+next one once neither it nor its spark-submit is running (``sparktf.train.scratch``).
 """
 
 from __future__ import annotations
@@ -40,15 +43,17 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparktf import cli, paths, placement, spark
 from sparktf.console.jobs import JOBS
+from sparktf.train import scratch
 
 __all__ = ["Command", "FLAGS", "SHIP_ENV_CONF", "build", "job_name", "main", "parse"]
 
@@ -418,7 +423,10 @@ def main(argv: Sequence[str]) -> int:
     except FileNotFoundError as exc:
         raise cli.UsageError(str(exc)) from None
     paths.home().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="submit-", dir=paths.state_dir("submit")) as tmp:
+    state = str(paths.state_dir("submit"))
+    scratch.sweep([state], prefixes=(SCRATCH_PREFIX,))  # of a submit killed outright
+    tmp = scratch.make_dir(SCRATCH_PREFIX, dir=state)
+    try:
         try:
             argv_, env = build(command, Path(tmp))
         except placement.PlacementError as exc:
@@ -428,4 +436,56 @@ def main(argv: Sequence[str]) -> int:
         if command.dry_run:
             print(shlex.join(argv_))
             return 0
-        return subprocess.call(argv_, env=env)
+        return _run(argv_, env, scratch.owner_fd(tmp))
+    finally:
+        scratch.remove_dir(tmp)
+
+
+INTERRUPT_S = 30.0  # how long spark-submit gets to stop its application after Ctrl-C
+SCRATCH_PREFIX = "sparktf-submit-"
+
+
+def _run(argv: list[str], env: dict[str, str], owner_fd: int) -> int:
+    """spark-submit as a child that SIGTERM and SIGHUP reach (Python's default for them ends
+    this process at once, leaving the scratch behind); its exit code, 128 + N for signal N.
+    The child shares the scratch directory's owner lock (``owner_fd``), so the directory is
+    not swept while it runs, even when this process was killed."""
+    child: subprocess.Popen | None = None
+    pending: list[int] = []
+
+    def forward(signum, _frame):
+        if child is None:
+            pending.append(signum)
+        else:
+            child.send_signal(signum)
+
+    passed = (signal.SIGTERM, signal.SIGHUP)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = {signum: signal.signal(signum, forward) for signum in passed if main_thread}
+    try:
+        child = subprocess.Popen(argv, env=env, pass_fds=(owner_fd,))
+        for signum in pending:
+            child.send_signal(signum)
+        code = child.wait()
+    except BaseException as exc:
+        if child is not None:
+            _stop(child, interrupted=isinstance(exc, KeyboardInterrupt))
+        raise
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+def _stop(child: subprocess.Popen, interrupted: bool) -> None:
+    """After Ctrl-C spark-submit gets INTERRUPT_S to stop its application (a terminal has
+    signalled it too), unless a second Ctrl-C comes; otherwise, or then, it is killed."""
+    try:
+        if interrupted and child.poll() is None:
+            child.send_signal(signal.SIGINT)
+            child.wait(INTERRUPT_S)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        pass
+    finally:
+        child.kill()
+        child.wait()

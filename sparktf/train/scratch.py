@@ -43,6 +43,7 @@ __all__ = [
     "held_dirs",
     "is_stale",
     "make_dir",
+    "owner_fd",
     "remove_all",
     "remove_dir",
     "scratch_bases",
@@ -53,7 +54,13 @@ log = logging.getLogger(__name__)
 
 OWNER_FILE = ".sparktf-owner"
 # The names of the scratch directories sparktf makes; only these are ever swept.
-PREFIXES = ("sparktf-modeldir-", "sparktf-feed-", "sparktf-node-", "sparktf-export-")
+PREFIXES = (
+    "sparktf-modeldir-",
+    "sparktf-feed-",
+    "sparktf-node-",
+    "sparktf-export-",
+    "sparktf-submit-",
+)
 # A directory with no owner file is left alone this long after its last change (seconds).
 UNOWNED_GRACE_S = 600.0
 
@@ -132,6 +139,13 @@ def remove_all() -> None:
     """Removes every scratch directory this process holds (run on the way out)."""
     for path in list(_HELD):
         remove_dir(path)
+
+
+def owner_fd(path: str) -> int:
+    """The open, locked owner file of the scratch directory ``path`` this process holds: a
+    child started with it (``pass_fds``) holds the lock too, so the directory is not swept
+    while the child runs, even after this process is gone."""
+    return _HELD[path]
 
 
 def held_dirs() -> list[str]:
