@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))  # sparktf from the checkout, installed or not
 
+from sparktf.console.connect import free_port  # noqa: E402 (after the path)
+
 
 def _exit_on_term(signum, frame):  # pragma: no cover - a signal
     raise SystemExit(128 + signum)
@@ -56,12 +57,6 @@ def _exit_on_term(signum, frame):  # pragma: no cover - a signal
 # Spark session and the throwaway HDFS are stopped.
 if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, _exit_on_term)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Hdfs(str):

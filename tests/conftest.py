@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sparktf.console.connect import free_port  # the suite's free port on 127.0.0.1
 from tests import tiers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,12 +100,6 @@ def pytest_runtest_makereport(item, call):
     if found and report.outcome != "failed":
         report.outcome = "failed"
         report.longrepr = tiers.explain(item, tier, why, found)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def descendants(pattern: str) -> set[int]:

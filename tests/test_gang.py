@@ -100,13 +100,12 @@ def test_a_run_that_needs_more_slots_than_the_cluster_fails_at_once(spark, mnist
     assert_nothing_left()
 
 
-# What the checks read of a classic session: its settings; the scheduler's count is
+# The unit tests below: a session's settings (ConfSession), the scheduler's count
 # monkeypatched (a real one is in the integration test above).
-_Session = ConfSession
 
 
 def test_the_scheduler_count_fails_a_run_that_cannot_fit_and_waits_for_busy_slots(monkeypatch):
-    spark = _Session({"spark.master": "spark://h:7077"})  # the settings fix no count
+    spark = ConfSession({"spark.master": "spark://h:7077"})  # the settings fix no count
     counts = iter([(4, 3), (4, 3), (4, 1)])  # 4 slots, 3 then 1 busy with another job
     monkeypatch.setattr(gang, "_scheduler_slots", lambda s: next(counts))
     gang.check_slots(spark, 3, free_wait_s=5.0)  # returns once 3 are free
@@ -120,7 +119,7 @@ def test_the_scheduler_count_fails_a_run_that_cannot_fit_and_waits_for_busy_slot
 
 
 def test_dynamic_allocation_is_refused_before_anything_starts():
-    spark = _Session({"spark.master": "yarn", "spark.dynamicAllocation.enabled": "true"})
+    spark = ConfSession({"spark.master": "yarn", "spark.dynamicAllocation.enabled": "true"})
     with pytest.raises(gang.SlotsError, match="spark.dynamicAllocation.enabled=true"):
         gang.check_slots(spark, 2, scheduler=False)
 
@@ -136,7 +135,7 @@ class _FailingFrame:
         raise self.error
 
 
-class _StageSession(_Session):
+class _StageSession(ConfSession):
     """A session whose barrier stage fails with Spark's ``error``; records its job tags."""
 
     def __init__(self, pairs, error):

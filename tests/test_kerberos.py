@@ -18,6 +18,7 @@ from sparktf.security.spnego import NegotiateAuth
 from sparktf.storage import hdfs as storage_hdfs
 from sparktf.storage import kerberos as tokens
 from tests import helpers
+from tests.conftest import free_port
 
 ROOT = helpers.REPO
 KRB_ENV = (
@@ -294,18 +295,10 @@ class KrbHdfs:
         return helpers.run_command(command, env=env, cwd=ROOT, timeout=timeout)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def krb_hdfs(tmp_path_factory):
     base = tmp_path_factory.mktemp("krb")
-    args = ["--port", str(_free_port()), "--http-port", str(_free_port())]
+    args = ["--port", str(free_port()), "--http-port", str(free_port())]
     args += ["--dir", str(base / "hdfs"), "--conf-dir", str(base / "hadoop-conf")]
     script = ROOT / "scripts" / "hdfs.sh"
     out = helpers.run_command([script, "start", *args, "--kerberos"], timeout=300)

@@ -13,6 +13,7 @@ import pytest
 from sparktf import storage
 from sparktf.storage import lock, publishing
 from tests import helpers
+from tests.conftest import free_port
 
 
 @pytest.fixture(params=["local", "hdfs"])
@@ -126,9 +127,7 @@ def test_unknown_scheme_is_a_clear_error(uri):
 
 
 def test_unreachable_namenode_fails_fast_and_names_the_address(monkeypatch):
-    with __import__("socket").socket() as s:  # a port with nothing listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     monkeypatch.setenv("SPARKTF_WEBHDFS_URL", f"http://127.0.0.1:{port}")
     started = time.monotonic()
     with pytest.raises(storage.NameNodeUnreachableError) as err:
@@ -466,9 +465,7 @@ def test_native_client_falls_back_at_once_when_the_rpc_port_is_closed(hdfs, monk
     pytest.importorskip("hdfs_native")
     path = hdfs.fresh("client") + "/blob.bin"
     storage.write_bytes(path, b"x" * 1000)
-    with __import__("socket").socket() as s:  # a port with nothing listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     # The same file through a NameNode address whose RPC port is closed: WebHDFS serves it
     # (SPARKTF_WEBHDFS_URL) instead of hdfs-native retrying for minutes.
     closed = f"hdfs://127.0.0.1:{port}" + storage.parse(path).path
@@ -488,7 +485,7 @@ def test_hdfs_with_two_datanodes_spreads_files_and_stops_cleanly(tmp_path, monke
 
     import psutil
 
-    from tests.conftest import HDFS_SH, free_port
+    from tests.conftest import HDFS_SH
 
     bad = helpers.run_command(
         [HDFS_SH, "start", "--datanodes", "0"], capture_output=True, text=True

@@ -15,6 +15,7 @@ import pytest
 from sparktf import cli, spark
 from sparktf.console import submit
 from sparktf.train import tfos_logs
+from tests.helpers import ConfSession
 
 PROTECTED = {key: "true" for key in spark.TRANSPORT_SETTINGS}
 
@@ -170,11 +171,10 @@ def test_the_warning_names_what_to_change_and_only_when_secrets_travel_in_clear(
 
 def test_the_driver_logs_the_warning_once_per_run(caplog):
     from sparktf.train.tfos_cluster import warn_if_transport_in_clear
-    from tests.helpers import ConfSession as Session
 
     with caplog.at_level(logging.WARNING, logger="sparktf.train.tfos_cluster"):
-        said = warn_if_transport_in_clear(Session({"spark.master": "yarn"}))
-        warn_if_transport_in_clear(Session({"spark.master": "yarn", **PROTECTED}))
+        said = warn_if_transport_in_clear(ConfSession({"spark.master": "yarn"}))
+        warn_if_transport_in_clear(ConfSession({"spark.master": "yarn", **PROTECTED}))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].getMessage() == said
 

@@ -62,6 +62,8 @@ log = logging.getLogger("sparktf.submit")
 # spark-submit options that take no value.
 FLAGS = ("--verbose", "-v", "--supervise")
 SHIP_ENV_CONF = "spark.sparktf.shipEnv"
+INTERRUPT_S = 30.0  # how long spark-submit gets to stop its application after Ctrl-C
+SCRATCH_PREFIX = "sparktf-submit-"  # its scratch directories, under $SPARKTF_HOME/submit
 
 
 @dataclass
@@ -439,10 +441,6 @@ def main(argv: Sequence[str]) -> int:
         return _run(argv_, env, scratch.owner_fd(tmp))
     finally:
         scratch.remove_dir(tmp)
-
-
-INTERRUPT_S = 30.0  # how long spark-submit gets to stop its application after Ctrl-C
-SCRATCH_PREFIX = "sparktf-submit-"
 
 
 def _run(argv: list[str], env: dict[str, str], owner_fd: int) -> int:
