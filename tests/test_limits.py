@@ -148,6 +148,33 @@ def test_reservation_server_under_a_flood_still_serves_and_cuts_slow_senders(cap
     assert 1 <= len(lines) <= 6, lines  # five lines and a summary at most per window
 
 
+def test_a_client_displaced_before_its_request_was_read_sends_it_again(caplog):
+    """A node connects, a flood takes its place before the server has read its request (the
+    table holds two connections a peer): the request goes again on a new connection and is
+    answered, instead of the node failing with "connection reset"."""
+    secret = secrets.token_bytes(32)
+    limits = ConnectionLimits(max_connections=4, max_per_peer=2, message_deadline_s=5.0)
+    srv = reservation.AuthServer(1, secret=secret, bind_host=LOOPBACK, limits=limits)
+    addr = srv.start()
+    try:
+        client = reservation.AuthClient(addr, secret=secret)  # connected, nothing sent yet
+        idle = hold(addr, 2)
+        time.sleep(0.5)  # the server admitted both, displacing the node's connection
+        assert any(
+            "connection limit reached" in line
+            for line in rejection_lines(caplog, "reservation server")
+        )
+        assert client.get_reservations() == []
+        assert client.register({"executor_id": 0}) == "OK"
+        assert client.request("QUERY") is True
+        client.close()
+        for s in idle:
+            s.close()
+    finally:
+        srv.stop()
+    assert srv.reservations.get() == [{"executor_id": 0}]  # registered once
+
+
 def test_control_server_under_a_flood_answers_on_a_fixed_pool(caplog):
     srv = ControlServer(LOOPBACK, limits=LIMITS, threads=4)
     addr = srv.address

@@ -34,6 +34,7 @@ import selectors
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,7 @@ NONCE_BYTES = 12  # AES-GCM's nonce; random per frame (a run sends far fewer tha
 POLL_S = 0.5  # the listening loop wakes this often: stop() takes effect promptly
 IDLE_S = ConnectionLimits.idle_s  # connections silent this long are closed (clients poll)
 MAX_CONNECTIONS = ConnectionLimits.max_connections  # the default of all open connections
+RETRY_PAUSE_S = 0.05  # before a client's second try (doubled for each further one)
 ACCEPT_BURST = 64  # connections accepted per wake-up of the listening loop
 KEY_CONTEXT = b"sparktf-reservation"  # the keys' derivation label (part of the wire format)
 
@@ -299,13 +301,15 @@ class FramedServer:
 
         try:
             while not self.done:
-                for key, _ in selector.select(POLL_S):
-                    sock = key.fileobj
-                    if sock is listener:
-                        for old in self._accept_waiting(listener, selector, connections):
-                            close(old)
-                    elif sock in connections and not self._on_readable(sock, connections[sock]):
+                ready = [key.fileobj for key, _ in selector.select(POLL_S)]
+                # What arrived is read before new connections are admitted: a client whose
+                # message is waiting has completed it, so a flood's burst cannot displace it.
+                for sock in ready:
+                    if sock in connections and not self._on_readable(sock, connections[sock]):
                         close(sock)
+                if listener in ready:
+                    for old in self._accept_waiting(listener, selector, connections):
+                        close(old)
                 for sock, why in self._table.expired():
                     conn = connections.get(sock)
                     if why and conn is not None:
@@ -395,6 +399,10 @@ class FramedServer:
 # ----------------------------------------------------------------------------- client
 
 
+class _Unanswered(SparktfError):
+    """The server closed the connection before the first byte of an answer."""
+
+
 class FramedClient:
     """Sends requests to a :class:`FramedServer` on one connection and checks the answers.
 
@@ -432,22 +440,40 @@ class FramedClient:
             OSError: the message could not be sent in ``retries`` tries.
         """
         for attempt in range(self._retries):
+            last = attempt == self._retries - 1
             try:
                 frame, nonce = self._codec.seal(REQUEST, {"msg": msg})  # a new nonce each try
             except FrameError as exc:
                 raise self._error(f"to {self._where}: {exc}") from None
             try:
                 self.sock.sendall(frame)
-                break
             except OSError:
-                if attempt == self._retries - 1:
+                if last:
                     raise
-                self.sock.close()
-                self.sock = socket.create_connection(self.address, timeout=self._timeout_s)
-        return self._answer(nonce)
+                self._reconnect(attempt)
+                continue
+            try:
+                return self._answer(nonce)
+            except _Unanswered as exc:
+                # The server closes a connection without answering only before it has read
+                # the request (a flood displaced it, a deadline passed, or it was idle too
+                # long), so the request is sent again, with a new nonce, on a new connection.
+                if last:
+                    raise self._error(
+                        f"{self._where} closed the connection without answering "
+                        f"({self._retries} tries; last: {exc})"
+                    ) from None
+                log.debug("%s closed the connection unanswered (%s); resending", self._where, exc)
+                self._reconnect(attempt)
+        raise AssertionError("unreachable")  # every try returns, continues or raises
 
     def close(self) -> None:
         self.sock.close()
+
+    def _reconnect(self, attempt: int) -> None:
+        self.sock.close()
+        time.sleep(RETRY_PAUSE_S * 2**attempt)
+        self.sock = socket.create_connection(self.address, timeout=self._timeout_s)
 
     def _read(self, size: int) -> bytes:
         data = bytearray()
@@ -459,7 +485,13 @@ class FramedClient:
         return bytes(data)
 
     def _answer(self, nonce: bytes) -> Any:
-        (size,) = struct.unpack(">I", self._read(4))
+        try:
+            first = self.sock.recv(4)
+        except (ConnectionResetError, ConnectionAbortedError) as exc:
+            raise _Unanswered(str(exc)) from None
+        if not first:
+            raise _Unanswered("end of stream")
+        (size,) = struct.unpack(">I", first + self._read(4 - len(first)))
         if size > MAX_FRAME_BYTES:
             raise self._error(f"{self._where} announced an answer of {size} bytes")
         try:

@@ -9,8 +9,9 @@ servers keep a :class:`ConnectionTable` under :class:`ConnectionLimits`:
 * at most ``max_connections`` open connections in all and ``max_per_peer`` from one IP
   address; a new connection over a limit takes the place of the oldest connection (of that
   peer, or of all) that has not yet completed a message -- a legitimate client completes
-  its message within milliseconds of connecting, so it is never the oldest for long -- and
-  is refused when every open connection has completed one;
+  its message within milliseconds of connecting, so it is never the oldest for long (and a
+  reservation client sends its request again when displaced before an answer) -- and is
+  refused when every open connection has completed one;
 * a message (a frame, or an HTTP request's header and body) must be complete within
   ``message_deadline_s`` of its first byte, and a new connection must send a complete first
   message within that deadline of connecting: a client that trickles bytes is cut off;
