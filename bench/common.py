@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))  # sparktf from the checkout, installed or not
 
-from sparktf.console.connect import free_port  # noqa: E402 (after the path)
+from sparktf.ports import free_port  # noqa: E402 (after the path)
 
 
 def _exit_on_term(signum, frame):  # pragma: no cover - a signal

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktf import cli, spark
+from sparktf import cli, ports, spark
 from sparktf.console import connect
 from tests import helpers
 from tests.conftest import ROOT
@@ -146,7 +146,7 @@ def test_stop_leaves_no_process_and_frees_the_port(server):
     assert server.pid in session and len(session) >= 3  # the server and its two executors
     assert connect.stop(server.dir) is True
     assert connect.session_processes(server.pid) == []
-    assert connect.port_free(server.port)
+    assert ports.port_free(server.port)
     assert connect.status(server.dir) is None
     assert not (server.dir / "token").exists() and not (server.dir / "pid").exists()
     assert connect.stop(server.dir) is False  # safe when nothing runs

@@ -918,15 +918,11 @@ _MIRRORED_SCRIPT = (
 _PS_SCRIPT = (
     textwrap.dedent(
         """
-    import os, socket
+    import os
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np, tensorflow as tf
     from sparktf import models
-
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            return s.getsockname()[1]
+    from sparktf.ports import free_port
 
     spec = tf.train.ClusterSpec({
         "worker": [f"localhost:{free_port()}" for _ in range(2)],

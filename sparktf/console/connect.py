@@ -58,6 +58,7 @@ from pathlib import Path
 
 from sparktf import cli, paths, placement, spark
 from sparktf.errors import SparktfError
+from sparktf.ports import free_port, port_free
 
 __all__ = [
     "BARRIER_CHECK",
@@ -68,10 +69,8 @@ __all__ = [
     "ConnectServer",
     "default_dir",
     "expected_slots",
-    "free_port",
     "main",
     "parse",
-    "port_free",
     "server_conf",
     "session_processes",
     "start",
@@ -298,23 +297,6 @@ def status(directory: str | os.PathLike | None = None) -> ConnectServer | None:
 
 
 # ----------------------------------------------------------------------------- start
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def port_free(port: int) -> bool:
-    """Whether ``port`` of 127.0.0.1 can be bound now (nothing listens on it)."""
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _log_tail(path: Path) -> str:

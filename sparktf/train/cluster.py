@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparktf.errors import SparktfRuntimeError
+from sparktf.ports import free_port
 from sparktf.train import roles as roles_lib
 from sparktf.train.control import ControlServer
-from sparktf.train.driver_ps import DriverPs, free_port
+from sparktf.train.driver_ps import DriverPs
 from sparktf.train.feed_job import FeedJob
 from sparktf.train.monitor import FirstError, RunMonitor, await_goodbyes
 from sparktf.train.plan import ProcessSpec, Role, RunPlan
@@ -135,7 +136,8 @@ class ClusterRun:
         driver_keys = roles_lib.driver_ps_keys(scaling)
         self.driver_ps.start(spec, driver_keys, self.control.issue_token)
         cluster_info = self.tfos.start(spec, address, issue_token=self._issue_token)
-        driver_addresses = [f"{address.advertise}:{free_port()}" for _ in driver_keys]
+        # free on every interface: the workers on other hosts reach these servers
+        driver_addresses = [f"{address.advertise}:{free_port('')}" for _ in driver_keys]
         self.roles = roles_lib.assign_roles(cluster_info, scaling, driver_addresses)
         self.driver_ps.name(self.roles)
         self.control.publish_plans(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,16 +19,9 @@ from sparktf.train import node
 from sparktf.train import roles as roles_lib
 from sparktf.train.plan import ProcessSpec, Role
 
-__all__ = ["DriverPs", "free_port"]
+__all__ = ["DriverPs"]
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now (for a parameter server's TensorFlow server)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class DriverPs:
