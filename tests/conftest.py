@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktf.ports import free_port  # the suite's free port on 127.0.0.1
+from sparktf.ports import free_port
 from tests import tiers
 
 ROOT = Path(__file__).resolve().parent.parent

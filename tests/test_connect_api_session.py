@@ -11,7 +11,7 @@ from sparktf import cli, remote, spark
 from sparktf.errors import SparktfValueError
 from sparktf.jobs import convert as convert_job
 from sparktf.jobs import predict as predict_job
-from tests.conftest import free_port
+from sparktf.ports import free_port
 
 TOKEN = "s3cret-token-value"
 

@@ -7,8 +7,9 @@ import os
 import psutil
 
 from sparktf import storage
+from sparktf.ports import free_port
 from tests import helpers
-from tests.conftest import HDFS_SH, ROOT, descendants, free_port
+from tests.conftest import HDFS_SH, ROOT, descendants
 
 
 def _executor_pids() -> set[int]:

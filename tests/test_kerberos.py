@@ -13,12 +13,12 @@ import time
 
 import pytest
 
+from sparktf.ports import free_port
 from sparktf.security import gss, hadoop_conf, kerberos, redact
 from sparktf.security.spnego import NegotiateAuth
 from sparktf.storage import hdfs as storage_hdfs
 from sparktf.storage import kerberos as tokens
 from tests import helpers
-from tests.conftest import free_port
 
 ROOT = helpers.REPO
 KRB_ENV = (

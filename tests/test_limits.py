@@ -9,6 +9,7 @@ refusals are logged at a bounded rate. Small limits keep the tests fast.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import socket
@@ -121,11 +122,21 @@ def closed_by_server(sock: socket.socket, timeout: float = 0.0) -> bool:
         return True
 
 
-def test_reservation_server_under_a_flood_still_serves_and_cuts_slow_senders(caplog):
+@contextlib.contextmanager
+def reservation_server(limits: ConnectionLimits):
+    """A reservation server for one node on loopback under ``limits``: yields it, its address
+    and its secret; stopped on exit."""
     secret = secrets.token_bytes(32)
-    srv = reservation.AuthServer(1, secret=secret, bind_host=LOOPBACK, limits=LIMITS)
+    srv = reservation.AuthServer(1, secret=secret, bind_host=LOOPBACK, limits=limits)
     addr = srv.start()
     try:
+        yield srv, addr, secret
+    finally:
+        srv.stop()
+
+
+def test_reservation_server_under_a_flood_still_serves_and_cuts_slow_senders(caplog):
+    with reservation_server(LIMITS) as (_, addr, secret):
         idle = hold(addr, 60)  # five times the per-peer limit
         trickle = Trickler(addr, b"\x00\x00\x01\x00" + b"x" * 40)
         time.sleep(0.3)
@@ -142,8 +153,6 @@ def test_reservation_server_under_a_flood_still_serves_and_cuts_slow_senders(cap
         client.close()
         for s in idle:
             s.close()
-    finally:
-        srv.stop()
     lines = rejection_lines(caplog, "reservation server")
     assert 1 <= len(lines) <= 6, lines  # five lines and a summary at most per window
 
@@ -152,11 +161,8 @@ def test_a_client_displaced_before_its_request_was_read_sends_it_again(caplog):
     """A node connects, a flood takes its place before the server has read its request (the
     table holds two connections a peer): the request goes again on a new connection and is
     answered, instead of the node failing with "connection reset"."""
-    secret = secrets.token_bytes(32)
     limits = ConnectionLimits(max_connections=4, max_per_peer=2, message_deadline_s=5.0)
-    srv = reservation.AuthServer(1, secret=secret, bind_host=LOOPBACK, limits=limits)
-    addr = srv.start()
-    try:
+    with reservation_server(limits) as (srv, addr, secret):
         client = reservation.AuthClient(addr, secret=secret)  # connected, nothing sent yet
         idle = hold(addr, 2)
         time.sleep(0.5)  # the server admitted both, displacing the node's connection
@@ -170,8 +176,6 @@ def test_a_client_displaced_before_its_request_was_read_sends_it_again(caplog):
         client.close()
         for s in idle:
             s.close()
-    finally:
-        srv.stop()
     assert srv.reservations.get() == [{"executor_id": 0}]  # registered once
 
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 from tensorflowonspark import reservation as tfos_reservation
 
+from sparktf.ports import free_port
 from sparktf.train import reservation
 from sparktf.train.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
-from tests.conftest import free_port
 
 LOOPBACK = "127.0.0.1"
 

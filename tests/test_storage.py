@@ -11,9 +11,9 @@ import time
 import pytest
 
 from sparktf import storage
+from sparktf.ports import free_port
 from sparktf.storage import lock, publishing
 from tests import helpers
-from tests.conftest import free_port
 
 
 @pytest.fixture(params=["local", "hdfs"])

@@ -439,8 +439,10 @@ class FramedClient:
                 frame that is too large, not authentic, or the answer to another request.
             OSError: the message could not be sent in ``retries`` tries.
         """
+        unanswered: _Unanswered | None = None
         for attempt in range(self._retries):
-            last = attempt == self._retries - 1
+            if attempt:
+                self._reconnect(attempt)
             try:
                 frame, nonce = self._codec.seal(REQUEST, {"msg": msg})  # a new nonce each try
             except FrameError as exc:
@@ -448,9 +450,8 @@ class FramedClient:
             try:
                 self.sock.sendall(frame)
             except OSError:
-                if last:
+                if attempt == self._retries - 1:
                     raise
-                self._reconnect(attempt)
                 continue
             try:
                 return self._answer(nonce)
@@ -458,21 +459,20 @@ class FramedClient:
                 # The server closes a connection without answering only before it has read
                 # the request (a flood displaced it, a deadline passed, or it was idle too
                 # long), so the request is sent again, with a new nonce, on a new connection.
-                if last:
-                    raise self._error(
-                        f"{self._where} closed the connection without answering "
-                        f"({self._retries} tries; last: {exc})"
-                    ) from None
-                log.debug("%s closed the connection unanswered (%s); resending", self._where, exc)
-                self._reconnect(attempt)
-        raise AssertionError("unreachable")  # every try returns, continues or raises
+                log.debug("%s closed the connection unanswered (%s)", self._where, exc)
+                unanswered = exc
+        raise self._error(
+            f"{self._where} closed the connection without answering "
+            f"({self._retries} tries; last: {unanswered})"
+        )
 
     def close(self) -> None:
         self.sock.close()
 
     def _reconnect(self, attempt: int) -> None:
+        """A new connection for try ``attempt`` (1: the second), after a pause."""
         self.sock.close()
-        time.sleep(RETRY_PAUSE_S * 2**attempt)
+        time.sleep(RETRY_PAUSE_S * 2 ** (attempt - 1))
         self.sock = socket.create_connection(self.address, timeout=self._timeout_s)
 
     def _read(self, size: int) -> bytes:
