@@ -6,7 +6,7 @@ For two input sizes (training records; the test split gets a fifth as many: 50,0
 the 60k records of CIFAR-10), per round (round robin, medians count; bench/common.py),
 every time the whole job from its start to the last file written:
 
-- ``spark_both``: ``sparktf.datasets.convert`` writing TFRecord and Parquet (local disk)
+- ``spark_both``: ``sparktf.datasets.conversion`` writing TFRecord and Parquet (local disk)
   through a local Spark session, at both sizes, with the peak memory of the process tree;
 - ``spark_tfrecord`` / ``spark_parquet``: one format alone, at the larger size;
 - ``spark_tfrecord_small_dataset`` / ``spark_parquet_small_dataset``: one format alone for a
@@ -44,7 +44,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 from sparktf import storage
-from sparktf.datasets import convert, sources, tfrecord
+from sparktf.datasets import conversion as convert
+from sparktf.datasets import sources, tfrecord
 from sparktf.datasets.formats import make_id
 from sparktf.datasets.synthetic import write_cifar10
 

@@ -17,7 +17,7 @@ contract in bench/common.py):
   (``mapInArrow``, touching every batch) -- the baseline, and the transport the feed uses;
 * ``spark_rdd_pass`` (``--rdd``): Spark's classic pass, one Python row object per row
   (``df.rdd.map(...).sum()``);
-* ``sparktf_feed``: :mod:`sparktf.train.feed` into the two TensorFlow processes of an
+* ``sparktf_feed``: :mod:`sparktf.train.feed.chunks` into the two TensorFlow processes of an
   all-reduce layout, which decode every row into exact numpy batches of ``--batch-size`` and
   drop them (no training); from the feed job's submit to the last row read. Starting the
   TensorFlow cluster is reported apart under ``startup_s`` (the driver submits the feed job
@@ -122,7 +122,7 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str, passes: 
     over the ``rows`` rows of ``df``."""
     from sparktf.datasets.formats import Field
     from sparktf.train import RunConfig, RunPlan, ScalingConfig, TrainConfig
-    from sparktf.train.cluster import BenchOptions, ClusterRun
+    from sparktf.train.driver.cluster import BenchOptions, ClusterRun
     from sparktf.train.plan import DataInfo
 
     train = TrainConfig(model="bench", data="bench", input_mode="spark", shuffle=False)

@@ -51,7 +51,8 @@ import common
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from sparktf import storage
-from sparktf.datasets import convert, formats, petastorm_io
+from sparktf.datasets import conversion as convert
+from sparktf.datasets import formats, petastorm_io
 from sparktf.datasets.synthetic import write_cifar10
 
 

@@ -3,7 +3,7 @@ measured in the same run.
 
     .venv/bin/python bench/train.py [--steps 80] [--batch-size 64] [--configs all] [--rounds 3]
 
-Data: the synthetic CIFAR-format demo dataset (``sparktf.train.demo``, both formats, local
+Data: the synthetic CIFAR-format demo dataset (``sparktf.datasets.demo``, both formats, local
 disk; converted once and cached under .local/demo).
 
 Baseline: the best plain TensorFlow a user would write -- one process (a subprocess) running
@@ -271,8 +271,8 @@ def main(argv=None) -> int:
         if config not in CONFIGS:
             p.error(f"--configs: expected some of {', '.join('/'.join(c) for c in CONFIGS)}")
 
+    from sparktf.datasets import demo
     from sparktf.spark import get_session
-    from sparktf.train import demo
 
     seconds, spark = common.timed(
         get_session,

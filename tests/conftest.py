@@ -203,7 +203,7 @@ def mnist_data(spark, tmp_path_factory) -> Path:
     """The suite's tiny MNIST-format dataset, converted once: BASE/data (100 train and 10 test
     rows, TFRecord and Parquet, 2 shards) and BASE/uneven (the train Parquet in 3 parts of
     different sizes). Shared: a test that changes it works on a copy."""
-    from sparktf.datasets.convert import convert
+    from sparktf.datasets.conversion import convert
     from sparktf.datasets.synthetic import write_mnist
 
     base = tmp_path_factory.mktemp("mnist")

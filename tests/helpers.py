@@ -99,7 +99,9 @@ def remove_local_copy(fingerprint: str) -> None:
 
 def node_processes() -> list[str]:
     """TensorFlow processes of sparktf still running (there must be none after a run)."""
-    out = subprocess.run(["pgrep", "-af", "sparktf.train.node"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-af", "sparktf.train.process.main"], capture_output=True, text=True
+    )
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 

@@ -1,4 +1,5 @@
-"""Training-time augmentation (sparktf.models.augment) and fine-tuning (sparktf.train.warmstart).
+"""Training-time augmentation (sparktf.models.augment) and fine-tuning
+(sparktf.train.process.warmstart).
 
 The source runs are real: a task's ``train_step`` for a few steps, its checkpoint and its
 export written by the training loop's own :class:`~sparktf.train.artifacts.ModelDir`, read
@@ -21,7 +22,7 @@ import tensorflow as tf
 from sparktf import cli, models, storage
 from sparktf.jobs import train as train_job
 from sparktf.train.artifacts import ModelDir
-from sparktf.train.warmstart import (
+from sparktf.train.process.warmstart import (
     WarmStartError,
     apply_trainable_scopes,
     resolve_source,
@@ -260,7 +261,7 @@ def test_warm_start_to_another_number_of_classes_keeps_the_excluded_head(mlp_run
     assert resolve_source(path).kind == kind
     target = models.get_task("mnist_mlp", hidden_units=16, num_classes=5).build_model()
     fresh = values(target)
-    with caplog.at_level(logging.INFO, logger="sparktf.train.warmstart"):
+    with caplog.at_level(logging.INFO, logger="sparktf.train.process.warmstart"):
         counts = warm_start(target, path, exclude_scopes=["logits"])
     assert counts["restored"] == 2 and counts["excluded"] == 2 and counts["missing"] == 0
     assert counts["kind"] == kind

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparktf import storage
-from sparktf.train import artifacts, scratch
+from sparktf import scratch, storage
+from sparktf.train import artifacts
 from tests import helpers
 from tests.conftest import ROOT, descendants
 from tests.helpers import assert_nothing_left
@@ -51,7 +51,7 @@ def test_sweep_removes_only_this_users_scratch_whose_owner_is_gone(tmp_path):
 
     # Another process's directories: live while it runs, stale once it is SIGKILLed.
     child = _python(
-        "import sys, time; from sparktf.train import scratch\n"
+        "import sys, time; from sparktf import scratch\n"
         f"print(scratch.make_dir('sparktf-modeldir-', dir={base!r}))\n"
         f"print(scratch.make_dir('sparktf-feed-abc-executor-0-', dir={base!r}), flush=True)\n"
         "time.sleep(600)\n"
@@ -126,7 +126,9 @@ def test_sweep_leaves_a_directory_whose_owner_has_not_locked_it_yet(tmp_path):
 def test_an_aborted_process_removes_its_scratch_and_feed_dirs(tmp_path):
     """The abort path (``os._exit`` after the exit hooks) leaves no directory behind."""
     child = _python(
-        "from sparktf.train import artifacts, feed, node\n"
+        "from sparktf.train import artifacts\n"
+        "from sparktf.train.feed import chunks as feed\n"
+        "from sparktf.train.process import main as node\n"
         f"md = artifacts.ModelDir({str(tmp_path / 'model')!r}, writer=False)\n"
         "print(md.local)\n"
         "print(feed.node_local_dir('0123456789', 'executor-0'), flush=True)\n"
@@ -354,7 +356,7 @@ def _read_events(directory: str) -> list:
 
 
 def test_events_on_hdfs_go_out_in_segments_never_rewritten(hdfs):
-    from sparktf.train.summaries import EventWriter
+    from sparktf.train.process.summaries import EventWriter
 
     uri = storage.join(hdfs.fresh("segments"), "model")
     md = artifacts.ModelDir(uri, writer=True, sync_every_s=0.0)
@@ -492,7 +494,7 @@ def _kill_worker_and_feeder(model_dir: Path, before: set[str]) -> set[str]:
     while artifacts.latest_checkpoint_step(str(model_dir)) < 5:
         assert time.monotonic() < deadline, "no checkpoint"
         time.sleep(0.2)
-    nodes = sorted(descendants("sparktf.train.node"))
+    nodes = sorted(descendants("sparktf.train.process.main"))
     roles = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in nodes}
     during = _scratch_dirs() - before
     assert any("sparktf-modeldir-" in p for p in during), during

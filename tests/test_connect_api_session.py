@@ -95,7 +95,7 @@ def test_a_connect_channel_in_clear_over_the_network_is_warned_about():
 
 
 def test_a_connect_clients_servers_never_listen_on_every_interface(monkeypatch):
-    from sparktf.train import reservation
+    from sparktf.train.wire import reservation
 
     session = _ConnectSession("127.0.0.1", 15002, True)
     monkeypatch.delenv(reservation.DRIVER_HOST_ENV, raising=False)

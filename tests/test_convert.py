@@ -1,4 +1,4 @@
-"""Conversion of CIFAR-10, MNIST and PTB to TFRecord and Parquet (sparktf.datasets.convert).
+"""Conversion of CIFAR-10, MNIST and PTB to TFRecord and Parquet (sparktf.datasets.conversion).
 
 Tiny inputs in exactly the raw formats (sparktf.datasets.synthetic), converted through the shared
 local-cluster Spark session to local disk and to the real HDFS, then read back with plain
@@ -24,7 +24,9 @@ import numpy as np
 import pytest
 
 from sparktf import storage
-from sparktf.datasets import convert, formats, plan, tasks, tfrecord
+from sparktf.datasets import conversion as convert
+from sparktf.datasets import conversion_plan as plan
+from sparktf.datasets import formats, tasks, tfrecord
 from sparktf.datasets.sources import SourceError
 from sparktf.datasets.synthetic import write_cifar10, write_mnist, write_ptb
 from tests import helpers

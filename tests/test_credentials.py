@@ -1,5 +1,5 @@
-"""Per-process credentials on the control channel (sparktf.train.control) and the paths a
-result may name (sparktf.train.result, sparktf.train.tracking).
+"""Per-process credentials on the control channel (sparktf.train.wire.control) and the paths a
+result may name (sparktf.train.result, sparktf.train.driver.tracking).
 
 Every TensorFlow process has a token of its own, handed out by the reservation server in its
 sealed answer to the node's registration; the control server maps it to the process: a token
@@ -17,11 +17,11 @@ import urllib.error
 
 import pytest
 
-from sparktf.train import control as control_lib
-from sparktf.train import reservation
 from sparktf.train.config import TrainingError
-from sparktf.train.control import ControlClient, ControlServer
 from sparktf.train.result import ProcessResult, ResultRejected, within
+from sparktf.train.wire import control as control_lib
+from sparktf.train.wire import reservation
+from sparktf.train.wire.control import ControlClient, ControlServer
 
 LOOPBACK = "127.0.0.1"
 CHIEF, WORKER = "executor-0", "executor-1"
@@ -193,7 +193,7 @@ class _Recorder:
 def _tracker(model_dir: str):
     from types import SimpleNamespace
 
-    from sparktf.train import tracking
+    from sparktf.train.driver import tracking
 
     tracker = object.__new__(tracking.Tracker)
     tracker.plan = SimpleNamespace(run=SimpleNamespace(model_dir=model_dir))

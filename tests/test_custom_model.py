@@ -125,7 +125,7 @@ def test_clear_errors_for_names_and_builders(user_module):
 
 
 def test_registration_travels_by_value_to_a_process_without_the_module(user_module, tmp_path):
-    """What sparktf.train.node does with plan.custom_model, in a process whose sys.path
+    """What sparktf.train.process.main does with plan.custom_model, in a process whose sys.path
     lacks the user's module."""
 
     def squared_hinge(labels, logits):  # a local function: only by value can it travel

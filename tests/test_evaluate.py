@@ -110,7 +110,7 @@ def run_job(*args: str, hdfs=None, timeout: float = 300):
 def mnist(spark, tmp_path_factory) -> dict:
     """A converted MNIST-format dataset (2 shards), an MLP trained a little on its train
     split and exported, and the model's own scores on the test records."""
-    from sparktf.datasets.convert import convert
+    from sparktf.datasets.conversion import convert
 
     base = tmp_path_factory.mktemp("eval-mnist")
     raw = write_mnist(base / "raw", n_train=40, n_test=N_TEST, gzip=False, seed=4, learnable=True)
@@ -135,7 +135,7 @@ def mnist(spark, tmp_path_factory) -> dict:
 def ptb(spark, tmp_path_factory) -> dict:
     """A converted PTB-format dataset of 6-token records and an exported tiny LSTM."""
     from sparktf.datasets import formats
-    from sparktf.datasets.convert import convert
+    from sparktf.datasets.conversion import convert
 
     base = tmp_path_factory.mktemp("eval-ptb")
     raw = write_ptb(

@@ -1,4 +1,4 @@
-"""The driver's side of the spark input mode (sparktf.train.feed_job): the frame it feeds."""
+"""The driver's side of the spark input mode (sparktf.train.feed.job): the frame it feeds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparktf.datasets.formats import Field, arrow_schema, encode_ndarray_column
-from sparktf.train.feed_job import FeedJob
+from sparktf.train.feed.job import FeedJob
 
 FIELDS = (Field("image", "uint8", (2, 2)), Field("label", "int64"))
 

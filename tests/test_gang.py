@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from sparktf.train import gang
-from sparktf.train.tfos_cluster import cluster_template
+from sparktf.train.driver import gang
+from sparktf.train.driver.bringup import cluster_template
 from tests.helpers import ConfSession, assert_nothing_left
 
 

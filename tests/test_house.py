@@ -157,3 +157,62 @@ def test_no_module_uses_another_modules_private_names():
     files = SOURCES + sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
     found = [line for path in files for line in private_uses(path)]
     assert not found, "make these public or keep them inside their module:\n" + "\n".join(found)
+
+
+# ----------------------------------------------------------------------------- rooms
+
+# sparktf.train's public face; everything else lives in the sub-package of its process.
+TRAIN_FACE = {"__init__", "config", "plan", "result", "artifacts"}
+TRAIN_ROOMS = {"driver", "process", "feed", "wire"}
+# Basenames several packages may hold with one role each: a package's own errors.
+SHARED_BASENAMES = {"__init__", "errors"}
+
+
+def _contracts() -> dict[str, dict]:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return {c["id"]: c for c in config["tool"]["importlinter"]["contracts"]}
+
+
+def test_every_train_module_sits_in_the_room_of_its_process():
+    train = ROOT / "sparktf" / "train"
+    loose = sorted(p.stem for p in train.glob("*.py") if p.stem not in TRAIN_FACE)
+    assert not loose, f"move into {sorted(TRAIN_ROOMS)}: {loose}"
+    rooms = {p.name for p in train.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == TRAIN_ROOMS
+    for room in rooms:
+        assert not [p for p in (train / room).iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
+def test_the_import_contracts_hold_the_train_rooms():
+    contracts = _contracts()
+    layers = contracts["train-rooms"]["layers"]
+    named = {name.strip() for layer in layers for name in layer.split("|")}
+    assert named == TRAIN_ROOMS | TRAIN_FACE - {"__init__"}, named
+    assert layers.index("driver") < layers.index("process") < layers.index("feed")
+    assert layers[-1] == "wire" and contracts["train-rooms"]["exhaustive"] is True
+    forbidden = contracts["train-process-not-driver"]
+    assert forbidden["source_modules"] == ["sparktf.train.process"]
+    assert {"sparktf.train.driver", "sparktf.spark"} <= set(forbidden["forbidden_modules"])
+
+
+def repeated_basenames(files: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
+    """Basenames held by more than one module (besides SHARED_BASENAMES), with their paths."""
+    seen: dict[str, list[str]] = {}
+    for path in files:
+        seen.setdefault(path.stem, []).append(str(path.relative_to(root)))
+    return {k: v for k, v in seen.items() if len(v) > 1 and k not in SHARED_BASENAMES}
+
+
+def test_repeated_basenames_are_found(tmp_path):
+    for rel in ("a/plan.py", "b/plan.py", "a/errors.py", "b/errors.py", "b/other.py"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text("")
+    files = sorted(tmp_path.rglob("*.py"))
+    assert repeated_basenames(files, tmp_path) == {"plan": ["a/plan.py", "b/plan.py"]}
+
+
+def test_no_two_modules_share_a_name():
+    found = repeated_basenames(SOURCES)
+    assert not found, f"one name, one meaning: rename one of each {found}"

@@ -16,8 +16,8 @@ import pytest
 from sparktf.ports import free_port
 from sparktf.security import gss, hadoop_conf, kerberos, redact
 from sparktf.security.spnego import NegotiateAuth
+from sparktf.storage import delegation
 from sparktf.storage import hdfs as storage_hdfs
-from sparktf.storage import kerberos as tokens
 from tests import helpers
 
 ROOT = helpers.REPO
@@ -194,9 +194,9 @@ def test_no_delegation_token_in_any_log_record():
 
 
 def test_renewer_renews_before_expiry_and_retries(monkeypatch):
-    monkeypatch.setattr(tokens, "MIN_WAIT_S", 0.01)
-    monkeypatch.setattr(tokens, "RETRY_S", 0.05)
-    renewer = tokens.TokenRenewer(lambda: 0.0, expires=1000.0)
+    monkeypatch.setattr(delegation, "MIN_WAIT_S", 0.01)
+    monkeypatch.setattr(delegation, "RETRY_S", 0.05)
+    renewer = delegation.TokenRenewer(lambda: 0.0, expires=1000.0)
     assert renewer.next_wait(now=600.0) == pytest.approx(300.0)
     assert renewer.next_wait(now=2000.0) == 0.01
     calls = []
@@ -207,7 +207,7 @@ def test_renewer_renews_before_expiry_and_retries(monkeypatch):
             raise OSError("NameNode busy")
         return time.time() + 0.2
 
-    renewer = tokens.TokenRenewer(renew, expires=time.time() + 0.2).start()
+    renewer = delegation.TokenRenewer(renew, expires=time.time() + 0.2).start()
     time.sleep(1.0)
     renewer.stop()
     assert len(calls) >= 3 and renewer.renewals >= 2
@@ -235,15 +235,15 @@ def test_token_errors_never_carry_the_token(monkeypatch):
         def request(self, *args, **kwargs):
             return Answer()
 
-    monkeypatch.setattr(tokens, "_session", Session)
-    with pytest.raises(tokens.DelegationTokenError) as err:
-        tokens.renew_delegation_token("http://nn:9870", "S3CR3T")
+    monkeypatch.setattr(delegation, "_session", Session)
+    with pytest.raises(delegation.DelegationTokenError) as err:
+        delegation.renew_delegation_token("http://nn:9870", "S3CR3T")
     assert "S3CR3T" not in str(err.value) and "RENEWDELEGATIONTOKEN" in str(err.value)
 
 
 def test_no_token_without_kerberos(krb_env, monkeypatch):
     monkeypatch.setenv("HADOOP_CONF_DIR", str(_hadoop_conf(krb_env / "simple", False)))
-    with tokens.job_credentials() as token:
+    with delegation.job_credentials() as token:
         assert token is None
     assert "SPARKTF_HDFS_DELEGATION_TOKEN" not in os.environ
 
@@ -335,12 +335,12 @@ def test_spnego_and_the_token_lifecycle(as_client, monkeypatch):
     storage.write_text(f"{base}/a.txt", "kerberized\n")
     assert storage.read_text(f"{base}/a.txt") == "kerberized\n"
     url = as_client.webhdfs_url
-    with tokens.run_delegation(url) as token:
+    with delegation.run_delegation(url) as token:
         assert token and os.environ["SPARKTF_HDFS_DELEGATION_TOKEN"] == token
         token_file = os.environ["SPARKTF_HDFS_TOKEN_FILE"]
         assert os.stat(token_file).st_mode & 0o077 == 0
         assert open(token_file, "rb").read(5) == b"HDTS\x00"
-        assert tokens.renew_delegation_token(url, token) > time.time()
+        assert delegation.renew_delegation_token(url, token) > time.time()
         with monkeypatch.context() as only_the_token:
             only_the_token.delenv("SPARKTF_HDFS_PRINCIPAL")
             only_the_token.delenv("SPARKTF_HDFS_KEYTAB")

@@ -1,4 +1,4 @@
-"""The driver's servers under abuse, standalone (sparktf.train.limits, the reservation's
+"""The driver's servers under abuse, standalone (sparktf.train.wire.limits, the reservation's
 FramedServer, the control server's BoundedHTTPServer).
 
 Connections in all and per peer are bounded (a new one displaces the oldest that has not
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from sparktf.train import reservation
-from sparktf.train.control import ControlClient, ControlServer
-from sparktf.train.limits import ConnectionLimits, ConnectionTable, RejectLog
+from sparktf.train.wire import reservation
+from sparktf.train.wire.control import ControlClient, ControlServer
+from sparktf.train.wire.limits import ConnectionLimits, ConnectionTable, RejectLog
 
 LOOPBACK = "127.0.0.1"
 LIMITS = ConnectionLimits(max_connections=24, max_per_peer=12, message_deadline_s=1.0)

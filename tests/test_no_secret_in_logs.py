@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktf.train import tfos_logs
+from sparktf.train.wire import tfos_logs
 from tests.helpers import assert_nothing_left
 
 
@@ -38,7 +38,8 @@ class Records(logging.Handler):
 @pytest.fixture
 def spied(monkeypatch):
     """The run's secrets, kept as its objects make them."""
-    from sparktf.train import control, reservation, tfos_cluster
+    from sparktf.train.driver import bringup
+    from sparktf.train.wire import control, reservation
 
     found: dict[str, list] = {"drawn": [], "startups": [], "servers": [], "issued": [], "nodes": []}
     for name in ("token_bytes", "token_hex", "token_urlsafe"):
@@ -76,14 +77,14 @@ def spied(monkeypatch):
             return token
 
         monkeypatch.setattr(control.ControlServer, "issue_token", issue)
-    real_start = tfos_cluster.TfosCluster.start
+    real_start = bringup.TfosCluster.start
 
     def start(self, *args, **kwargs):
         nodes = real_start(self, *args, **kwargs)
         found["nodes"].extend(nodes)
         return nodes
 
-    monkeypatch.setattr(tfos_cluster.TfosCluster, "start", start)
+    monkeypatch.setattr(bringup.TfosCluster, "start", start)
     return found
 
 

@@ -24,7 +24,8 @@ pytest.importorskip("petastorm", reason="petastorm is on the second stack (--sta
 
 import sparktf
 from sparktf import storage
-from sparktf.datasets import convert, formats, petastorm_io
+from sparktf.datasets import conversion as convert
+from sparktf.datasets import formats, petastorm_io
 from sparktf.datasets.synthetic import write_mnist
 from tests import helpers
 
@@ -148,7 +149,7 @@ def test_a_dataset_written_on_the_default_stack_reads_here(spark, converted, tmp
         import sys
         import pyspark
         from pyspark.sql import SparkSession
-        from sparktf.datasets import convert
+        from sparktf.datasets import conversion as convert
         spark = SparkSession.builder.master("local[1]").getOrCreate()
         try:
             convert.convert("mnist", sys.argv[1], sys.argv[2], output_formats=["parquet"],

@@ -26,7 +26,7 @@ import sparktf
 from sparktf import inference, storage
 from sparktf.inference import ModelNotFoundError, PredictInputError, execute
 from sparktf.inference.decode import decode
-from sparktf.inference.plan import Plan, choose_signature, make_plan
+from sparktf.inference.prediction_plan import Plan, choose_signature, make_plan
 from tests import helpers
 from tests.helpers import call, export, remove_local_copy
 
@@ -134,7 +134,8 @@ def test_sparktf_predict_is_the_function_and_import_is_light():
 
 def test_the_package_keeps_its_public_names():
     """sparktf.inference re-exports the names its submodules define."""
-    from sparktf.inference import cache, model, plan
+    from sparktf.inference import cache, model
+    from sparktf.inference import prediction_plan as plan
 
     assert inference.predict is sparktf.predict
     assert inference.ModelNotFoundError is model.ModelNotFoundError

@@ -22,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from sparktf import scratch
 from sparktf.datasets.formats import Field
-from sparktf.train import feed, scratch
+from sparktf.train.feed import chunks as feed
 
 OTHER_UID = 54321  # a user that owns nothing here
 
@@ -76,7 +77,7 @@ def one_node_feeder(tf_manager, control, tmp_path, monkeypatch):
 
 @pytest.fixture
 def control():
-    from sparktf.train.control import ControlServer
+    from sparktf.train.wire.control import ControlServer
 
     server = ControlServer("127.0.0.1")
     try:
@@ -91,7 +92,7 @@ def test_feed_dir_and_chunks_written_by_the_feeder_are_private(
     """The TF process's FeedReader creates the node's directory, a feeding task (the real
     mapInArrow function) writes chunks into it: 0700 and 0600 even with umask 0; the name
     is not derivable from the run token and node key; the rows arrive; nothing is left."""
-    from sparktf.train.control import ControlClient
+    from sparktf.train.wire.control import ControlClient
 
     mgr, authkey = tf_manager
     key = "executor-0"
@@ -183,7 +184,10 @@ def test_a_feeding_task_that_starts_as_its_reader_ends_writes_nothing_and_succee
     monkeypatch.setenv("SPARKTF_FEED_DIR", str(tmp_path / "feeds"))
     batch = pa.RecordBatch.from_pydict({"id": np.arange(10)})
     rng = random.Random(0)
+    queue = feed.input_queue(mgr)
     for _ in range(300):
+        while queue.qsize():  # what the last reader left unread: room for this task
+            queue.get_nowait()
         target = feed.node_local_dir(control.token, "executor-0")
         mgr.set(feed.STATE_KEY, feed.RUNNING)
         mgr.set(feed.FEED_KEY, {"token": control.token, "dir": target})

@@ -17,7 +17,8 @@ import pytest
 import tensorflow as tf
 
 from sparktf import storage
-from sparktf.datasets import convert, formats, readers
+from sparktf.datasets import conversion as convert
+from sparktf.datasets import formats, readers
 from sparktf.datasets.synthetic import write_cifar10, write_ptb
 
 READERS = {"tfrecord": readers.tfrecord_dataset, "parquet": readers.parquet_dataset}
@@ -160,9 +161,9 @@ def test_paths_info_and_argument_errors(cifar, tmp_path):
 @pytest.mark.parametrize("location", ["local", "hdfs"])
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, location):
-    from sparktf.train import inputs
     from sparktf.train.config import ConfigError
     from sparktf.train.plan import describe_data
+    from sparktf.train.process import inputs
 
     data = describe_data(where(cifar, location), "test", ("image", "label"))  # 12 records
     # 13 shards of 12 records: TFRecord shards by position (shard 12 gets none), Parquet by

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from sparktf import storage
-from sparktf.datasets.convert import convert
+from sparktf.datasets.conversion import convert
 from sparktf.datasets.synthetic import write_cifar10, write_raw
 from tests import helpers
 

@@ -1,4 +1,4 @@
-"""Role assignment (sparktf.train.roles): TensorFlowOnSpark's nodes to TensorFlow's roles and
+"""Role assignment (sparktf.train.driver.roles): TensorFlowOnSpark's nodes to TensorFlow's roles and
 the cluster spec, for both strategies and parameter servers on the driver. Pure functions:
 no Spark, no JVM, no network."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparktf.train import roles
 from sparktf.train.config import ScalingConfig
+from sparktf.train.driver import roles
 
 
 def tfos_nodes(*jobs: tuple[str, int]) -> list[dict]:

@@ -1,5 +1,5 @@
 """Tests of the driver's network surface during a run: TensorFlowOnSpark's reservation
-exchange (sparktf.train.reservation) and the control server (sparktf.train.control).
+exchange (sparktf.train.wire.reservation) and the control server (sparktf.train.wire.control).
 
 What an attacker on the same network would try, with real sockets: a forged pickle (whose
 unpickling would create a marker file), a message signed with another key, a replayed
@@ -28,8 +28,8 @@ import pytest
 from tensorflowonspark import reservation as tfos_reservation
 
 from sparktf.ports import free_port
-from sparktf.train import reservation
-from sparktf.train.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
+from sparktf.train.wire import reservation
+from sparktf.train.wire.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
 
 LOOPBACK = "127.0.0.1"
 
@@ -356,7 +356,7 @@ def test_node_function_loads_without_importing_tensorflow():
     TensorFlow (its compat module loads on first use, and then works as before)."""
     code = (
         "import sys\n"
-        "from sparktf.train import reservation\n"
+        "from sparktf.train.wire import reservation\n"
         "reservation.defer_tensorflow_import()\n"
         "from tensorflowonspark import TFSparkNode, TFNode\n"
         "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
@@ -554,8 +554,9 @@ def test_a_run_under_a_connection_flood_finishes_and_logs_refusals_at_a_bounded_
     each server the driver listens on, from the moment it listens (the servers are found as
     the run creates them): the run finishes, the sender is cut off within the deadline, and
     each server's refusal lines stay within RejectLog's bound."""
-    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, cluster, fit
-    from sparktf.train.limits import ConnectionLimits
+    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
+    from sparktf.train.driver import cluster
+    from sparktf.train.wire.limits import ConnectionLimits
 
     floods: dict[str, tuple[subprocess.Popen, Path]] = {}
     controls: list[ControlServer] = []

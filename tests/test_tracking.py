@@ -1,4 +1,4 @@
-"""MLflow experiment tracking (sparktf.train.tracking, ``--mlflow-tracking-uri``).
+"""MLflow experiment tracking (sparktf.train.driver.tracking, ``--mlflow-tracking-uri``).
 
 One real training run on the session's local-cluster (all-reduce over its two executors, the
 model directory on the session's HDFS) is recorded in a local MLflow file store and read back
@@ -113,7 +113,8 @@ def test_job_flags_reach_the_run_config(file_store):
 
 def test_tracking_settings_are_checked(tmp_path, file_store):
     from sparktf.jobs import train as job
-    from sparktf.train import ConfigError, RunConfig, TrackingConfig, tracking
+    from sparktf.train import ConfigError, RunConfig, TrackingConfig
+    from sparktf.train.driver import tracking
 
     with pytest.raises(ConfigError, match=r"TrackingConfig\.mlflow_tracking_uri"):
         TrackingConfig(mlflow_tracking_uri="  ")

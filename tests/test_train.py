@@ -54,7 +54,7 @@ def test_feed_decodes_columns_and_rebatches_exactly():
     import pyarrow as pa
 
     from sparktf.datasets.formats import Field, encode_ndarray_column
-    from sparktf.train.feed import Rebatcher, decode_table
+    from sparktf.train.feed.chunks import Rebatcher, decode_table
 
     images = np.random.default_rng(0).integers(0, 256, (10, 28, 28, 1), dtype=np.uint8)
     table = pa.table(
@@ -87,7 +87,7 @@ def test_feed_reads_number_columns_of_any_chunking_and_names_bad_ones():
     import pyarrow as pa
 
     from sparktf.datasets.formats import Field
-    from sparktf.train.feed import FeedError, decode_table
+    from sparktf.train.feed.chunks import FeedError, decode_table
 
     label = Field("label", "int64")
     chunked = pa.chunked_array(
@@ -107,7 +107,7 @@ def test_feed_reads_number_columns_of_any_chunking_and_names_bad_ones():
 
 
 def test_control_channel_plans_progress_and_abort():
-    from sparktf.train.control import ControlClient, ControlServer
+    from sparktf.train.wire.control import ControlClient, ControlServer
 
     server = ControlServer("127.0.0.1")
     try:
@@ -125,7 +125,7 @@ def test_control_channel_plans_progress_and_abort():
 
 
 def test_training_rate_counts_from_the_end_of_the_first_step():
-    from sparktf.train.reporting import Meter
+    from sparktf.train.process.reporting import Meter
 
     meter = Meter(global_batch=8)
     assert meter.step()  # the first step, scheduled (a ps coordinator returns at once)
@@ -141,7 +141,7 @@ def test_training_rate_counts_from_the_end_of_the_first_step():
 def test_a_ps_evaluation_runs_beside_training_and_reports_its_error():
     import threading
 
-    from sparktf.train.evaluation import AsideEvaluation
+    from sparktf.train.process.evaluation import AsideEvaluation
 
     started, release = threading.Event(), threading.Event()
 
@@ -167,7 +167,8 @@ def test_a_ps_evaluation_runs_beside_training_and_reports_its_error():
 
 
 def test_summaries_and_checkpoint_state(tmp_path):
-    from sparktf.train import artifacts, summaries
+    from sparktf.train import artifacts
+    from sparktf.train.process import summaries
 
     buckets = summaries.histogram_buckets(np.arange(100.0), 10)
     assert buckets.shape == (10, 3) and buckets[:, 2].sum() == 100
@@ -460,7 +461,7 @@ def test_ps_spark_feed(spark, mnist, tmp_path):
 def test_resnet20_steps_and_image_signature(spark, tmp_path):
     import tensorflow as tf
 
-    from sparktf.datasets.convert import convert
+    from sparktf.datasets.conversion import convert
 
     write_cifar10(tmp_path / "raw", n_train=40, n_test=8, train_files=2)
     convert(
@@ -538,7 +539,7 @@ def _wait_for(predicate, timeout_s: float, what: str):
 
 def _node_pids() -> list[int]:
     """This test session's TensorFlow processes (another run on the machine has its own)."""
-    return sorted(descendants("sparktf.train.node"))
+    return sorted(descendants("sparktf.train.process.main"))
 
 
 @helpers.needs("e2e")  # kill/stop runs: the failure paths, with the other e2e runs
@@ -644,9 +645,9 @@ def test_ptb_valid_perplexity_is_the_token_weighted_stream_perplexity(spark, tmp
     import tensorflow as tf
 
     from sparktf import models
-    from sparktf.datasets.convert import convert
+    from sparktf.datasets.conversion import convert
     from sparktf.datasets.synthetic import write_ptb
-    from sparktf.train.inputs import stream_layout
+    from sparktf.train.process.inputs import stream_layout
 
     write_ptb(tmp_path / "raw", lines=(120, 40, 40), vocab_size=30, learnable=True)
     convert("ptb", str(tmp_path / "raw"), str(tmp_path / "ptb"), shards=2, spark=spark)
@@ -896,8 +897,8 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
 
 def test_progress_watch_start_up_and_stall_deadlines():
     from sparktf.train.config import RunConfig
-    from sparktf.train.control import NodeState
-    from sparktf.train.monitor import ProgressWatch
+    from sparktf.train.driver.monitor import ProgressWatch
+    from sparktf.train.wire.control import NodeState
 
     run = RunConfig(model_dir="/m", failure={"startup_timeout_s": 10, "stall_timeout_s": 5})
     watch = ProgressWatch(run, ["a", "b"])
@@ -923,7 +924,7 @@ def test_progress_watch_start_up_and_stall_deadlines():
 def test_ptb_stream_layout_continues_each_row_across_steps():
     import numpy as np
 
-    from sparktf.train.inputs import stream_layout
+    from sparktf.train.process.inputs import stream_layout
 
     n, length = 26, 5
     tokens = np.arange(n * length).reshape(n, length)  # chunk k holds tokens 5k .. 5k+4

@@ -1,4 +1,4 @@
-"""The training jobs' flags come from the configs' field metadata (sparktf.train.flags):
+"""The training jobs' flags come from the configs' field metadata (sparktf.jobs.flags):
 every field has a flag and a help, every flag lands in its field, ``--help`` is grouped,
 errors name the field to Python callers and the flag on the command line.
 
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from sparktf import cli
+from sparktf.jobs import flags
 from sparktf.jobs import train as job
-from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig, flags
+from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

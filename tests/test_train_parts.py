@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sparktf.train.config import TrainingError
-from sparktf.train.evaluation import BestMetric, EvaluationTracker
+from sparktf.train.process.evaluation import BestMetric, EvaluationTracker
 from sparktf.train.result import ProcessResult
 
 TINY_DCGAN = {"gf_dim": 4, "df_dim": 4, "gfc_dim": 16, "dfc_dim": 16}
@@ -195,7 +195,7 @@ def test_evaluations_beside_training_are_recorded_one_at_a_time_in_step_order():
 
 
 def _reporter(task, events, latest_evaluation=lambda: None):
-    from sparktf.train.reporting import Reporter
+    from sparktf.train.process.reporting import Reporter
 
     plan = SimpleNamespace(
         global_batch=8,
@@ -251,7 +251,7 @@ def test_reporter_sends_progress_with_the_last_evaluation():
 
 
 def test_primed_input_fetches_its_first_item_at_once_and_keeps_the_order():
-    from sparktf.train.inputs import Primed
+    from sparktf.train.process.inputs import Primed
 
     fetched = threading.Event()
 
@@ -266,7 +266,7 @@ def test_primed_input_fetches_its_first_item_at_once_and_keeps_the_order():
 
 
 def test_primed_input_raises_the_first_fetch_error_in_the_consumer():
-    from sparktf.train.inputs import Primed
+    from sparktf.train.process.inputs import Primed
 
     def broken():
         raise TrainingError("shard 0 has no rows")

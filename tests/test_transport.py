@@ -1,6 +1,6 @@
 """Spark's transport protected by default (``sparktf.spark``'s transport settings, ``sparktf
 submit``), the warning when a run's secrets travel in clear, and TensorFlowOnSpark's log
-lines without secrets (``sparktf.train.tfos_logs``). No JVM: configurations, command lines
+lines without secrets (``sparktf.train.wire.tfos_logs``). No JVM: configurations, command lines
 and log records."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from sparktf import cli, spark
 from sparktf.console import submit
-from sparktf.train import tfos_logs
+from sparktf.train.wire import tfos_logs
 from tests.helpers import ConfSession
 
 PROTECTED = {key: "true" for key in spark.TRANSPORT_SETTINGS}
@@ -170,9 +170,9 @@ def test_the_warning_names_what_to_change_and_only_when_secrets_travel_in_clear(
 
 
 def test_the_driver_logs_the_warning_once_per_run(caplog):
-    from sparktf.train.tfos_cluster import warn_if_transport_in_clear
+    from sparktf.train.driver.bringup import warn_if_transport_in_clear
 
-    with caplog.at_level(logging.WARNING, logger="sparktf.train.tfos_cluster"):
+    with caplog.at_level(logging.WARNING, logger="sparktf.train.driver.bringup"):
         said = warn_if_transport_in_clear(ConfSession({"spark.master": "yarn"}))
         warn_if_transport_in_clear(ConfSession({"spark.master": "yarn", **PROTECTED}))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -111,7 +111,7 @@ def yarn(hdfs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def mnist_hdfs(spark, hdfs, tmp_path_factory):
     """A tiny MNIST-format dataset on HDFS (TFRecord and Parquet, 2 shards)."""
-    from sparktf.datasets.convert import convert
+    from sparktf.datasets.conversion import convert
 
     raw = tmp_path_factory.mktemp("mnist-raw")
     write_mnist(raw, n_train=N_TRAIN, n_test=N_TEST)

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from sparktf import cli, paths
-from sparktf.console.jobs import CONVERT_DATASETS, JOBS, run_job
+from sparktf.jobs.catalog import CONVERT_DATASETS, JOBS, run_job
 
 __all__ = ["JOBS", "main", "run", "run_job", "version"]
 

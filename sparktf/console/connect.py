@@ -174,7 +174,7 @@ def expected_slots(master: str, conf: Mapping[str, str]) -> int | None:
     ``local-cluster``'s executors times their task slots; a standalone master's ALIVE
     workers as the application's executors fill them (``spark.cores.max`` respected); None
     where that cannot be known (other masters, a master that does not answer)."""
-    from sparktf.train.gang import declared_slots
+    from sparktf.train.driver.gang import declared_slots
 
     task_cpus = max(1, int(conf.get("spark.task.cpus", "1")))
     if master.strip().startswith("local-cluster["):

@@ -34,7 +34,7 @@ lists them) or a Python file (``jobs/train_resnet.py``). What it adds to spark-s
 job's (128 + N when a signal N ended spark-submit). SIGTERM and SIGHUP are passed on to
 spark-submit, and its scratch files (the private file with the shared secret among them) are
 removed when it ends; those of a ``sparktf submit`` killed outright (SIGKILL) are removed by the
-next one once neither it nor its spark-submit is running (``sparktf.train.scratch``).
+next one once neither it nor its spark-submit is running (``sparktf.scratch``).
 """
 
 from __future__ import annotations
@@ -51,9 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparktf import cli, paths, placement, spark
-from sparktf.console.jobs import JOBS
-from sparktf.train import scratch
+from sparktf import cli, paths, placement, scratch, spark
+from sparktf.jobs.catalog import JOBS
 
 __all__ = ["Command", "FLAGS", "SHIP_ENV_CONF", "build", "job_name", "main", "parse"]
 

@@ -4,8 +4,9 @@
   Parquet fields, manifest, id scheme) shared by writers and readers;
 - :mod:`sparktf.datasets.sources` — parsers of the raw files, with errors that name the file
   and the byte offset or record index;
-- :mod:`sparktf.datasets.convert` — the Spark conversion (its command line is
-  :mod:`sparktf.jobs.convert`), planned on the driver by :mod:`sparktf.datasets.plan` (options,
+- :mod:`sparktf.datasets.conversion` — the Spark conversion (its command line is
+  :mod:`sparktf.jobs.convert`), planned on the driver by :mod:`sparktf.datasets.conversion_plan`
+  (options,
   shards, vocabulary, manifest) and run on executors by :mod:`sparktf.datasets.tasks`
   (unpacking, hashing, encoding, writing);
 - :mod:`sparktf.datasets.readers` — ``tf.data`` readers (TFRecord and Parquet, local and HDFS);

@@ -313,7 +313,7 @@ class Field:
     """One column of a dataset: an int64 scalar (``shape`` None) or an ndarray of one fixed
     ``dtype`` and ``shape`` stored as ``numpy.save`` bytes (petastorm's NdarrayCodec).
 
-    The Parquet files, the training feed (``sparktf.train.feed``) and the readers describe
+    The Parquet files, the training feed (``sparktf.train.feed.chunks``) and the readers describe
     their columns with it."""
 
     name: str

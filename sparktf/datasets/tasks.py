@@ -1,6 +1,7 @@
 """The executor side of a conversion: the functions Spark runs, one work unit per task.
 
-Each takes a plain dict (a unit planned by ``sparktf.datasets.plan``) plus keyword settings
+Each takes a plain dict (a unit planned by ``sparktf.datasets.conversion_plan``) plus keyword
+settings
 bound with ``functools.partial``, reads and validates its part of the input, writes its
 files, and returns a small dict of counts for the driver:
 

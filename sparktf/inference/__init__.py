@@ -25,7 +25,7 @@ The modules, each importing only those above it in this list:
 
 - :mod:`~sparktf.inference.model` — the SavedModel as the driver sees it: where it is, its
   fingerprint, its signatures;
-- :mod:`~sparktf.inference.plan` — the plan of a prediction: signature, input contract,
+- :mod:`~sparktf.inference.prediction_plan` — the plan of a prediction: signature, input contract,
   added columns, checked against the DataFrame's schema;
 - :mod:`~sparktf.inference.decode` — Arrow batches to checked model inputs (executors);
 - :mod:`~sparktf.inference.cache` — local copies of HDFS models and the per-worker cache of
@@ -53,7 +53,7 @@ from sparktf.inference.model import (
     model_fingerprint,
     resolve_model,
 )
-from sparktf.inference.plan import LM_OUTPUTS, PredictInputError
+from sparktf.inference.prediction_plan import LM_OUTPUTS, PredictInputError
 
 __all__ = [
     "LM_OUTPUTS",

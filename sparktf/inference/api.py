@@ -1,7 +1,7 @@
 """The public entry point of batch inference: :func:`predict` (``sparktf.predict``).
 
 On the driver it inspects the model (:mod:`~sparktf.inference.model`), plans the prediction
-against the DataFrame's schema (:mod:`~sparktf.inference.plan`) and applies
+against the DataFrame's schema (:mod:`~sparktf.inference.prediction_plan`) and applies
 :func:`~sparktf.inference.execute.predict_partition` to the columns it needs with
 ``DataFrame.mapInArrow``.
 """
@@ -19,7 +19,12 @@ from sparktf.datasets.columns import is_vector
 from sparktf.errors import SparktfTypeError, SparktfValueError
 from sparktf.inference.execute import predict_partition
 from sparktf.inference.model import inspect_model
-from sparktf.inference.plan import PredictInputError, choose_signature, make_plan, signature_kind
+from sparktf.inference.prediction_plan import (
+    PredictInputError,
+    choose_signature,
+    make_plan,
+    signature_kind,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import DataFrame
@@ -126,7 +131,7 @@ def predict(
 
     * :class:`~sparktf.inference.model.ModelNotFoundError` (a
       :class:`~sparktf.storage.PathNotFoundError`) when ``model`` holds no SavedModel;
-    * :class:`~sparktf.inference.plan.PredictInputError` when the input column (or a
+    * :class:`~sparktf.inference.prediction_plan.PredictInputError` when the input column (or a
       conditional generator's label column) is missing or has a Spark type that cannot hold
       the input, an added column already exists in ``df``, or ``keep_columns`` names a
       column ``df`` lacks;

@@ -3,7 +3,7 @@
 :func:`decode` turns one chunk of an Arrow batch into the numpy arrays a signature takes,
 from the column buffers (no Python object per row where the rows are alike). Every check
 (nulls, shapes, dtypes, value ranges) happens here, before the model runs, and a failure
-raises :class:`~sparktf.inference.plan.PredictInputError` naming the column, the row (by
+raises :class:`~sparktf.inference.prediction_plan.PredictInputError` naming the column, the row (by
 ``id`` when the batch has it) and the plan's contract.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparktf.datasets import formats
-from sparktf.inference.plan import Plan, PredictInputError
+from sparktf.inference.prediction_plan import Plan, PredictInputError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa

@@ -17,7 +17,7 @@ from sparktf.datasets import formats
 from sparktf.errors import SparktfValueError
 from sparktf.inference.cache import LoadedSignature, ModelCache
 from sparktf.inference.decode import decode
-from sparktf.inference.plan import CLASSIFIER_KINDS, Plan
+from sparktf.inference.prediction_plan import CLASSIFIER_KINDS, Plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa

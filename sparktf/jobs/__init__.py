@@ -1,7 +1,7 @@
 """The command lines of the jobs in ``jobs/``, one module per job family.
 
 - :mod:`sparktf.jobs.convert` — ``jobs/convert_<dataset>.py``: raw CIFAR-10, MNIST, PTB to
-  TFRecord and Parquet (:func:`sparktf.datasets.convert.convert`);
+  TFRecord and Parquet (:func:`sparktf.datasets.conversion.convert`);
 - :mod:`sparktf.jobs.train` — ``jobs/train*.py``: flags to configs to
   :func:`sparktf.train.fit`;
 - :mod:`sparktf.jobs.predict` — ``jobs/predict.py``: batch prediction over a Parquet table

@@ -1,4 +1,4 @@
-"""The command line of ``jobs/convert_<dataset>.py``: flags -> ``sparktf.datasets.convert``.
+"""The command line of ``jobs/convert_<dataset>.py``: flags -> ``sparktf.datasets.conversion``.
 
 Every conversion job is ``main(dataset, argv)`` of this module with its own config section
 ``convert_<dataset>`` (``conf/jobs/convert_<dataset>.json`` supplies defaults; flags override
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from sparktf import cli, storage
 from sparktf.datasets import formats
-from sparktf.datasets.convert import OptionError, convert, for_command_line
+from sparktf.datasets.conversion import OptionError, convert, for_command_line
+from sparktf.datasets.conversion_plan import SHARD_MULTIPLE, SHARD_TARGET_BYTES
 from sparktf.datasets.formats import FORMATS
-from sparktf.datasets.plan import SHARD_MULTIPLE, SHARD_TARGET_BYTES
 from sparktf.datasets.sources import SourceError
 
 __all__ = ["JOB_HELP", "add_job_flags", "for_command_line", "main", "refuse_remote", "run"]

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from sparktf import cli, storage
+from sparktf.datasets import demo
 from sparktf.jobs import train as train_job
-from sparktf.train import demo
 
 __all__ = ["SECTION", "chance_accuracy", "main", "summary"]
 

@@ -3,10 +3,10 @@
 Every ``jobs/train*.py`` is ``main(argv)`` of this module with its own config section
 (``conf/jobs/<section>.json`` supplies defaults; flags override them). ``--data demo``
 prepares a small synthetic dataset under ``.local/demo`` first (see
-:mod:`sparktf.train.demo`), so a job runs with no arguments at all.
+:mod:`sparktf.datasets.demo`), so a job runs with no arguments at all.
 
 The flags of the config fields are generated from the configs' metadata
-(:mod:`sparktf.train.flags`); this module adds the optimizer options (entries of the model's
+(:mod:`sparktf.jobs.flags`); this module adds the optimizer options (entries of the model's
 config), ``--no-augment`` and ``--result-json``. A :class:`~sparktf.train.ConfigError`
 names a config field (``EvalConfig.split``); the job prints it with the flag
 (``--eval-split``), and so for a :class:`~sparktf.train.TrainingError` that names one.
@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparktf import cli
+from sparktf.datasets import demo
+from sparktf.jobs import flags
 from sparktf.placement import PlacementError
 from sparktf.remote import remote_url
 from sparktf.spark import (
@@ -41,12 +43,10 @@ from sparktf.train import (
     ScalingConfig,
     TrainConfig,
     TrainingError,
-    demo,
     fit,
-    flags,
     gpu_spark_conf,
-    tracking,
 )
+from sparktf.train.driver import tracking
 
 __all__ = [
     "CONFIGS",
@@ -143,9 +143,9 @@ _OPTIMIZER_OPTIONS: dict[str, tuple[Any, tuple[str, ...] | None, str]] = {
 
 def parser(description: str, section: str, default_model: str | None) -> argparse.ArgumentParser:
     """The training jobs' parser: the general flags (:func:`sparktf.cli.parser`), one flag
-    per config field (:func:`sparktf.train.flags.add_flags`), the optimizer options, and the
+    per config field (:func:`sparktf.jobs.flags.add_flags`), the optimizer options, and the
     job's own (``--no-augment``, ``--result-json``); ``--help`` is grouped by
-    :data:`sparktf.train.flags.GROUPS`. ``default_model`` is ``--model``'s default."""
+    :data:`sparktf.jobs.flags.GROUPS`. ``default_model`` is ``--model``'s default."""
     p = cli.parser(description, config_section=section)
     p.add_argument(
         "--result-json",
@@ -181,7 +181,7 @@ def for_command_line(text: str) -> str:
 
 def usage_error(exc: Exception) -> cli.UsageError:
     """``exc`` (a :class:`ConfigError`, ...) as a command-line error: the config fields its
-    message names become their flags (:func:`sparktf.train.flags.for_command_line`)."""
+    message names become their flags (:func:`sparktf.jobs.flags.for_command_line`)."""
     return cli.UsageError(for_command_line(str(exc)))
 
 
@@ -336,7 +336,8 @@ def finetune_and_augment_options(args) -> dict:
     path). Raises :class:`sparktf.cli.UsageError` for flags that cannot work.
     """
     from sparktf import storage
-    from sparktf.train import artifacts, warmstart
+    from sparktf.train import artifacts
+    from sparktf.train.process import warmstart
 
     model_config: dict = {}
     if not args.augment:

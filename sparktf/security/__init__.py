@@ -8,7 +8,7 @@
 - :mod:`~sparktf.security.redact`: delegation tokens kept out of every log record.
 
 The WebHDFS clients that use them, and the delegation tokens of a run, are in
-:mod:`sparktf.storage.hdfs` and :mod:`sparktf.storage.kerberos`.
+:mod:`sparktf.storage.hdfs` and :mod:`sparktf.storage.delegation`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Kerberos is on when ``SPARKTF_HDFS_PRINCIPAL`` is set or the Hadoop client confi
 ``hadoop.security.authentication=kerberos``. The credentials, first match wins:
 
 1. a delegation token in ``SPARKTF_HDFS_DELEGATION_TOKEN`` (what a run's driver hands its
-   executors and TensorFlow processes; :mod:`sparktf.storage.kerberos`);
+   executors and TensorFlow processes; :mod:`sparktf.storage.delegation`);
 2. the keytab ``SPARKTF_HDFS_KEYTAB`` for the principal ``SPARKTF_HDFS_PRINCIPAL``;
 3. the keytab ``spark.kerberos.keytab`` for ``spark.kerberos.principal`` of the Spark
    configuration;

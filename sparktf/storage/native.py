@@ -25,9 +25,9 @@ from functools import lru_cache
 
 from sparktf.security import kerberos
 from sparktf.storage import hdfs
+from sparktf.storage.delegation import token_file
 from sparktf.storage.errors import PathNotFoundError, StorageError, StoragePermissionError
 from sparktf.storage.hdfs import hdfs_user
-from sparktf.storage.kerberos import token_file
 from sparktf.storage.uri import Location
 
 __all__ = [

@@ -8,29 +8,24 @@
 ...                        evaluation=EvalConfig(split="test", export_best="accuracy")))
 >>> result.final_step, result.metrics["accuracy"], result.export_path
 
-The pieces, driver side:
+The rooms, one per kind of process (the import contracts in ``pyproject.toml`` keep them so):
 
-- :mod:`~sparktf.train.config` (the configs, the result, the errors) and
-  :mod:`~sparktf.train.flags` (the jobs' flags, generated from the configs' fields);
-- :mod:`~sparktf.train.plan` (the typed run plan every process receives);
-- :mod:`~sparktf.train.driver` (:func:`fit`: attempts, restarts, the result);
-- :mod:`~sparktf.train.cluster` (one attempt, orchestrating :mod:`~sparktf.train.roles`
-  (which process is which, without Spark), :mod:`~sparktf.train.tfos_cluster`
-  (TensorFlowOnSpark bring-up and shutdown), :mod:`~sparktf.train.driver_ps` (parameter
-  servers on the driver), :mod:`~sparktf.train.feed_job` (the Spark feed) and
-  :mod:`~sparktf.train.monitor` (failure and stall detection));
-- :mod:`~sparktf.train.control` (the driver's channel to the processes),
-  :mod:`~sparktf.train.reservation` over :mod:`~sparktf.train.frames` (the authenticated
-  start-up); :mod:`~sparktf.train.tracking` (MLflow).
-
-Process side: :mod:`~sparktf.train.node` (one TensorFlow process), :mod:`~sparktf.train.build`
-(strategy, model, optimizer, restore or warm start), :mod:`~sparktf.train.trainer` (the loop)
-with :mod:`~sparktf.train.steps` (the step functions), :mod:`~sparktf.train.reporting`
-(progress and summaries) and :mod:`~sparktf.train.evaluation` (evaluation and the best
-export), :mod:`~sparktf.train.result` (the typed result it sends the driver),
-:mod:`~sparktf.train.inputs` (its batches), :mod:`~sparktf.train.feed` (the ``spark`` input
-mode), :mod:`~sparktf.train.artifacts` (checkpoints, events and exports in the model
-directory), :mod:`~sparktf.train.summaries` (TensorBoard events).
+- this package: the public face: :mod:`~sparktf.train.config` (the configs, the result, the
+  errors), :mod:`~sparktf.train.plan` (the typed run plan every process receives),
+  :mod:`~sparktf.train.result` (what a process reports), :mod:`~sparktf.train.artifacts`
+  (checkpoints, events and exports in the model directory);
+- :mod:`sparktf.train.driver`: the Spark driver: :func:`fit` (:mod:`~.driver.fit`), one
+  attempt (:mod:`~.driver.cluster`), TensorFlowOnSpark's nodes in one barrier stage
+  (:mod:`~.driver.bringup`, :mod:`~.driver.gang`), roles, parameter servers on the driver
+  (:mod:`~.driver.ps`), the watch over the run (:mod:`~.driver.monitor`), MLflow
+  (:mod:`~.driver.tracking`);
+- :mod:`sparktf.train.process`: an executor: the Spark task that starts a TensorFlow process
+  (:mod:`~.process.launcher`), that process (:mod:`~.process.main`), its loop
+  (:mod:`~.process.trainer`) and the loop's parts;
+- :mod:`sparktf.train.feed`: the ``spark`` input mode, the driver's feeding job
+  (:mod:`~.feed.job`) and the chunks it hands the processes (:mod:`~.feed.chunks`);
+- :mod:`sparktf.train.wire`: the messages between them: the control channel, the
+  authenticated reservation, their framing, servers and limits.
 
 Importing this package does not import TensorFlow (the driver needs none), nor the driver's
 modules until ``fit`` (or another of them) is first used.
@@ -52,8 +47,8 @@ from sparktf.train.config import (
 )
 
 # The driver's entry points load on first use: the TensorFlow processes and the feeding
-# tasks import this package too (sparktf.train.node, .feed) and need neither.
-_LAZY = {"fit": "driver", "gpu_spark_conf": "driver", "RunPlan": "plan", "plan_run": "plan"}
+# tasks import this package too (sparktf.train.process, .feed) and need neither.
+_LAZY = {"fit": "driver.fit", "gpu_spark_conf": "driver.fit", "RunPlan": "plan", "plan_run": "plan"}
 
 
 def __getattr__(name: str):

@@ -42,8 +42,7 @@ import struct
 import time
 import uuid
 
-from sparktf import storage
-from sparktf.train import scratch
+from sparktf import scratch, storage
 
 __all__ = [
     "BEST_EXPORT",
@@ -257,7 +256,7 @@ class ModelDir:
 
     ``writer``: this process writes the run's results (the chief). Other processes get a
     private scratch directory (multi-worker saves must happen on every worker, but only the
-    chief's count), made by :func:`sparktf.train.scratch.make_dir`: removed by
+    chief's count), made by :func:`sparktf.scratch.make_dir`: removed by
     :meth:`close`, on any exit of a TensorFlow process, or by a later run's sweep.
     """
 

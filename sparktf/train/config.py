@@ -16,7 +16,7 @@ to every TensorFlow process.
 
 Each field carries its documentation in its metadata (``help``, appended to the class
 docstring) with how the training jobs show it (``group``, ``flag``, ...): the jobs' flags
-are generated from it (:mod:`sparktf.train.flags`). A :class:`ConfigError` names the field
+are generated from it (:mod:`sparktf.jobs.flags`). A :class:`ConfigError` names the field
 as ``Class.field`` (``EvalConfig.split``); the jobs print the flag in its place.
 """
 
@@ -56,7 +56,7 @@ FILE_FORMATS = ("tfrecord", "parquet")
 class ConfigError(SparktfError, ValueError):
     """A configuration that cannot run; the message names the setting (``Class.field``, e.g.
     ``EvalConfig.split``) and says why. The training jobs show the flag instead
-    (:func:`sparktf.train.flags.for_command_line`)."""
+    (:func:`sparktf.jobs.flags.for_command_line`)."""
 
 
 class TrainingError(SparktfError, RuntimeError):
@@ -74,7 +74,7 @@ def _setting(
     """A config field with its documentation, which is also its flag's help, and how the
     training jobs present it: ``group`` (the ``--help`` section), and optionally ``flag``
     (when it is not ``--<field-name>``), ``flag_help`` (when the flag's help differs),
-    ``choices``, ``metavar``. See :mod:`sparktf.train.flags`."""
+    ``choices``, ``metavar``. See :mod:`sparktf.jobs.flags`."""
     return field(
         default=default, default_factory=factory, metadata={"help": help, "group": group, **cli}
     )
@@ -83,7 +83,7 @@ def _setting(
 def _documented(cls: type) -> type:
     """Appends each field's help (its metadata) to the class docstring: one source for the
     Python documentation of a setting and for its flag's help."""
-    lines = ["Fields (each is also a flag of the training jobs, see sparktf.train.flags):", ""]
+    lines = ["Fields (each is also a flag of the training jobs, see sparktf.jobs.flags):", ""]
     for f in dataclasses.fields(cls):
         text = f"* ``{f.name}`` -- {f.metadata['help']}"
         lines += textwrap.wrap(text, 88, subsequent_indent="  ", break_on_hyphens=False)
@@ -357,7 +357,7 @@ class TrackingConfig:
     ``progress_every_s``. Experiment tracking (optional, the ``mlflow`` extra): with
     ``mlflow_tracking_uri`` the driver records the run in the MLflow experiment
     ``mlflow_experiment`` -- parameters, training metrics and evaluations with their steps,
-    the export as an artifact (see :mod:`sparktf.train.tracking`).
+    the export as an artifact (see :mod:`sparktf.train.driver.tracking`).
 
     Raises :class:`ConfigError` for a setting that cannot work.
     """
@@ -505,7 +505,7 @@ class TrainConfig:
     ``hdfs://``), ``split`` the split to train on.
 
     ``input_mode``: ``"spark"`` reads the split's Parquet as a DataFrame and feeds its rows
-    to the TensorFlow processes (see :mod:`sparktf.train.feed`); ``"files"`` has each
+    to the TensorFlow processes (see :mod:`sparktf.train.feed.chunks`); ``"files"`` has each
     TensorFlow process read its own shard of the split's files (``file_format``).
 
     Fine-tuning: ``checkpoint_path`` (a checkpoint or SavedModel export of another run,

@@ -255,7 +255,7 @@ def _check_layout(
         raise ConfigError(
             f"TrainConfig.input_mode 'spark' reads Parquet, but {train.data} has none: convert "
             "the dataset with parquet among its formats (the output_formats of "
-            "sparktf.datasets.convert.convert, the --format of the convert jobs)"
+            "sparktf.datasets.conversion.convert, the --format of the convert jobs)"
         )
     if train.input_mode == "files" and train.file_format not in data.files:
         raise ConfigError(

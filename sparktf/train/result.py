@@ -1,7 +1,9 @@
 """What one training process reports to the driver when it has finished: :class:`ProcessResult`.
 
-The chief's :class:`~sparktf.train.trainer.Trainer` makes it, sends it as the ``done`` event of
-the control channel (:mod:`sparktf.train.control`, a JSON object: :meth:`ProcessResult.to_dict`)
+The chief's :class:`~sparktf.train.process.trainer.Trainer` makes it, sends it as the ``done``
+event of
+the control channel (:mod:`sparktf.train.wire.control`, a JSON object:
+:meth:`ProcessResult.to_dict`)
 and the driver reads it back (:meth:`ProcessResult.from_dict`) to build the run's
 :class:`~sparktf.train.config.TrainResult`. No TensorFlow here: the driver imports this module.
 

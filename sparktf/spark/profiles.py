@@ -1,0 +1,176 @@
+"""Spark profiles and sizing: the ``spark/<profile>.conf`` files of the conf directories
+(``sparktf.paths``; spark-defaults style), a cluster's master and resources, the executors' size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from sparktf import paths, placement
+from sparktf.errors import SparktfValueError
+
+__all__ = [
+    "PROFILES",
+    "PROPAGATED_ENV",
+    "cluster_master",
+    "cluster_resources",
+    "executor_sizing",
+    "local_cluster_env",
+    "log4j_conf",
+    "profile_conf",
+    "profile_file",
+    "read_conf_file",
+    "spark_cluster_dir",
+    "yarn_site",
+]
+
+log = logging.getLogger(__name__)
+
+
+PROFILES = ("local", "standalone", "yarn", "k8s")
+# Environment variables that executors need to reach HDFS the way the driver does.
+PROPAGATED_ENV = (
+    "SPARKTF_WEBHDFS_URL",
+    "SPARKTF_HDFS_USER",
+    "SPARKTF_HDFS_TIMEOUT",
+    "HADOOP_CONF_DIR",
+    "HADOOP_USER_NAME",
+)
+
+
+def read_conf_file(path: str | os.PathLike) -> dict[str, str]:
+    """Parses a spark-defaults style file: ``key value`` per line, ``#`` comments."""
+    conf = {}
+    for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(None, 1)
+        if len(parts) != 2:
+            raise SparktfValueError(f"{path}:{number}: expected 'key value', got {raw!r}")
+        conf[parts[0]] = parts[1].strip()
+    return conf
+
+
+def profile_conf(profile: str) -> dict[str, str]:
+    """The Spark settings of a profile (``spark/PROFILE.conf`` of the conf directories,
+    ``sparktf.paths``) or of a spark-defaults style file."""
+    return read_conf_file(profile_file(profile))
+
+
+def profile_file(profile: str) -> Path:
+    """The file of a profile: a path as given, else ``spark/PROFILE.conf`` of the conf
+    directories; FileNotFoundError names the profiles there."""
+    path = Path(profile)
+    if not path.is_file():
+        path = paths.conf_file(f"spark/{profile}.conf")
+    if not path.is_file():
+        where = ", ".join(str(d / "spark") for d in paths.conf_dirs())
+        raise FileNotFoundError(
+            f"no Spark profile {profile!r}: expected one of "
+            f"{', '.join(paths.conf_names('spark', '.conf'))} (files in {where}) or a path to a "
+            "spark-defaults style file"
+        )
+    return path
+
+
+def spark_cluster_dir() -> Path:
+    """The local standalone cluster's directory (``scripts/spark-cluster.sh``):
+    ``$SPARKTF_SPARK_CLUSTER_DIR``, else ``spark-cluster`` under sparktf's home."""
+    value = os.environ.get("SPARKTF_SPARK_CLUSTER_DIR")
+    return Path(value) if value else paths.home() / "spark-cluster"
+
+
+def log4j_conf() -> Path:
+    """The log4j2 file that keeps the driver's console to warnings."""
+    return paths.conf_file("log4j2.properties")
+
+
+def cluster_master(profile: str) -> str | None:
+    """The master ``sparktf submit`` would use besides the profile's: ``$SPARKTF_SPARK_MASTER``,
+    else for the standalone profile the cluster ``scripts/spark-cluster.sh start`` runs
+    (``SPARK_MASTER_URL`` in its ``master.env``)."""
+    if os.environ.get("SPARKTF_SPARK_MASTER"):
+        return os.environ["SPARKTF_SPARK_MASTER"]
+    if profile != "standalone":
+        return None
+    return local_cluster_env().get("SPARK_MASTER_URL")
+
+
+def local_cluster_env() -> dict[str, str]:
+    """The ``master.env`` of the local standalone cluster (empty when it is not running)."""
+    env_file = spark_cluster_dir() / "master.env"
+    if not env_file.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def cluster_resources(master: str, conf: Mapping[str, str]) -> placement.Cluster | None:
+    """What the cluster of ``master`` has (a standalone master's workers, YARN's
+    NodeManagers), or None where that cannot be read: another kind of master, or no answer
+    within a few seconds. The standalone master's web UI: the local cluster's (its
+    ``master.env``), else ``spark.sparktf.master.webui``, else port 8080 of the master's host;
+    YARN's ResourceManager: ``yarn-site.xml`` of ``$YARN_CONF_DIR`` or ``$HADOOP_CONF_DIR``."""
+    try:
+        if master.startswith("spark://"):
+            return placement.standalone_cluster(_standalone_webui(master, conf))
+        if master == "yarn":
+            site = yarn_site()
+            webapp = placement.yarn_webapp(site)
+            return placement.yarn_cluster(webapp, site) if webapp else None
+    except (OSError, ValueError, KeyError) as exc:
+        log.debug("could not read the cluster's resources (%s): %s", master, exc)
+    return None
+
+
+def executor_sizing(
+    master: str, conf: Mapping[str, str], executors: int, *, fixed: bool = False
+) -> dict[str, str]:
+    """Settings that size ``executors`` executors to what the cluster of ``master`` has.
+
+    Empty when the executors ``conf`` asks for fit, or when the cluster cannot be read (not a
+    standalone or YARN master, no answer); else ``conf``'s executors shrunk until they fit
+    (``placement.fit``). With ``fixed`` (the user sized them) nothing is changed and
+    ``placement.PlacementError`` says, in numbers, why they do not fit.
+    """
+    if not master.startswith("spark://") and master != "yarn":
+        return {}
+    cluster = cluster_resources(master, conf)
+    if cluster is None:
+        log.info("the cluster's resources could not be read: executors as configured")
+        return {}
+    ask = placement.ask_from_conf(dict(conf), executors, yarn=master == "yarn")
+    if fixed:
+        placement.check(cluster, ask)
+        return {}
+    fitted = placement.fit(cluster, ask)
+    if fitted == ask:
+        return {}
+    overhead = f" + {placement.mb_text(fitted.overhead_mb)} overhead" if fitted.overhead_mb else ""
+    log.info(
+        "%s; %s: using %s and %s%s per executor",
+        ask.describe(),
+        cluster.describe(),
+        placement.cores_text(fitted.cores),
+        placement.mb_text(fitted.memory_mb),
+        overhead,
+    )
+    return placement.sizing_conf(fitted)
+
+
+def _standalone_webui(master: str, conf: Mapping[str, str]) -> str:
+    local = local_cluster_env()
+    if local.get("SPARK_MASTER_URL") == master and local.get("SPARK_MASTER_WEBUI_URL"):
+        return local["SPARK_MASTER_WEBUI_URL"]
+    host = master[len("spark://") :].split(",")[0].rsplit(":", 1)[0]
+    return conf.get("spark.sparktf.master.webui", f"http://{host}:8080")
+
+
+def yarn_site() -> dict[str, str]:
+    """``yarn-site.xml`` of ``$YARN_CONF_DIR`` or ``$HADOOP_CONF_DIR`` (empty when none)."""
+    conf_dir = os.environ.get("YARN_CONF_DIR") or os.environ.get("HADOOP_CONF_DIR")
+    return placement.yarn_site(conf_dir) if conf_dir else {}

@@ -1,0 +1,179 @@
+"""Spark sessions: ``get_session`` (under ``spark-submit`` the submitted configuration wins and
+only what is missing is filled in; from plain Python it reads the profile and starts the session
+itself; given a Spark Connect URL it returns a Connect session, ``sparktf.remote``) and
+``job_session`` for the jobs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from sparktf import remote as connect
+from sparktf.remote import is_connect
+from sparktf.security import kerberos
+from sparktf.spark.profiles import PROPAGATED_ENV, cluster_master, log4j_conf, profile_conf
+from sparktf.spark.transport import (
+    SECRET_CONF,
+    secret_for_new_jvm,
+    transport_defaults,
+    transport_secret,
+)
+
+__all__ = ["get_session", "job_session", "launched_by_spark_submit", "quiet_py4j", "session_conf"]
+
+log = logging.getLogger(__name__)
+
+
+def session_conf(
+    profile: str = "local", overrides: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The full configuration ``get_session`` would apply outside spark-submit (without the
+    shared secret a standalone or local-cluster master needs: ``transport_secret``)."""
+    conf = profile_conf(profile)
+    master = cluster_master(profile)
+    if master:
+        conf["spark.master"] = master
+    if conf.get("spark.master", "").startswith("spark://127.0.0.1:"):
+        conf.setdefault("spark.driver.host", "127.0.0.1")  # a loopback cluster: stay on it
+        conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
+    conf.setdefault("spark.python.worker.reuse", "true")
+    python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    conf.setdefault("spark.pyspark.python", python)
+    conf.setdefault("spark.pyspark.driver.python", sys.executable)
+    for name in PROPAGATED_ENV:
+        if os.environ.get(name):
+            conf.setdefault(f"spark.executorEnv.{name}", os.environ[name])
+    if not _debug_logging():  # the driver JVM's console: warnings only (conf/log4j2.properties)
+        quiet = f"-Dlog4j2.configurationFile={log4j_conf().resolve().as_uri()}"
+        java = conf.get("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = f"{java} {quiet}".strip()
+    conf.update(overrides or {})
+    # on standalone, YARN and Kubernetes: Spark's transport protected unless the profile or
+    # the overrides say otherwise
+    conf.update(transport_defaults(conf.get("spark.master", ""), conf))
+    return conf
+
+
+def quiet_py4j() -> None:
+    """Keeps Py4J's DEBUG lines out of the logs: they dump every command sent to the JVM,
+    settings and pickled task closures included (and with them a run's secrets). Its logger
+    goes to INFO unless its level was set on purpose."""
+    py4j = logging.getLogger("py4j")
+    if py4j.level == logging.NOTSET:
+        py4j.setLevel(logging.INFO)
+
+
+def _debug_logging() -> bool:
+    """True when sparktf logs at DEBUG: Spark's own INFO lines are then wanted too."""
+    level = os.environ.get("SPARKTF_LOG_LEVEL", "").upper()
+    return level == "DEBUG" or logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+
+
+def get_session(
+    app_name: str = "sparktf",
+    profile: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+    remote: str | None = None,
+):
+    """Returns the active SparkSession, or builds one from ``profile`` and ``overrides``.
+
+    With a Spark Connect URL (``remote``, else ``$SPARK_REMOTE`` outside spark-submit) it
+    returns ``sparktf.remote.connect_session``'s session: the profile is not read, only the
+    overrides that are runtime settings apply.
+
+    ``profile`` defaults to ``$SPARKTF_PROFILE`` or "local". When launched by spark-submit,
+    the submitted settings are kept and the profile is not read. Otherwise a master whose
+    executors may run elsewhere gets ``TRANSPORT_SETTINGS`` unless the configuration sets
+    them, and the shared secret a standalone master needs (``transport_secret``) goes to the
+    JVM in a private file, never on its command line.
+
+    Raises:
+        TransportError: authentication on, a standalone master, and its secret not known.
+    """
+    from pyspark.sql import SparkSession
+
+    quiet_py4j()
+    url = connect.remote_url(remote, spark_submit=launched_by_spark_submit())
+    if url is not None:
+        kerberos.preflight(dict(overrides or {}))  # this process still reads and writes HDFS
+        return connect.connect_session(app_name, url, overrides)
+    if os.environ.pop(connect.REMOTE_ENV, None):  # PySpark would go to Connect with it
+        log.info("a classic Spark session: %s ignored", connect.REMOTE_ENV)
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    python = os.environ["PYSPARK_PYTHON"]
+    if os.sep in python and not os.path.isabs(python) and os.path.exists(python):
+        # Executors start Python from their own work directory: a relative path such as
+        # .venv/bin/python would not be found there.
+        os.environ["PYSPARK_PYTHON"] = os.path.abspath(python)
+    builder = SparkSession.builder.appName(app_name)
+    secret = None
+    if launched_by_spark_submit():
+        kerberos.preflight()
+        token = os.environ.get(kerberos.TOKEN_ENV)
+        settings = {f"spark.executorEnv.{kerberos.TOKEN_ENV}": token} if token else {}
+        for key, value in {**settings, **(overrides or {})}.items():
+            builder = builder.config(key, value)
+    else:
+        profile = profile or os.environ.get("SPARKTF_PROFILE", "local")
+        conf = session_conf(profile, overrides)
+        kerberos.preflight(conf)  # no ticket and no keytab: fail before the JVM starts
+        conf.update(kerberos.spark_settings(conf))
+        if conf.get("spark.master", "").startswith(("local", "local-cluster")):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback
+        log.info("starting Spark (%s profile, master %s)", profile, conf.get("spark.master"))
+        secret = conf.pop(SECRET_CONF, None) or transport_secret(conf.get("spark.master", ""), conf)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+    with secret_for_new_jvm(builder, secret) as builder:
+        spark = builder.getOrCreate()
+    default = "INFO" if _debug_logging() else "WARN"
+    spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", default))
+    # A script that ends without spark.stop() ends quietly: stopped here, before Python exits,
+    # the executors are not relaunched (and reported lost) while the JVM shuts down.
+    atexit.register(_stop_at_exit, spark)
+    return spark
+
+
+def _stop_at_exit(spark) -> None:
+    try:
+        if not is_connect(spark) and spark.sparkContext._jsc is not None:
+            spark.stop()
+    except Exception as exc:  # the JVM may already be gone: nothing left to stop
+        log.debug("stopping Spark at exit: %s", exc)
+
+
+@contextmanager
+def job_session(
+    app_name: str,
+    profile: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+    spark=None,
+    remote: str | None = None,
+) -> Iterator[Any]:
+    """The session a job runs on: ``spark`` when its caller has one (a notebook, a test, a
+    pipeline running several jobs), left running; otherwise ``get_session``'s (a Spark
+    Connect one with ``remote``), stopped when the job ends (a clean stop: executors are not
+    relaunched at exit; a Connect session is released on the server)."""
+    if spark is not None:
+        yield spark
+        return
+    session = get_session(app_name, profile=profile, overrides=overrides, remote=remote)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def launched_by_spark_submit() -> bool:
+    """Whether this Python driver was started by spark-submit."""
+    # spark-submit starts the Python driver with PYSPARK_GATEWAY_PORT set to its own JVM.
+    return "PYSPARK_GATEWAY_PORT" in os.environ

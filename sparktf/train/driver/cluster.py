@@ -1,0 +1,204 @@
+"""The driver's side of a run: bring the TensorFlow cluster up on Spark, feed it, watch it,
+take it down.
+
+Layout (one TensorFlow process per Spark executor, placed by TensorFlowOnSpark; the mapping
+from TensorFlowOnSpark's nodes to TensorFlow's roles is :mod:`sparktf.train.driver.roles`):
+
+* ``allreduce``: TensorFlowOnSpark nodes ``chief:0`` and ``worker:0..N-2``, one per executor;
+  they are the N all-reduce workers.
+* ``ps``: TensorFlowOnSpark's ``chief`` is the coordinator. The workers (and the parameter
+  servers, unless ``ps_on_driver``) are started as TensorFlowOnSpark *ps* nodes: such a node
+  keeps its executor busy for the whole run (so feeding tasks only land on the chief's
+  executor), runs in a background process, and is stopped by the driver through its
+  control queue at the end. The driver hands every process its role and the TF cluster
+  through the control channel. With ``ps_on_driver`` the parameter servers are processes of
+  the driver (:mod:`sparktf.train.driver.ps`; two executors then hold chief + one worker).
+
+:class:`ClusterRun` orchestrates the parts: TensorFlowOnSpark's bring-up and teardown
+(:mod:`sparktf.train.driver.bringup`), the control channel (:mod:`sparktf.train.wire.control`), the
+feed of the ``spark`` input mode (:mod:`sparktf.train.feed.job`) and the watch over the run
+(:mod:`sparktf.train.driver.monitor`).
+
+Stop: the chief reports ``done`` after its final checkpoint and export; the driver then
+sets ``stop`` and every other process (parameter servers and ps-workers serving their
+``tf.distribute.Server``, all-reduce workers waiting at the end) exits; TensorFlowOnSpark's
+ps nodes get their control message; nothing waits in ``Server.join()``.
+
+Failure: a process's exception reaches the driver through the control channel at once (with
+its message: a corrupt file names the file); a process that dies silently is noticed when
+its heartbeats stop (``FailureConfig.heartbeat_timeout_s``); a failed Spark job (TensorFlowOnSpark's
+start job, the feed) is noticed from its thread. The driver then aborts the run: every
+TensorFlow process exits within a second or two, feeding tasks fail fast, and
+:class:`~sparktf.train.config.TrainingError` carries the first error. Spark tasks are not
+killed (a killed PySpark worker would orphan TensorFlowOnSpark's processes); they end because
+the processes they wait for end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sparktf.errors import SparktfRuntimeError
+from sparktf.ports import free_port
+from sparktf.train.driver import roles as roles_lib
+from sparktf.train.driver.bringup import TfosCluster, await_executors
+from sparktf.train.driver.monitor import FirstError, RunMonitor, await_goodbyes
+from sparktf.train.driver.ps import DriverPs
+from sparktf.train.feed.job import FeedJob
+from sparktf.train.plan import ProcessSpec, Role, RunPlan
+from sparktf.train.wire.control import ControlServer
+
+__all__ = ["BenchOptions", "ClusterRun"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What only benchmarks change about a run (``bench/feed.py``).
+
+    ``feed_df``: a DataFrame to feed (``spark`` input mode) instead of the split's Parquet;
+    ``consume_only``: the TensorFlow processes only read the feed and train nothing.
+    """
+
+    feed_df: Any = None
+    consume_only: bool = False
+
+
+class ClusterRun:
+    """One run's TensorFlow cluster. Use as a context manager: ``with ClusterRun(...) as c:
+    result = c.start().wait()``; leaving the block always takes everything down."""
+
+    def __init__(self, spark, plan: RunPlan, *, bench: BenchOptions | None = None):
+        self.spark = spark
+        self.plan = plan
+        self.bench = bench or BenchOptions()
+        self.control: ControlServer | None = None
+        self.roles: dict[str, Role] = {}
+        self.tfos = TfosCluster(spark)
+        self.driver_ps = DriverPs()
+        self.feed: FeedJob | None = None
+        self.monitor: RunMonitor | None = None
+        self._first_error = FirstError()
+        self._started = time.monotonic()
+        self._closing = False
+
+    def __enter__(self) -> ClusterRun:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(
+            failed=exc is not None, reason=f"{type(exc).__name__}: {exc}" if exc is not None else ""
+        )
+
+    @property
+    def fed_rows_by(self) -> Counter:
+        """Rows fed to each process (``spark`` input mode; empty otherwise)."""
+        return Counter() if self.feed is None else self.feed.rows_by
+
+    def start(self) -> ClusterRun:
+        """Starts every TensorFlow process of the plan and, in ``spark`` input mode, the feed.
+
+        Raises:
+            SlotsError: the cluster has fewer task slots than the plan has processes on
+                executors (a ConfigError).
+            ConfigError: the executors the plan needs are not registered.
+            TrainingError: TensorFlowOnSpark could not start the cluster.
+        """
+        from sparktf.train.wire import reservation  # imports TensorFlowOnSpark: see TfosCluster
+
+        plan, scaling, run = self.plan, self.plan.scaling, self.plan.run
+        await_executors(self.spark, scaling.num_executors, run.failure.startup_timeout_s)
+        address = reservation.driver_address(self.spark)  # loopback on the local profile
+        self.control = ControlServer(
+            address.advertise, bind_host=address.bind, on_event=self._first_error.record
+        )
+        spec = ProcessSpec(
+            plan=plan,
+            control_url=self.control.url,
+            token=self.control.token,
+            driver_lost_s=max(30.0, run.failure.failure_timeout_s / 2),
+            startup_timeout_s=run.failure.startup_timeout_s,
+            consume_only=self.bench.consume_only,
+        )
+        log.info(
+            "starting TensorFlow on %d executors (%s; input mode %s)",
+            scaling.num_executors,
+            scaling.describe(),
+            plan.train.input_mode,
+        )
+        # The driver's parameter servers start first: they import TensorFlow while the
+        # executors' nodes come up, and get their roles with the others'.
+        driver_keys = roles_lib.driver_ps_keys(scaling)
+        self.driver_ps.start(spec, driver_keys, self.control.issue_token)
+        cluster_info = self.tfos.start(spec, address, issue_token=self._issue_token)
+        # free on every interface: the workers on other hosts reach these servers
+        driver_addresses = [f"{address.advertise}:{free_port('')}" for _ in driver_keys]
+        self.roles = roles_lib.assign_roles(cluster_info, scaling, driver_addresses)
+        self.driver_ps.name(self.roles)
+        self.control.publish_plans(
+            {key: {**role.to_dict(), "name": role.name} for key, role in self.roles.items()}
+        )
+        for key, role in sorted(self.roles.items(), key=lambda kv: kv[1].name):
+            log.info("  %-9s %s", role.name, key)
+        checks = [self.tfos.failure]
+        if plan.train.input_mode == "spark":
+            nodes = self.tfos.nodes
+            feeding = {key: nodes[key] for key in roles_lib.feeding_keys(self.roles)}
+            self.feed = FeedJob(self.spark, plan, self.control, feeding, df=self.bench.feed_df)
+            checks.append(self.feed.start().failure)
+        checks.append(self.driver_ps.failure)
+        self.monitor = RunMonitor(
+            run,
+            self.control,
+            self.roles,
+            started=self._started,
+            first_error=self._first_error,
+            checks=checks,
+        )
+        return self
+
+    def _issue_token(self, meta: dict) -> str:
+        """The control token of the TensorFlow process of a registering node."""
+        return self.control.issue_token(f"executor-{int(meta['executor_id'])}")
+
+    def wait(self, *, all_nodes: bool = False) -> dict:
+        """Blocks until the chief is done (returns its result) or the run fails; see
+        :meth:`sparktf.train.driver.monitor.RunMonitor.wait`.
+
+        Raises:
+            TrainingError: the run failed.
+            RuntimeError: :meth:`start` has not been called.
+        """
+        if self.monitor is None:
+            raise SparktfRuntimeError("ClusterRun.wait() before start()")
+        return self.monitor.wait(all_nodes=all_nodes)
+
+    def close(self, *, failed: bool, reason: str = "") -> None:
+        """Ends every process and Spark job of the run (also after a failure)."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.feed is not None:
+            self.feed.expect_end()
+        control = self.control
+        if control is None:
+            return
+        if failed:
+            control.request_abort(reason or "the driver ended the run")
+        else:
+            control.request_stop()
+        deadline = time.monotonic() + self.plan.run.failure.cleanup_timeout_s
+        # Processes leave on stop/abort; wait for their goodbyes (a dead one never says it).
+        await_goodbyes(control, list(self.roles), deadline)
+        self.tfos.stop_ps_nodes(deadline)
+        if self.feed is not None:
+            self.feed.stop(deadline)
+        self.tfos.wait_for_jobs(deadline)
+        self.driver_ps.stop(deadline)
+        self.tfos.close()
+        control.close()

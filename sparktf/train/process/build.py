@@ -1,0 +1,128 @@
+"""What a training process builds before its first step: :func:`build_training`.
+
+The strategy comes from ``TF_CONFIG`` (set by :mod:`sparktf.train.process.main` from the driver's
+plan): ``MultiWorkerMirroredStrategy`` (all-reduce) or ``ParameterServerStrategy`` with a
+``ClusterCoordinator`` on the chief (ps). Under ``strategy.scope()``: the model (in the
+task's precision policy), the variables left to train (``TrainConfig.trainable_scopes``),
+the optimizer with the registry's learning-rate schedule, and a ``global_step`` variable.
+Then the model directory's latest checkpoint is restored (step, optimizer state and so the
+schedule continue), or, on a fresh run, the fine-tuning source is loaded
+(``TrainConfig.checkpoint_path``); last, the step function of the strategy
+(:mod:`sparktf.train.process.steps`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sparktf.train.artifacts import ModelDir
+from sparktf.train.plan import Role, RunPlan
+from sparktf.train.process import warmstart
+from sparktf.train.process.steps import AllReduceStep, ParameterServerStep
+
+__all__ = ["Built", "build_training"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Built:
+    """A process ready to train: ``optimizer`` is one optimizer or a dict of them (a GAN's
+    two nets); ``start_step`` is the restored global step (0 on a fresh run) and
+    ``checkpoint`` the checkpoint it came from (None on a fresh run)."""
+
+    model: Any
+    optimizer: Any
+    global_step: Any
+    stepper: AllReduceStep | ParameterServerStep
+    start_step: int
+    checkpoint: str | None
+
+
+def build_training(
+    plan: RunPlan,
+    role: Role,
+    task,
+    model_dir: ModelDir,
+    *,
+    with_strategy: Callable[[], None] = lambda: None,
+) -> Built:
+    """Strategy, model, optimizer and step variable; the latest checkpoint restored (or the
+    fine-tuning source loaded) and attached to ``model_dir`` for the next saves; the step.
+
+    ``with_strategy`` is called once the strategy exists, before the model is built: the
+    first TensorFlow work that may run beside the build (a strategy must configure the
+    runtime before anything else uses it)."""
+    import tensorflow as tf
+
+    from sparktf import models
+
+    if plan.scaling.threads_per_worker:
+        # Only intra-op: distributed runtimes need several inter-op threads (a
+        # parameter-server step with one inter-op thread deadlocks).
+        tf.config.threading.set_intra_op_parallelism_threads(plan.scaling.threads_per_worker)
+    strategy, coordinator = _strategy(tf, plan, role)
+    with_strategy()
+    with strategy.scope():
+        with models.precision_policy(task.config["precision"]):
+            model = task.build_model()  # export/eval models: float32
+        # before the optimizer: it builds slots for the trainable variables only
+        warmstart.apply_trainable_scopes(model, plan.train.trainable_scopes)
+        optimizer = task.make_optimizer(plan.steps_per_epoch, model)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    restored = _restore(tf, plan, model_dir, model, optimizer, global_step)
+    start_step = int(global_step.numpy())
+    common = dict(global_batch=plan.global_batch, seed=plan.train.seed)
+    parts = (task, model, optimizer, global_step)
+    if coordinator is not None:
+        stepper = ParameterServerStep(tf, strategy, coordinator, *parts, **common)
+    else:
+        stepper = AllReduceStep(tf, strategy, *parts, num_workers=role.num_workers, **common)
+    log.info(
+        "%s: %s, global batch %d, steps %d -> %d",
+        role.name,
+        task.name,
+        plan.global_batch,
+        start_step,
+        plan.target_steps,
+    )
+    return Built(model, optimizer, global_step, stepper, start_step, restored)
+
+
+def _strategy(tf, plan: RunPlan, role: Role):
+    """The strategy from TF_CONFIG, and the chief's coordinator under ps."""
+    if role.strategy == "ps":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
+        return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    # A collective that waits longer than the stall timeout (a peer stuck or gone) fails
+    # the step instead of hanging the process.
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=plan.run.failure.stall_timeout_s
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), None
+
+
+def _restore(tf, plan: RunPlan, model_dir: ModelDir, model, optimizer, global_step) -> str | None:
+    """The model directory's latest checkpoint (returned), else the fine-tuning source, if
+    any."""
+    train = plan.train
+    optimizers = optimizer if isinstance(optimizer, dict) else {"": optimizer}
+    checkpoint = tf.train.Checkpoint(
+        model=model,
+        global_step=global_step,
+        **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
+    )
+    restored = model_dir.attach(checkpoint, keep=plan.run.checkpoint.keep)
+    if train.checkpoint_path and restored:
+        log.info(
+            "resuming from %s: --checkpoint-path %s is ignored", restored, train.checkpoint_path
+        )
+    elif train.checkpoint_path:  # every all-reduce worker: variables are not re-synced
+        warmstart.warm_start(
+            model, train.checkpoint_path, exclude_scopes=train.checkpoint_exclude_scopes
+        )
+    return restored

@@ -1,0 +1,588 @@
+"""Authenticated start-up: TensorFlowOnSpark's reservation exchange without pickle.
+
+TensorFlowOnSpark brings the cluster up through a reservation server on the driver: every
+executor task registers its node (host, TF port, its manager's address and *authkey*), polls
+until all have registered and fetches the list. Its own server binds every interface and
+``pickle.loads`` whatever arrives, so anyone who can reach the port runs code on the driver,
+and anyone who asks gets every manager's authkey (code execution on the executors).
+
+This module replaces that message layer for sparktf's runs (sparktf's own bring-up,
+:mod:`sparktf.train.driver.bringup`, runs TensorFlowOnSpark's node code). Three parts:
+
+* the wire: :mod:`sparktf.train.wire.frames` (length-prefixed frames sealed with AES-256-GCM,
+  authenticated before anything is decoded, no replay, encrypted JSON bodies), served by its
+  :class:`~sparktf.train.wire.frames.FramedServer`;
+* the reservation protocol: :class:`ReservationBook` answers TensorFlowOnSpark's four
+  messages (``REG``, ``QUERY``, ``QINFO``, ``STOP``) over the list of registered nodes;
+* thin adaptors with the interfaces TensorFlowOnSpark calls: :class:`AuthServer` (its
+  ``reservation.Server``) and :class:`AuthClient` (its ``reservation.Client``), composed of
+  the two parts above.
+
+The per-run secret (:func:`secrets.token_bytes`) reaches the executors only inside the Spark
+task closure (:func:`run_with_auth_client`), so it is as private as Spark's own channel
+(``spark.authenticate`` and ``spark.network.crypto.enabled`` protect it on a shared network).
+
+When the driver gives the server an ``issue_token`` callable, the answer to a node's ``REG``
+carries the control token of that node's TensorFlow process (sealed like every answer); the
+client keeps it for the node function (:func:`sparktf.train.wire.control.issued_token`). A node
+registers once: a second ``REG`` for the same executor is refused.
+
+:func:`authenticated_startup` serves one bring-up (:mod:`sparktf.train.driver.bringup`): the
+server binds only the driver's address (:func:`driver_address`: ``spark.driver.bindAddress``/
+``spark.driver.host``, loopback on the local profile; on a Spark Connect client the address
+that reaches the Connect server), and is stopped on every exit path -- at once when the start
+fails, and as soon as every node has fetched the complete cluster when it succeeds (sparktf's
+control server takes over from there).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tensorflowonspark import reservation as tfos_reservation
+
+from sparktf import remote
+from sparktf.errors import SparktfValueError
+from sparktf.remote import is_connect
+from sparktf.train.wire import control
+from sparktf.train.wire.frames import (
+    MAX_FRAME_BYTES,
+    NONCE_BYTES,
+    TAG_BYTES,
+    Codec,
+    FramedClient,
+    FramedServer,
+    FrameError,
+    Rejected,
+    decode,
+    encode,
+)
+from sparktf.train.wire.limits import ConnectionLimits
+
+__all__ = [
+    "AWAIT_POLL_S",
+    "CLIENT_TIMEOUT_S",
+    "DRIVER_HOST_ENV",
+    "COMPAT",
+    "MAX_FRAME_BYTES",
+    "NONCE_BYTES",
+    "SERVED_TIMEOUT_S",
+    "TAG_BYTES",
+    "AuthClient",
+    "AuthServer",
+    "Codec",
+    "DriverAddress",
+    "Rejected",
+    "ReservationBook",
+    "ReservationError",
+    "Startup",
+    "authenticated_startup",
+    "bound_manager_class",
+    "decode",
+    "defer_tensorflow_import",
+    "connect_driver_address",
+    "driver_address",
+    "encode",
+    "quiet_tensorflowonspark",
+    "run_with_auth_client",
+    "server_ports",
+]
+
+log = logging.getLogger(__name__)
+
+CLIENT_TIMEOUT_S = 60.0
+SERVED_TIMEOUT_S = 30.0  # after a start: how long the server waits for the last fetches
+AWAIT_POLL_S = 0.1  # how often the driver and the nodes check that every node registered
+WHAT = "reservation server"  # how logs and errors name the server
+# Where a Spark Connect client's servers listen, when the executors reach it there.
+DRIVER_HOST_ENV = "SPARKTF_DRIVER_HOST"
+
+
+class ReservationError(FrameError):
+    """The client side: the reservation server's answer could not be used."""
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+class ReservationBook:
+    """The reservation protocol: the nodes registered so far, and the answers to
+    TensorFlowOnSpark's messages about them. Thread-safe.
+
+    ``on_stop`` is called when a node asks the server to stop (``STOP``); ``issue_token``,
+    when given, is called with each registering node's metadata and returns the control
+    token its ``REG`` answer carries (``{"ok": True, "token": ...}`` instead of ``"OK"``); it
+    raises ValueError for a node that must not register (its executor already has).
+
+    Raises:
+        ValueError: when ``required`` is below 1.
+    """
+
+    def __init__(
+        self,
+        required: int,
+        *,
+        on_stop: Callable[[], None] = lambda: None,
+        issue_token: Callable[[dict], str] | None = None,
+    ):
+        if required < 1:
+            raise SparktfValueError(f"a cluster needs at least one node, not {required}")
+        self.required = required
+        self._issue_token = issue_token
+        self.all_served = threading.Event()  # every node fetched the complete list
+        self._on_stop = on_stop
+        self._lock = threading.Lock()
+        self._nodes: list[dict] = []
+        self._served = 0  # answers to QINFO that held every reservation
+
+    def add(self, meta: dict) -> None:
+        with self._lock:
+            self._nodes.append(meta)
+
+    def get(self) -> list[dict]:
+        """The registered nodes, in the order they registered (a copy)."""
+        with self._lock:
+            return list(self._nodes)
+
+    def _register(self, meta: dict) -> Any:
+        if self._issue_token is None:
+            self.add(meta)
+            return "OK"
+        with self._lock:
+            if len(self._nodes) >= self.required:
+                log.warning("%s: refused a registration: every node has registered", WHAT)
+                return "ERR"
+            try:
+                token = self._issue_token(meta)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: refused a registration: %s", WHAT, exc)
+                return "ERR"
+            self._nodes.append(meta)
+        return {"ok": True, "token": token}
+
+    def done(self) -> bool:
+        """Whether every required node has registered."""
+        with self._lock:
+            return len(self._nodes) >= self.required
+
+    def answer(self, msg: Any) -> Any:
+        """The answer to one verified message (``"ERR"`` to anything unknown)."""
+        if not isinstance(msg, dict):
+            return "ERR"
+        kind = msg.get("type")
+        if kind == "REG" and isinstance(msg.get("data"), dict):
+            return self._register(msg["data"])
+        if kind == "QUERY":
+            return self.done()
+        if kind == "QINFO":
+            info = self.get()
+            if len(info) >= self.required:
+                with self._lock:
+                    self._served += 1
+                    if self._served >= self.required:
+                        self.all_served.set()
+            return info
+        if kind == "STOP":
+            self._on_stop()
+            return "OK"
+        return "ERR"
+
+
+def server_ports() -> list[int]:
+    """The ports the reservation server may bind: TensorFlowOnSpark's ``TFOS_SERVER_PORT``
+    (one port, or a range ``first-last``), else ``[0]`` (any).
+
+    Raises:
+        ValueError: when the setting is neither.
+    """
+    text = os.environ.get(tfos_reservation.TFOS_SERVER_PORT, "0")
+    first, sep, last = text.partition("-")
+    try:
+        return list(range(int(first), int(last) + 1)) if sep else [int(text)]
+    except ValueError:
+        raise SparktfValueError(
+            f"{tfos_reservation.TFOS_SERVER_PORT}={text!r} is neither a port nor a range"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- adaptors
+
+
+class AuthServer:
+    """TensorFlowOnSpark's reservation ``Server`` (``start``, ``stop``, ``done``), served over
+    authenticated frames on one address; ``reservations`` holds the registered nodes.
+
+    ``start()`` returns ``(advertise_host, port)`` for ``cluster_meta``; the port comes from
+    ``TFOS_SERVER_PORT`` when set (TensorFlowOnSpark's setting), else any.
+
+    ``issue_token``: see :class:`ReservationBook`; ``limits``: see
+    :class:`~sparktf.train.wire.frames.FramedServer`.
+
+    Raises:
+        ValueError: when ``count`` is below 1 or ``secret`` shorter than 16 bytes.
+    """
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        secret: bytes,
+        bind_host: str,
+        advertise_host: str | None = None,
+        issue_token: Callable[[dict], str] | None = None,
+        limits: ConnectionLimits | None = None,
+    ):
+        self.bind_host = bind_host
+        self.advertise_host = advertise_host or bind_host
+        self.address: tuple[str, int] | None = None
+        self._server = FramedServer(
+            Codec(secret), self._answer, what=WHAT, logger=log, limits=limits
+        )
+        self.reservations = ReservationBook(
+            count, on_stop=self._server.request_stop, issue_token=issue_token
+        )
+
+    def _answer(self, msg: Any) -> Any:
+        return self.reservations.answer(msg)
+
+    @property
+    def done(self) -> bool:
+        """Whether the server has been asked to stop (TensorFlowOnSpark reads it)."""
+        return self._server.done
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the server has stopped and closed its socket."""
+        return self._server.stopped
+
+    def start(self) -> tuple[str, int]:
+        """Starts answering; returns the address the nodes reach it at.
+
+        Raises:
+            OSError: when no port of ``TFOS_SERVER_PORT`` can be bound.
+        """
+        port = self._server.listen(self.bind_host, server_ports())
+        self.address = (self.advertise_host, port)
+        return self.address
+
+    def stop(self) -> None:
+        """Stops the server; returns once its socket is closed."""
+        self._server.stop()
+
+    def stop_when_served(self, timeout_s: float = SERVED_TIMEOUT_S) -> None:
+        """Stops the server (in the background) once every node has fetched the complete
+        reservation list, or after ``timeout_s``."""
+
+        def wait_and_stop() -> None:
+            if not self.reservations.all_served.wait(timeout_s):
+                log.debug("reservation server: not every node fetched the cluster; stopping")
+            self.stop()
+
+        threading.Thread(
+            target=wait_and_stop, name="sparktf-reservations-stop", daemon=True
+        ).start()
+
+
+class AuthClient:
+    """TensorFlowOnSpark's reservation ``Client`` (``register``, ``get_reservations``,
+    ``await_reservations``, ``request_stop``, ``close``) speaking :class:`AuthServer`'s frames.
+    TensorFlowOnSpark constructs it as ``reservation.Client(server_addr)``:
+    :func:`run_with_auth_client` binds the secret.
+
+    Raises:
+        OSError: when the server cannot be reached.
+    """
+
+    def __init__(self, server_addr, *, secret: bytes, timeout_s: float = CLIENT_TIMEOUT_S):
+        self.server_addr = tuple(server_addr)
+        self._client = FramedClient(
+            self.server_addr,
+            Codec(secret),
+            what=WHAT,
+            timeout_s=timeout_s,
+            retries=tfos_reservation.MAX_RETRIES,
+            error=ReservationError,
+        )
+        log.debug("connected to the reservation server at %s", self.server_addr)
+
+    def request(self, msg_type: str, msg_data: Any = None) -> Any:
+        """Sends one message of the protocol; returns the server's answer.
+
+        Raises:
+            ReservationError: when the answer cannot be used (see
+                :meth:`sparktf.train.wire.frames.FramedClient.request`).
+        """
+        msg: dict[str, Any] = {"type": msg_type}
+        if msg_data:
+            msg["data"] = msg_data
+        return self._client.request(msg)
+
+    def register(self, reservation: dict) -> Any:
+        """Registers this node; returns ``"OK"`` (TensorFlowOnSpark's answer). A control token
+        in the answer is kept (:func:`sparktf.train.wire.control.keep_issued_token`).
+
+        Raises:
+            ReservationError: when the server refused the registration.
+        """
+        answer = self.request("REG", reservation)
+        if isinstance(answer, dict) and isinstance(answer.get("token"), str):
+            control.keep_issued_token(answer["token"])
+            return "OK"
+        if answer != "OK":
+            raise ReservationError(f"the {WHAT} refused this node's registration: {answer!r}")
+        return answer
+
+    def get_reservations(self) -> list[dict]:
+        return self.request("QINFO")
+
+    def await_reservations(self) -> list[dict]:
+        """Asks every ``AWAIT_POLL_S`` until every node has registered, then returns the
+        cluster (TensorFlowOnSpark's client sleeps a whole second, even after the answer)."""
+        while not self.request("QUERY"):
+            time.sleep(AWAIT_POLL_S)
+        return self.get_reservations()
+
+    def request_stop(self) -> Any:
+        return self.request("STOP")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+# ----------------------------------------------------------------------------- executors
+
+
+def run_with_auth_client(f, secret: bytes, iterator):
+    """Runs TensorFlowOnSpark's partition function ``f`` on an executor with its
+    ``reservation.Client`` speaking :class:`AuthServer`'s frames; restores the original
+    afterwards (PySpark reuses workers: a later plain TensorFlowOnSpark run must not see it).
+
+    ``f`` arrives as the bytes :meth:`Startup.node_function` made of it on the driver, inside
+    this Spark task's own payload (the same trust as the task itself), and is loaded only
+    after :func:`defer_tensorflow_import`: the Spark worker that runs the reservation then
+    does not import TensorFlow (sparktf's TensorFlow process is a fresh interpreter)."""
+    from pyspark import cloudpickle
+    from tensorflowonspark import TFManager as tfos_manager  # noqa: N813 (a module)
+    from tensorflowonspark import util
+
+    quiet_tensorflowonspark(secret)
+    defer_tensorflow_import()
+    f = cloudpickle.loads(f)
+    original = tfos_reservation.Client, tfos_manager.TFManager
+    tfos_reservation.Client = functools.partial(AuthClient, secret=secret)
+    tfos_manager.TFManager = bound_manager_class(tfos_manager.TFManager, util.get_ip_address())
+    control.keep_issued_token(None)  # a reused worker: nothing of an earlier run's node
+    try:
+        return f(iterator)
+    finally:
+        tfos_reservation.Client, tfos_manager.TFManager = original
+        control.keep_issued_token(None)
+
+
+def quiet_tensorflowonspark(*secrets: bytes | str) -> None:
+    """TensorFlowOnSpark logs every node's manager ``authkey`` at INFO (``TFSparkNode.reserve``
+    and the cluster spec), in an executor's stderr, which Spark's UI serves: its log lines are
+    redacted, and quiet unless DEBUG (the one switch for the driver and the executors:
+    :func:`sparktf.train.wire.tfos_logs.protect_tensorflowonspark_logs`; ``secrets`` are redacted
+    too)."""
+    from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
+
+    protect_tensorflowonspark_logs(*secrets)
+
+
+def bound_manager_class(manager_class: type, host: str) -> type:
+    """``manager_class`` (TensorFlowOnSpark's ``TFManager``) listening on ``host`` where
+    TensorFlowOnSpark asks for every interface: its parameter servers' and evaluators'
+    managers (``('', 0)``) are reached only at the address the node advertises, ``host``."""
+
+    class BoundTFManager(manager_class):
+        def __init__(self, address=None, *args, **kwargs):
+            if isinstance(address, tuple) and address[0] == "":
+                address = (host, address[1])
+            super().__init__(address, *args, **kwargs)
+
+    return BoundTFManager
+
+
+COMPAT = "tensorflowonspark.compat"
+
+
+def defer_tensorflow_import() -> None:
+    """Makes ``tensorflowonspark.compat`` load on first use instead of at import.
+
+    TensorFlowOnSpark's node module imports ``TFNode``, which imports ``compat``, which imports
+    TensorFlow at module level: a heavy import, in CPU time and memory, in every Spark worker
+    that only runs the reservation and starts sparktf's own TensorFlow process. The module put in
+    its place loads the real one (from its file) the first time an attribute is asked for, so
+    code that does use ``compat`` behaves as before. No-op once the real one is imported."""
+    import importlib.util
+    import types
+
+    if COMPAT in sys.modules:
+        return
+    spec = importlib.util.find_spec(COMPAT)
+    if spec is None or spec.origin is None:
+        return
+    lazy = types.ModuleType(COMPAT, "tensorflowonspark.compat, loaded on first use by sparktf")
+    real: list = []
+
+    def __getattr__(name: str):  # noqa: N807 (PEP 562 module attribute hook)
+        if not real:
+            loaded = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(loaded)
+            real.append(loaded)
+        return getattr(real[0], name)
+
+    lazy.__getattr__ = __getattr__
+    sys.modules[COMPAT] = lazy
+    sys.modules["tensorflowonspark"].compat = lazy
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+@dataclass(frozen=True)
+class DriverAddress:
+    """Where the driver's servers listen (:func:`driver_address`)."""
+
+    bind: str  # the IPv4 address the driver's servers bind
+    advertise: str  # the name or address executors connect to
+
+
+def _ipv4(host: str) -> str:
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except OSError as exc:
+        raise OSError(f"cannot resolve the driver address {host!r}: {exc}") from None
+
+
+def _route_to(host: str, port: int) -> str:
+    """The local IPv4 address this machine uses to reach ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((_ipv4(host), port or 15002))
+        return sock.getsockname()[0]
+
+
+def connect_driver_address(spark) -> DriverAddress:
+    """A Spark Connect client is the run's driver: its servers listen where the cluster's
+    executors reach this machine -- ``SPARKTF_DRIVER_HOST``, else ``SPARK_LOCAL_IP`` (unless
+    it is loopback and the server is not), else the address that routes to the Connect
+    server (loopback for a server on this machine). Never every interface.
+
+    Raises:
+        ValueError: a wildcard address, or no way to tell the address.
+    """
+    host, port, _ = remote.channel(spark)
+    advertise = os.environ.get(DRIVER_HOST_ENV)
+    local_ip = os.environ.get("SPARK_LOCAL_IP")
+    if not advertise and local_ip:
+        if remote.is_loopback(local_ip) and not remote.is_loopback(host):
+            log.warning(
+                "SPARK_LOCAL_IP=%s is loopback and the Connect server %s is not: the run's "
+                "servers listen where this machine reaches it instead (set %s to choose)",
+                local_ip,
+                host,
+                DRIVER_HOST_ENV,
+            )
+        else:
+            advertise = local_ip
+    advertise = advertise or _route_to(host, port)
+    if advertise in ("0.0.0.0", "::", "*"):
+        raise SparktfValueError(
+            f"{advertise} would listen on every interface: set {DRIVER_HOST_ENV} to the "
+            "address the Connect server's executors reach this machine at"
+        )
+    return DriverAddress(bind=_ipv4(advertise), advertise=advertise)
+
+
+def driver_address(spark) -> DriverAddress:
+    """Where the driver's servers listen: Spark's own driver address.
+
+    Advertised: ``spark.driver.host`` (what executors already use to reach the driver), else
+    ``SPARK_LOCAL_IP``, else TensorFlowOnSpark's guess. Bound: ``spark.driver.bindAddress``
+    when it names one address, else the advertised one -- never every interface. On the local
+    profile both are 127.0.0.1. ``spark`` may be a Spark Connect session: see
+    :func:`connect_driver_address`.
+    """
+    from tensorflowonspark import util
+
+    if is_connect(spark):
+        return connect_driver_address(spark)
+    conf = spark.sparkContext.getConf()
+    advertise = (
+        conf.get("spark.driver.host", None)
+        or os.environ.get("SPARK_LOCAL_IP")
+        or util.get_ip_address()
+    )
+    bind = conf.get("spark.driver.bindAddress", None)
+    if not bind or bind in ("0.0.0.0", "::", "*"):
+        bind = advertise
+    return DriverAddress(bind=_ipv4(bind), advertise=advertise)
+
+
+@dataclass
+class Startup:
+    """One authenticated start-up: the secret and its reservation server."""
+
+    secret: bytes
+    address: DriverAddress
+    server: AuthServer | None = None
+
+    def node_function(self, f: Callable[[Iterator], Any]) -> Callable[[Iterator], Any]:
+        """TensorFlowOnSpark's node function ``f`` as a Spark task runs it: with the
+        authenticated client (:func:`run_with_auth_client`)."""
+        from pyspark import cloudpickle
+
+        # f as bytes: unpickling it imports TensorFlowOnSpark's node module, which must wait
+        # until run_with_auth_client has deferred its TensorFlow import.
+        return functools.partial(run_with_auth_client, cloudpickle.dumps(f), self.secret)
+
+
+@contextmanager
+def authenticated_startup(
+    address: DriverAddress,
+    count: int,
+    *,
+    served_timeout_s: float = SERVED_TIMEOUT_S,
+    issue_token: Callable[[dict], str] | None = None,
+) -> Iterator[Startup]:
+    """A started :class:`AuthServer` for ``count`` nodes, with a fresh secret, for the block
+    (one bring-up); ``startup.node_function`` makes the executors' side.
+
+    Leaving the block stops the server: at once when the block raised (anything,
+    ``SystemExit`` included), else once every node has fetched the cluster.
+    ``issue_token`` (see :class:`ReservationBook`) gives each registering node the control
+    token of its TensorFlow process.
+
+    Raises:
+        OSError: when no port of ``TFOS_SERVER_PORT`` can be bound.
+    """
+    startup = Startup(secret=secrets.token_bytes(32), address=address)
+    startup.server = AuthServer(
+        count,
+        secret=startup.secret,
+        bind_host=address.bind,
+        advertise_host=address.advertise,
+        issue_token=issue_token,
+    )
+    startup.server.start()
+    succeeded = False
+    try:
+        yield startup
+        succeeded = True
+    finally:
+        if succeeded:
+            startup.server.stop_when_served(served_timeout_s)
+        else:
+            startup.server.stop()
