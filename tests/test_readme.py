@@ -291,6 +291,14 @@ def test_quickstart_trains_a_model_that_learned(tmp_path):
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-4000:]
+    # A newcomer's first run is quiet: no warning of sparktf's own stack (pyspark warned
+    # about pandas 3 twice before the default stack took pandas 2.3).
+    noisy = [
+        line
+        for line in (run.stdout + run.stderr).splitlines()
+        if "FutureWarning" in line or "DeprecationWarning" in line
+    ]
+    assert not noisy, "\n".join(noisy)
     shown = helpers.run_command(
         [sys.executable, "-m", "sparktf.jobs.quickstart", result_file, *train_args],
         cwd=ROOT,
