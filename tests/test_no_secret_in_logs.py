@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktf.train.wire import tfos_logs
+from sparktf.security import redact
 from tests.helpers import assert_nothing_left
 
 
@@ -110,10 +110,10 @@ def run_secrets(found: dict) -> dict[str, bytes | str]:
 
 
 def search_forms(secret: bytes | str) -> set[str]:
-    """``tfos_logs.secret_forms`` and the base64 of the secret inside a longer base64 text
+    """``redact.secret_forms`` and the base64 of the secret inside a longer base64 text
     (a pickled closure in Py4J's command dump): its stable part at each of the 3 offsets."""
     raw = secret if isinstance(secret, bytes) else secret.encode()
-    forms = set(tfos_logs.secret_forms(secret))
+    forms = set(redact.secret_forms(secret))
     for offset in range(3):
         encoded = base64.b64encode(b"\0" * offset + raw).decode()
         start, end = (0, 2, 3)[offset], (offset + len(raw)) // 3 * 4

@@ -14,6 +14,7 @@ import pytest
 
 from sparktf import cli, spark
 from sparktf.console import submit
+from sparktf.security import redact
 from sparktf.train.wire import tfos_logs
 from tests.helpers import ConfSession
 
@@ -213,7 +214,7 @@ def test_tensorflowonspark_node_lines_lose_their_authkeys_at_every_level(tfos_lo
         logging.info("Cluster spec: %s", {"authkey": authkey.hex()})  # TFNode logs on root
     text = caplog.text + "".join(r.getMessage() for r in caplog.records)
     assert len(caplog.records) == 5
-    for form in tfos_logs.secret_forms(authkey) | tfos_logs.secret_forms(run_secret):
+    for form in redact.secret_forms(authkey) | redact.secret_forms(run_secret):
         assert form not in text, form
     assert "'authkey': <redacted>" in text and "'executor_id': 0" in text
     assert logging.getLogger("tensorflowonspark").level == logging.DEBUG
@@ -234,7 +235,7 @@ def test_tensorflowonspark_goes_quiet_unless_sparktf_logs_at_debug(tfos_loggers)
     finally:
         sparktf_log.setLevel(level)
     for name in tfos_logs.TFOS_LOGGERS:
-        assert logging.getLogger(name).filters.count(tfos_logs.FILTER) == 1
+        assert logging.getLogger(name).filters.count(redact.FILTER) == 1
 
 
 # ----------------------------------------------------------------------------- running apps

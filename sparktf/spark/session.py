@@ -17,6 +17,7 @@ from typing import Any
 from sparktf import remote as connect
 from sparktf.remote import is_connect
 from sparktf.security import kerberos
+from sparktf.security.redact import quiet_py4j
 from sparktf.spark.profiles import PROPAGATED_ENV, cluster_master, log4j_conf, profile_conf
 from sparktf.spark.transport import (
     SECRET_CONF,
@@ -58,15 +59,6 @@ def session_conf(
     # the overrides say otherwise
     conf.update(transport_defaults(conf.get("spark.master", ""), conf))
     return conf
-
-
-def quiet_py4j() -> None:
-    """Keeps Py4J's DEBUG lines out of the logs: they dump every command sent to the JVM,
-    settings and pickled task closures included (and with them a run's secrets). Its logger
-    goes to INFO unless its level was set on purpose."""
-    py4j = logging.getLogger("py4j")
-    if py4j.level == logging.NOTSET:
-        py4j.setLevel(logging.INFO)
 
 
 def _debug_logging() -> bool:

@@ -28,12 +28,13 @@ import time
 from sparktf import remote
 from sparktf import spark as spark_lib
 from sparktf.remote import is_connect
+from sparktf.security.redact import REDACTED
 from sparktf.train.config import ConfigError, TrainingError
 from sparktf.train.driver import gang
 from sparktf.train.driver import roles as roles_lib
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process import launcher
-from sparktf.train.wire.tfos_logs import REDACTED, protect_tensorflowonspark_logs
+from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
 
 __all__ = [
     "QUEUES",
