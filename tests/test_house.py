@@ -216,3 +216,52 @@ def test_repeated_basenames_are_found(tmp_path):
 def test_no_two_modules_share_a_name():
     found = repeated_basenames(SOURCES)
     assert not found, f"one name, one meaning: rename one of each {found}"
+
+
+def patches(path: Path, root: Path = ROOT) -> list[str]:
+    """Run-time patches of another package in one file: an assignment to ``sys.modules[...]``
+    or to an attribute of a name imported from ``tensorflowonspark``, as 'file:line'."""
+    tree = ast.parse(path.read_text())
+    tfos = {
+        alias.asname or alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+        if (getattr(node, "module", None) or alias.name).startswith("tensorflowonspark")
+    }
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            for part in ast.walk(target):
+                if (
+                    isinstance(part, ast.Subscript)
+                    and ast.unparse(part.value) == "sys.modules"
+                    or isinstance(part, ast.Attribute)
+                    and isinstance(part.value, ast.Name)
+                    and part.value.id in tfos
+                ):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_patches_finds_a_module_swap_and_a_class_swap(tmp_path):
+    src = tmp_path / "patch.py"
+    src.write_text(
+        "import sys\n"
+        "from tensorflowonspark import reservation as r, TFManager\n"
+        "r.Client, x = 1, 2\n"
+        "sys.modules['tensorflowonspark.compat'] = None\n"
+        "TFManager.TFManager = object\n"
+        "y = r.Client\n"
+    )
+    assert patches(src, tmp_path) == ["patch.py:3", "patch.py:4", "patch.py:5"]
+
+
+def test_nothing_of_tensorflowonspark_is_patched_at_run_time():
+    found = [line for path in SOURCES for line in patches(path)]
+    assert not found, "use TensorFlowOnSpark's public API, or sparktf's own code:\n" + "\n".join(
+        found
+    )

@@ -28,6 +28,7 @@ import pytest
 from tensorflowonspark import reservation as tfos_reservation
 
 from sparktf.ports import free_port
+from sparktf.security import redact
 from sparktf.train.wire import reservation
 from sparktf.train.wire.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
 
@@ -269,99 +270,68 @@ def test_authenticated_startup_always_stops_the_server():
     assert srv.stopped and refused(srv.address)
 
 
-def test_node_function_runs_with_the_authenticated_client(server):
-    """What a barrier task runs: TensorFlowOnSpark's node function, shipped as bytes, with
-    the client that speaks the authenticated frames."""
-    startup = reservation.Startup(secret=server.secret, address=None, server=server)
-    address = server.address
-
-    def node_function(iterator):  # what TensorFlowOnSpark's _mapfn does with the client
-        client = tfos_reservation.Client(address)
-        assert isinstance(client, reservation.AuthClient)
-        client.register({**NODE, "executor_id": next(iterator)})
-
-    startup.node_function(node_function)(iter([3]))
-    assert server.reservations.get()[0]["executor_id"] == 3
-
-
-def test_executor_side_swap_is_undone_even_on_failure(server):
-    original = tfos_reservation.Client
-    address = server.address
-
-    def node_function(iterator):  # what TensorFlowOnSpark's _mapfn does with the client
-        client = tfos_reservation.Client(address)
-        assert isinstance(client, reservation.AuthClient)
-        client.register({**NODE, "executor_id": next(iterator)})
-        raise ValueError("the node failed")
-
-    from pyspark import cloudpickle
-
-    payload = cloudpickle.dumps(node_function)  # as AuthenticatedNodes ships it
-    with pytest.raises(ValueError, match="the node failed"):
-        reservation.run_with_auth_client(payload, server.secret, iter([7]))
-    assert tfos_reservation.Client is original
-    assert server.reservations.get()[0]["executor_id"] == 7
-
-
-def test_executor_managers_listen_on_the_node_address_and_authkeys_stay_out_of_logs(server, caplog):
-    """TensorFlowOnSpark starts a parameter server's manager on every interface (its address
-    and authkey let anyone run code in the executor) and logs the authkeys at INFO into the
-    executor's stderr; on an executor under sparktf neither happens."""
+def test_a_node_joins_with_the_authenticated_client_and_a_private_manager(
+    tmp_path, monkeypatch, caplog
+):
+    """What a barrier task runs before its TensorFlow process: the executor's manager on a
+    Unix socket (no network listener: TensorFlowOnSpark's own remote mode listens on every
+    interface, and its address and authkey let anyone run code in the executor), the node
+    registered over the authenticated frames, the control token kept, nothing of
+    TensorFlowOnSpark replaced, and no authkey in a log line."""
     import logging
 
     import psutil
-    from pyspark import cloudpickle
     from tensorflowonspark import TFManager as tfos_manager  # noqa: N813 (a module)
-    from tensorflowonspark import util
 
-    authkey = secrets.token_bytes(16)
+    from sparktf.train.process import launcher
+    from sparktf.train.wire.control import issued_token
 
-    def node_function(iterator):  # what TensorFlowOnSpark's _mapfn does for a ps node
-        mgr = tfos_manager.start(authkey, ["control", "error"], "remote")
-        logging.getLogger("tensorflowonspark.TFSparkNode").info("TFSparkNode.reserve: authkey")
-        return mgr
+    monkeypatch.chdir(tmp_path)  # the executor-id file goes to the task's directory
+    caplog.set_level(logging.DEBUG)
+    originals = (tfos_reservation.Client, tfos_manager.TFManager, tfos_manager.start)
+    secret = secrets.token_bytes(32)
+    srv = reservation.AuthServer(
+        1, secret=secret, bind_host=LOOPBACK, issue_token=lambda meta: "control-token-0123"
+    )
+    srv.start()
 
-    tfos_log = logging.getLogger("tensorflowonspark")
-    saved, original = tfos_log.level, tfos_manager.TFManager
-    tfos_log.setLevel(logging.NOTSET)  # as in a fresh executor
-    caplog.set_level(logging.INFO)
+    def listening(pid: int) -> set:
+        connections = psutil.Process(pid).net_connections("inet")
+        return {c.laddr for c in connections if c.status == psutil.CONN_LISTEN}
+
+    inherited = listening(os.getpid())  # a forked manager holds this process's sockets too
     try:
-        mgr = reservation.run_with_auth_client(
-            cloudpickle.dumps(node_function), server.secret, iter([0])
+        setup = launcher.NodeSetup(
+            secret=secret, server_addr=srv.address, template={"chief": [3]}, spec=None
         )
+        ctx = launcher.join_cluster(setup, 3)
     finally:
-        tfos_log.setLevel(saved)
+        srv.stop()
     try:
-        assert tfos_manager.TFManager is original
-        assert "authkey" not in caplog.text
-        host = util.get_ip_address()
-        assert mgr.address[0] == host
-        listening = [
-            c.laddr
-            for c in psutil.Process(mgr._process.pid).net_connections("inet")
-            if c.status == psutil.CONN_LISTEN
-        ]
-        # (it also holds sockets inherited from this process: the reservation server's)
-        assert [a.ip for a in listening if a.port == mgr.address[1]] == [host]
-        assert not {a.ip for a in listening} & {"0.0.0.0", "::"}
-        driver = tfos_manager.connect(mgr.address, authkey)  # how the driver stops the node
-        driver.set("state", "stopped")
-        assert str(driver.get("state")) == "'stopped'"
+        (node,) = srv.reservations.get()
+        assert node["executor_id"] == 3 and (node["job_name"], node["task_index"]) == ("chief", 0)
+        assert ctx.cluster_info == [node] and node["authkey"] == ctx.authkey
+        assert issued_token() == "control-token-0123"
+        assert (tmp_path / "executor_id").read_text() == "3"
+        assert isinstance(ctx.mgr.address, str)  # a Unix socket, in a private directory
+        assert os.stat(os.path.dirname(ctx.mgr.address)).st_mode & 0o077 == 0
+        assert listening(ctx.mgr._process.pid) <= inherited  # no listener of its own
+        assert str(ctx.mgr.get("state")) == "'running'"
+        assert (tfos_reservation.Client, tfos_manager.TFManager, tfos_manager.start) == originals
+        for form in redact.secret_forms(ctx.authkey) | redact.secret_forms(secret):
+            assert form not in caplog.text, form
     finally:
-        mgr.shutdown()
+        ctx.mgr.shutdown()
 
 
-def test_node_function_loads_without_importing_tensorflow():
-    """An executor's Spark worker loads TensorFlowOnSpark's node module without importing
-    TensorFlow (its compat module loads on first use, and then works as before)."""
+def test_the_node_task_loads_without_importing_tensorflow():
+    """An executor's Spark worker runs the node task without importing TensorFlow (sparktf's
+    TensorFlow process is a fresh interpreter)."""
     code = (
         "import sys\n"
-        "from sparktf.train.wire import reservation\n"
-        "reservation.defer_tensorflow_import()\n"
-        "from tensorflowonspark import TFSparkNode, TFNode\n"
+        "from sparktf.train.process import launcher\n"
+        "from tensorflowonspark import TFManager, gpu_info, util\n"
         "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
-        "assert TFNode.compat.is_gpu_available() in (True, False)\n"
-        "assert 'tensorflow' in sys.modules\n"
         "print('ok')\n"
     )
     run = subprocess.run(

@@ -1,28 +1,24 @@
-"""TensorFlowOnSpark's part of a run, on the driver: bring its nodes up in one barrier stage,
-watch that stage, take its nodes down.
+"""The run's nodes, on the driver: bring them up in one barrier stage, watch that stage, wait
+for it to end.
 
-:meth:`TfosCluster.start` does what ``TFCluster.run`` does, through sparktf's own parts: the
-authenticated reservation exchange of :mod:`sparktf.train.wire.reservation`, and one gang-scheduled
-stage of :mod:`sparktf.train.driver.gang` whose task ``i`` runs TensorFlowOnSpark's node code
-(``TFSparkNode.run``, with :func:`sparktf.train.process.launcher.tfos_main` starting sparktf's
-TensorFlow
-process) as executor ``i``. The same stage serves a classic session and a Spark Connect
-client: nothing here needs a SparkContext.
+:meth:`TfosCluster.start` does what TensorFlowOnSpark's ``TFCluster.run`` does, with sparktf's
+own parts: the authenticated reservation exchange of :mod:`sparktf.train.wire.reservation`, and
+one gang-scheduled stage of :mod:`sparktf.train.driver.gang` whose task ``i`` runs
+:func:`sparktf.train.process.launcher.run_node` as executor ``i`` (TensorFlowOnSpark's
+``TFManager`` holds the queues of the ``spark`` input mode; nothing of TensorFlowOnSpark is
+replaced at run time). The same stage serves a classic session and a Spark Connect client:
+nothing here needs a SparkContext.
 
-At the end, TensorFlowOnSpark's *ps* nodes (ps strategy: every node but the chief) wait for
-a message on their manager's control queue; :meth:`TfosCluster.stop_ps_nodes` sends it.
-Spark tasks are never killed (a killed PySpark worker would orphan TensorFlowOnSpark's
-processes): they end because the processes they wait for end, and a stage still running at
-the cleanup deadline is interrupted.
+Spark tasks are never killed (a killed PySpark worker would orphan the processes it
+started): they end because the processes they wait for end, when the driver says stop
+through the control channel, and a stage still running at the cleanup deadline is
+interrupted.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import logging
-import os
-import secrets
-import threading
 import time
 
 from sparktf import remote
@@ -37,7 +33,6 @@ from sparktf.train.process import launcher
 from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
 
 __all__ = [
-    "QUEUES",
     "TfosCluster",
     "await_executors",
     "cluster_template",
@@ -48,7 +43,6 @@ log = logging.getLogger(__name__)
 # After a TensorFlowOnSpark task failed, the run waits this long for the failed process's own
 # report, which names the cause more clearly than Spark's.
 TFOS_ERROR_GRACE_S = 5.0
-QUEUES = ("input", "output", "error")  # each node's manager queues (TensorFlowOnSpark's)
 
 
 def await_executors(spark, num_executors: int, startup_timeout_s: float) -> None:
@@ -101,15 +95,6 @@ def cluster_template(num_executors: int, num_ps: int) -> dict[str, list[int]]:
     return {role: nodes for role, nodes in template.items() if nodes}
 
 
-def _default_fs(spark) -> str:
-    """TensorFlowOnSpark's ``ctx.defaultFS`` for the nodes (sparktf's node function does not
-    read it): the session's ``spark.hadoop.fs.defaultFS``, else ``file://``."""
-    default = gang.conf_values(spark, ("spark.hadoop.fs.defaultFS",)).get(
-        "spark.hadoop.fs.defaultFS", "file://"
-    )
-    return default[:-1] if default.startswith("file://") and default.endswith("/") else default
-
-
 class TfosCluster:
     """One run's TensorFlowOnSpark cluster: :meth:`start` brings it up, :meth:`failure`
     reports its failed Spark stage, the rest takes it down."""
@@ -138,8 +123,6 @@ class TfosCluster:
             TrainingError: a node failed, or not every node registered within
                 ``startup_timeout_s``.
         """
-        from tensorflowonspark import TFSparkNode
-
         from sparktf.train.wire import reservation
 
         scaling, run, train = spec.plan.scaling, spec.plan.run, spec.plan.train
@@ -150,29 +133,19 @@ class TfosCluster:
         with reservation.authenticated_startup(address, n, issue_token=issue_token) as startup:
             self._startup = startup
             protect_tensorflowonspark_logs(*_secrets_of(startup))
-            meta = {
-                "id": secrets.randbits(64),
-                "cluster_template": cluster_template(n, roles_lib.tfos_ps_count(scaling)),
-                "num_executors": n,
-                "default_fs": _default_fs(self.spark),
-                "working_dir": os.getcwd(),
-                "server_addr": startup.server.address,
-                "release_port": True,
-            }
-            # a namespace: TensorFlowOnSpark tests `'num_gpus' in tf_args` and reads
-            # tf_args.num_gpus (a dict or None crashes in _get_gpus)
-            tf_args = argparse.Namespace(num_gpus=scaling.gpus_per_worker, spec=spec)
-            node_fn = TFSparkNode.run(
-                launcher.tfos_main,
-                tf_args,
-                meta,
-                False,
-                None,
-                list(QUEUES),
-                background=train.input_mode == "spark",
+            setup = launcher.NodeSetup(
+                secret=startup.secret,
+                server_addr=tuple(startup.server.address),
+                template=cluster_template(n, roles_lib.tfos_ps_count(scaling)),
+                spec=spec,
+                num_gpus=scaling.gpus_per_worker,
+                fed=train.input_mode == "spark",
             )
             self.stage = gang.BarrierStage(
-                self.spark, n, startup.node_function(node_fn), what="the TensorFlow nodes"
+                self.spark,
+                n,
+                functools.partial(launcher.run_node, setup),
+                what="the TensorFlow nodes",
             ).start()
             self.cluster_info = self._await_nodes(
                 startup.server, run.failure.startup_timeout_s, reservation.AWAIT_POLL_S
@@ -213,30 +186,6 @@ class TfosCluster:
         if now - self._error_seen <= TFOS_ERROR_GRACE_S:
             return None
         return f"a TensorFlowOnSpark task failed: {spark_lib.spark_error_text(self.stage.error)}"
-
-    def stop_ps_nodes(self, deadline: float) -> None:
-        """Sends TensorFlowOnSpark's ps nodes the message they wait for on their control
-        queue; waits for the sends until ``deadline`` (monotonic)."""
-        if not self.cluster_info:
-            return
-        from tensorflowonspark import TFManager
-
-        def stop(info: dict) -> None:
-            try:
-                mgr = TFManager.connect(info["addr"], info["authkey"])
-                mgr.get_queue("control").put(None)
-            except Exception as exc:  # already gone with its task
-                log.debug("ps node %s: %s", info["executor_id"], exc)
-
-        threads = [
-            threading.Thread(target=stop, args=(n,), daemon=True)
-            for n in self.cluster_info
-            if n["job_name"] == "ps"
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(0.1, deadline - time.monotonic()))
 
     def wait_for_jobs(self, deadline: float) -> None:
         """Waits for the nodes' stage to end; interrupts it when it runs past ``deadline``

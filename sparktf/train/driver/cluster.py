@@ -7,12 +7,12 @@ from TensorFlowOnSpark's nodes to TensorFlow's roles is :mod:`sparktf.train.driv
 * ``allreduce``: TensorFlowOnSpark nodes ``chief:0`` and ``worker:0..N-2``, one per executor;
   they are the N all-reduce workers.
 * ``ps``: TensorFlowOnSpark's ``chief`` is the coordinator. The workers (and the parameter
-  servers, unless ``ps_on_driver``) are started as TensorFlowOnSpark *ps* nodes: such a node
-  keeps its executor busy for the whole run (so feeding tasks only land on the chief's
-  executor), runs in a background process, and is stopped by the driver through its
-  control queue at the end. The driver hands every process its role and the TF cluster
-  through the control channel. With ``ps_on_driver`` the parameter servers are processes of
-  the driver (:mod:`sparktf.train.driver.ps`; two executors then hold chief + one worker).
+  servers, unless ``ps_on_driver``) are started as *ps* nodes: such a node keeps its
+  executor busy for the whole run (its barrier task waits for its process, so feeding tasks
+  only land on the chief's executor) and ends when the driver says stop. The driver hands
+  every process its role and the TF cluster through the control channel. With
+  ``ps_on_driver`` the parameter servers are processes of the driver
+  (:mod:`sparktf.train.driver.ps`; two executors then hold chief + one worker).
 
 :class:`ClusterRun` orchestrates the parts: TensorFlowOnSpark's bring-up and teardown
 (:mod:`sparktf.train.driver.bringup`), the control channel (:mod:`sparktf.train.wire.control`), the
@@ -195,7 +195,6 @@ class ClusterRun:
         deadline = time.monotonic() + self.plan.run.failure.cleanup_timeout_s
         # Processes leave on stop/abort; wait for their goodbyes (a dead one never says it).
         await_goodbyes(control, list(self.roles), deadline)
-        self.tfos.stop_ps_nodes(deadline)
         if self.feed is not None:
             self.feed.stop(deadline)
         self.tfos.wait_for_jobs(deadline)

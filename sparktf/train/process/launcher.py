@@ -13,6 +13,15 @@ Spark task removes the node's feed directories when the node exits, and sweeps t
 scratch directories whose owner is gone (:func:`sparktf.scratch.sweep`) before it starts the
 node and after the node has exited. The parameter servers that run on the driver
 (``ps_on_driver``) are started the same way (:func:`start_process`).
+
+:func:`run_node` is what each task of the run's barrier stage runs (in place of
+TensorFlowOnSpark's ``TFSparkNode.run``, through TensorFlowOnSpark's public parts only: its
+``TFManager`` and its executor-id file): it starts the executor's manager (the queues of the
+``spark`` input mode, on a Unix socket: only this host's feeding tasks reach it), registers
+the node with the driver's authenticated reservation server
+(:class:`~sparktf.train.wire.reservation.AuthClient`), and runs :func:`tfos_main`: in the
+task itself, or, for a node that Spark feeds (``spark`` input mode), in a process of its own
+while the task returns and leaves the executor's slot to the feeding tasks.
 """
 
 from __future__ import annotations
@@ -22,39 +31,188 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from sparktf import scratch
 from sparktf.errors import SparktfError
 from sparktf.train.feed.chunks import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.main import EXIT_ABORTED
-from sparktf.train.wire.control import ControlClient, issued_token
+from sparktf.train.wire.control import ControlClient, issued_token, keep_issued_token
+from sparktf.train.wire.reservation import AuthClient
+from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
 
-__all__ = ["NodeFailed", "run_child", "start_process", "tfos_main"]
+__all__ = [
+    "QUEUES",
+    "NodeContext",
+    "NodeFailed",
+    "NodeSetup",
+    "join_cluster",
+    "run_child",
+    "run_node",
+    "start_process",
+    "tfos_main",
+]
 
 log = logging.getLogger("sparktf.train.process.launcher")
+
+
+QUEUES = ("input", "output", "error")  # each node's manager queues (the spark input mode's)
 
 
 class NodeFailed(SparktfError, RuntimeError):
     """A TensorFlow process of the run failed; the message carries its error."""
 
 
-def tfos_main(tf_args, ctx) -> None:
-    """TensorFlowOnSpark's map function: start this executor's TensorFlow process, wait."""
+@dataclass(frozen=True)
+class NodeSetup:
+    """What every task of one bring-up receives, inside its Spark task closure.
+
+    ``template`` maps TensorFlowOnSpark's node roles (``chief``, ``worker``, ``ps``) to
+    executor ids; ``fed``: the ``spark`` input mode, where every node but the ``ps`` ones
+    is fed by Spark and runs behind its task."""
+
+    secret: bytes
+    server_addr: tuple[str, int]
+    template: dict[str, list[int]]
+    spec: ProcessSpec
+    num_gpus: int = 0
+    fed: bool = False
+
+
+@dataclass
+class NodeContext:
+    """One node of the run on this executor, once registered (what :func:`tfos_main` reads,
+    as TensorFlowOnSpark's ``TFNodeContext`` has it)."""
+
+    executor_id: int
+    job_name: str
+    task_index: int
+    mgr: Any  # the executor's TFManager
+    authkey: bytes  # its key
+    cluster_info: list[dict]
+
+
+# This Python worker's node manager: feeding tasks of later stages reach it through the
+# executor-id file; a reused worker drops an earlier run's (its process ends with it).
+_MANAGER: list[Any] = []
+
+
+def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
+    """Starts this executor's manager, registers the node with the driver's reservation
+    server and waits until every node has: the node's context.
+
+    Raises:
+        ReservationError: the server refused the node or its answers could not be used.
+        OSError: the server could not be reached.
+    """
+    from tensorflowonspark import TFManager, util
+
+    protect_tensorflowonspark_logs(setup.secret)
+    job_name, task_index = next(
+        (role, ids.index(executor_id)) for role, ids in setup.template.items() if executor_id in ids
+    )
+    util.write_executor_id(executor_id)  # where a feeding task learns its node
+    authkey = os.urandom(16)
+    _MANAGER[:] = [TFManager.start(authkey, list(QUEUES), "local")]  # a Unix socket
+    mgr = _MANAGER[0]
+    mgr.set("state", "running")
+    with socket.socket() as probe:  # the TensorFlow server's port, free now
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    node = {
+        "executor_id": executor_id,
+        "host": util.get_ip_address(),
+        "job_name": job_name,
+        "task_index": task_index,
+        "port": port,
+        "tb_pid": 0,
+        "tb_port": 0,
+        "addr": mgr.address,
+        "authkey": authkey,
+    }
+    keep_issued_token(None)  # a reused worker: nothing of an earlier run's node
+    client = AuthClient(setup.server_addr, secret=setup.secret)
+    try:
+        client.register(node)
+        cluster_info = client.await_reservations()
+    finally:
+        client.close()
+    return NodeContext(executor_id, job_name, task_index, mgr, authkey, cluster_info)
+
+
+def run_node(setup: NodeSetup, executor_ids: Iterator[int]) -> None:
+    """One barrier task of the bring-up: joins the cluster as the executor of
+    ``executor_ids`` (the task's one element), then runs its TensorFlow process."""
+    (executor_id,) = list(executor_ids)
+    ctx = join_cluster(setup, executor_id)
+    _assign_gpus(setup.num_gpus, ctx)
+    if not setup.fed or ctx.job_name == "ps":
+        tfos_main(setup, ctx)
+        return
+    import multiprocessing
+
+    # The task returns and frees the executor's slot for the feeding tasks; the process
+    # keeps the node, and a failure is told to the driver by run_child.
+    process = multiprocessing.Process(target=_run_behind, args=(setup, ctx), daemon=False)
+    process.start()
+
+
+def _run_behind(setup: NodeSetup, ctx: NodeContext) -> None:
+    try:
+        tfos_main(setup, ctx)
+    except Exception:
+        ctx.mgr.get_queue("error").put(traceback.format_exc())
+        raise
+
+
+def _assign_gpus(num_gpus: int, ctx: NodeContext) -> None:
+    """``CUDA_VISIBLE_DEVICES`` of the node's process: the GPUs Spark gave this task (at most
+    ``num_gpus`` of them), else ``num_gpus`` free ones of this host (TensorFlowOnSpark's
+    choice), else none."""
+    from pyspark import TaskContext
+
+    gpus: list[str] = []
+    task = TaskContext.get()
+    resources = task.resources() if task is not None else {}
+    if "gpu" in resources:
+        gpus = list(resources["gpu"].addresses)[: num_gpus or None]
+    elif num_gpus > 0:
+        from tensorflowonspark import gpu_info
+
+        mine = f"{_host_of(ctx)}:"
+        peers = [n for n in ctx.cluster_info if f"{n['host']}:" == mine]
+        index = [n["executor_id"] for n in peers].index(ctx.executor_id)
+        gpus = gpu_info.get_gpus(num_gpus, index, format=gpu_info.AS_LIST)
+        if len(gpus) < num_gpus:
+            raise NodeFailed(f"executor {ctx.executor_id}: {num_gpus} GPU(s) asked, {gpus} free")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+
+
+def _host_of(ctx: NodeContext) -> str:
+    return next(n["host"] for n in ctx.cluster_info if n["executor_id"] == ctx.executor_id)
+
+
+def tfos_main(setup: NodeSetup, ctx: NodeContext) -> None:
+    """Starts this executor's TensorFlow process and waits for it."""
     token = issued_token()  # the reservation server's answer to this node's registration
     if token is None:
         raise NodeFailed(f"executor {ctx.executor_id} received no control token")
-    spec: ProcessSpec = tf_args.spec.for_node(
+    spec: ProcessSpec = setup.spec.for_node(
         f"executor-{ctx.executor_id}",
         executor_id=ctx.executor_id,
         mgr_address=ctx.mgr.address,
-        mgr_authkey=bytes(ctx.mgr._authkey),
+        mgr_authkey=ctx.authkey,
         control_token=token,
     )
     node = f"{ctx.job_name}:{ctx.task_index}"
-    run_child(spec, label=f"on executor {ctx.executor_id} (TensorFlowOnSpark node {node})")
+    run_child(spec, label=f"on executor {ctx.executor_id} (node {node})")
 
 
 def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:

@@ -6,20 +6,22 @@ until all have registered and fetches the list. Its own server binds every inter
 ``pickle.loads`` whatever arrives, so anyone who can reach the port runs code on the driver,
 and anyone who asks gets every manager's authkey (code execution on the executors).
 
-This module replaces that message layer for sparktf's runs (sparktf's own bring-up,
-:mod:`sparktf.train.driver.bringup`, runs TensorFlowOnSpark's node code). Three parts:
+This module is sparktf's own message layer for that exchange (sparktf's bring-up,
+:mod:`sparktf.train.driver.bringup`, and its node tasks,
+:func:`sparktf.train.process.launcher.run_node`). Three parts:
 
 * the wire: :mod:`sparktf.train.wire.frames` (length-prefixed frames sealed with AES-256-GCM,
   authenticated before anything is decoded, no replay, encrypted JSON bodies), served by its
   :class:`~sparktf.train.wire.frames.FramedServer`;
 * the reservation protocol: :class:`ReservationBook` answers TensorFlowOnSpark's four
   messages (``REG``, ``QUERY``, ``QINFO``, ``STOP``) over the list of registered nodes;
-* thin adaptors with the interfaces TensorFlowOnSpark calls: :class:`AuthServer` (its
-  ``reservation.Server``) and :class:`AuthClient` (its ``reservation.Client``), composed of
-  the two parts above.
+* the server and the client: :class:`AuthServer` and :class:`AuthClient` (with the interfaces
+  of TensorFlowOnSpark's ``reservation.Server`` and ``Client``), composed of the two parts
+  above.
 
 The per-run secret (:func:`secrets.token_bytes`) reaches the executors only inside the Spark
-task closure (:func:`run_with_auth_client`), so it is as private as Spark's own channel
+task closure (:class:`~sparktf.train.process.launcher.NodeSetup`), so it is as private as
+Spark's own channel
 (``spark.authenticate`` and ``spark.network.crypto.enabled`` protect it on a shared network).
 
 When the driver gives the server an ``issue_token`` callable, the answer to a node's ``REG``
@@ -37,12 +39,10 @@ control server takes over from there).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import secrets
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -74,7 +74,6 @@ __all__ = [
     "AWAIT_POLL_S",
     "CLIENT_TIMEOUT_S",
     "DRIVER_HOST_ENV",
-    "COMPAT",
     "MAX_FRAME_BYTES",
     "NONCE_BYTES",
     "SERVED_TIMEOUT_S",
@@ -88,14 +87,10 @@ __all__ = [
     "ReservationError",
     "Startup",
     "authenticated_startup",
-    "bound_manager_class",
     "decode",
-    "defer_tensorflow_import",
     "connect_driver_address",
     "driver_address",
     "encode",
-    "quiet_tensorflowonspark",
-    "run_with_auth_client",
     "server_ports",
 ]
 
@@ -296,9 +291,8 @@ class AuthServer:
 
 class AuthClient:
     """TensorFlowOnSpark's reservation ``Client`` (``register``, ``get_reservations``,
-    ``await_reservations``, ``request_stop``, ``close``) speaking :class:`AuthServer`'s frames.
-    TensorFlowOnSpark constructs it as ``reservation.Client(server_addr)``:
-    :func:`run_with_auth_client` binds the secret.
+    ``await_reservations``, ``request_stop``, ``close``) speaking :class:`AuthServer`'s frames,
+    with the run's secret (what :func:`sparktf.train.process.launcher.join_cluster` uses).
 
     Raises:
         OSError: when the server cannot be reached.
@@ -358,95 +352,6 @@ class AuthClient:
 
     def close(self) -> None:
         self._client.close()
-
-
-# ----------------------------------------------------------------------------- executors
-
-
-def run_with_auth_client(f, secret: bytes, iterator):
-    """Runs TensorFlowOnSpark's partition function ``f`` on an executor with its
-    ``reservation.Client`` speaking :class:`AuthServer`'s frames; restores the original
-    afterwards (PySpark reuses workers: a later plain TensorFlowOnSpark run must not see it).
-
-    ``f`` arrives as the bytes :meth:`Startup.node_function` made of it on the driver, inside
-    this Spark task's own payload (the same trust as the task itself), and is loaded only
-    after :func:`defer_tensorflow_import`: the Spark worker that runs the reservation then
-    does not import TensorFlow (sparktf's TensorFlow process is a fresh interpreter)."""
-    from pyspark import cloudpickle
-    from tensorflowonspark import TFManager as tfos_manager  # noqa: N813 (a module)
-    from tensorflowonspark import util
-
-    quiet_tensorflowonspark(secret)
-    defer_tensorflow_import()
-    f = cloudpickle.loads(f)
-    original = tfos_reservation.Client, tfos_manager.TFManager
-    tfos_reservation.Client = functools.partial(AuthClient, secret=secret)
-    tfos_manager.TFManager = bound_manager_class(tfos_manager.TFManager, util.get_ip_address())
-    control.keep_issued_token(None)  # a reused worker: nothing of an earlier run's node
-    try:
-        return f(iterator)
-    finally:
-        tfos_reservation.Client, tfos_manager.TFManager = original
-        control.keep_issued_token(None)
-
-
-def quiet_tensorflowonspark(*secrets: bytes | str) -> None:
-    """TensorFlowOnSpark logs every node's manager ``authkey`` at INFO (``TFSparkNode.reserve``
-    and the cluster spec), in an executor's stderr, which Spark's UI serves: its log lines are
-    redacted, and quiet unless DEBUG (the one switch for the driver and the executors:
-    :func:`sparktf.train.wire.tfos_logs.protect_tensorflowonspark_logs`; ``secrets`` are redacted
-    too)."""
-    from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
-
-    protect_tensorflowonspark_logs(*secrets)
-
-
-def bound_manager_class(manager_class: type, host: str) -> type:
-    """``manager_class`` (TensorFlowOnSpark's ``TFManager``) listening on ``host`` where
-    TensorFlowOnSpark asks for every interface: its parameter servers' and evaluators'
-    managers (``('', 0)``) are reached only at the address the node advertises, ``host``."""
-
-    class BoundTFManager(manager_class):
-        def __init__(self, address=None, *args, **kwargs):
-            if isinstance(address, tuple) and address[0] == "":
-                address = (host, address[1])
-            super().__init__(address, *args, **kwargs)
-
-    return BoundTFManager
-
-
-COMPAT = "tensorflowonspark.compat"
-
-
-def defer_tensorflow_import() -> None:
-    """Makes ``tensorflowonspark.compat`` load on first use instead of at import.
-
-    TensorFlowOnSpark's node module imports ``TFNode``, which imports ``compat``, which imports
-    TensorFlow at module level: a heavy import, in CPU time and memory, in every Spark worker
-    that only runs the reservation and starts sparktf's own TensorFlow process. The module put in
-    its place loads the real one (from its file) the first time an attribute is asked for, so
-    code that does use ``compat`` behaves as before. No-op once the real one is imported."""
-    import importlib.util
-    import types
-
-    if COMPAT in sys.modules:
-        return
-    spec = importlib.util.find_spec(COMPAT)
-    if spec is None or spec.origin is None:
-        return
-    lazy = types.ModuleType(COMPAT, "tensorflowonspark.compat, loaded on first use by sparktf")
-    real: list = []
-
-    def __getattr__(name: str):  # noqa: N807 (PEP 562 module attribute hook)
-        if not real:
-            loaded = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(loaded)
-            real.append(loaded)
-        return getattr(real[0], name)
-
-    lazy.__getattr__ = __getattr__
-    sys.modules[COMPAT] = lazy
-    sys.modules["tensorflowonspark"].compat = lazy
 
 
 # ----------------------------------------------------------------------------- start-up
@@ -538,15 +443,6 @@ class Startup:
     secret: bytes
     address: DriverAddress
     server: AuthServer | None = None
-
-    def node_function(self, f: Callable[[Iterator], Any]) -> Callable[[Iterator], Any]:
-        """TensorFlowOnSpark's node function ``f`` as a Spark task runs it: with the
-        authenticated client (:func:`run_with_auth_client`)."""
-        from pyspark import cloudpickle
-
-        # f as bytes: unpickling it imports TensorFlowOnSpark's node module, which must wait
-        # until run_with_auth_client has deferred its TensorFlow import.
-        return functools.partial(run_with_auth_client, cloudpickle.dumps(f), self.secret)
 
 
 @contextmanager
