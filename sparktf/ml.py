@@ -9,7 +9,7 @@
 ...                 epochs=5, batchSize=32),
 ... ])
 >>> fitted = pipeline.fit(train_df)            # trains on the executors (sparktf.train.fit)
->>> scored = fitted.transform(test_df)         # + prediction, probability, rawPrediction
+>>> scored = fitted.transform(test_df)         # + prediction, probability
 >>> MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
 >>> fitted.stages[-1].summary.final_step       # the fit's TrainResult, saved with the model
 >>> fitted.save("hdfs://nn:8020/pipelines/mlp"); PipelineModel.load(...)
@@ -18,12 +18,12 @@
 dataset (:func:`sparktf.datasets.tables.write_table`) under ``modelDir/_fit_data-<random>``,
 trains on it with the ``spark`` input mode (Spark tasks feed its rows to the TensorFlow
 processes), removes it, and returns a :class:`TFModel` of the run's export. ``TFModel``
-adds the columns of a Spark ML classifier (``prediction`` double, ``probability`` and
-``rawPrediction`` Vectors), so Spark's evaluators, ``CrossValidator`` and
-``TrainValidationSplit`` work on it unchanged. Both stages save and load with Spark ML, also
-inside ``Pipeline`` and ``PipelineModel``. The column contract, what ``rawPrediction``
-holds, the model directories of a ``CrossValidator`` and what a saved model contains are in
-docs/ml.md.
+adds the columns of a Spark ML classifier (``prediction`` double, ``probability`` Vector;
+and ``rawPrediction``, a Vector, when ``rawPredictionCol`` is set), so Spark's evaluators,
+``CrossValidator`` and ``TrainValidationSplit`` work on it unchanged. Both stages save and
+load with Spark ML, also inside ``Pipeline`` and ``PipelineModel``. The column contract, what
+``rawPrediction`` holds, the model directories of a ``CrossValidator`` and what a saved model
+contains are in docs/ml.md.
 """
 
 # pyspark.ml names its Params, their getters and setters in mixedCase: so do these stages.
@@ -125,7 +125,8 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPred
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(inputCol="features", idCol="id")
+        # rawPrediction only when asked: sparktf.predict and TFModel add the same columns
+        self._setDefault(inputCol="features", idCol="id", rawPredictionCol="")
 
     def _set_given(self) -> Any:
         """Sets the Params a ``@keyword_only`` method was given (None: left as is)."""
@@ -277,7 +278,7 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         labelCol: str = "label",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        rawPredictionCol: str = "rawPrediction",
+        rawPredictionCol: str = "",
         idCol: str = "id",
         runConfig: dict | None = None,
     ) -> None:
@@ -548,16 +549,18 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
       takes it (a Spark ML ``Vector``, an ``array`` of numbers or ``numpy.save`` bytes for
       a classifier on features; images for an image classifier).
     * ``predictionCol`` (``"prediction"``), ``probabilityCol`` (``"probability"``),
-      ``rawPredictionCol`` (``"rawPrediction"``): the added columns; an empty name leaves
-      that column out.
+      ``rawPredictionCol`` (``""``: not added; ``"rawPrediction"`` for Spark's
+      ``BinaryClassificationEvaluator``): the added columns; an empty name leaves that column
+      out. By default they are the columns :func:`sparktf.predict` adds.
     * ``idCol`` (``"id"``): names rows in errors; ``batchSize`` (128): rows per model
       call; ``signature`` (``""``: :func:`sparktf.predict`'s choice).
 
     ``transform(df)`` returns ``df``'s columns plus, for a classifier, ``predictionCol``
     (double, the class), ``probabilityCol`` (a dense ``Vector``, one probability per class)
-    and ``rawPredictionCol`` (a dense ``Vector`` of the log-probabilities, ``log(p)``: the
-    model's logits less their log-sum-exp, so its ``softmax`` is ``probabilityCol``, its
-    argmax the prediction and its order within a row that of the logits; the exported
+    and, when set, ``rawPredictionCol`` (a dense ``Vector`` of the log-probabilities,
+    ``log(p)``: the model's logits less their log-sum-exp, so its ``softmax`` is
+    ``probabilityCol``, its argmax the prediction and its order within a row that of the
+    logits; the exported
     signatures give probabilities, not logits). For another model :func:`sparktf.predict`
     serves, its output with a numeric ``predictionCol`` as a double. It is lazy; the model
     runs on the executors over Arrow batches and the Vectors are made by Spark SQL
@@ -590,7 +593,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         inputCol: str = "features",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        rawPredictionCol: str = "rawPrediction",
+        rawPredictionCol: str = "",
         idCol: str = "id",
         batchSize: int = 128,
         signature: str = "",
@@ -641,7 +644,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
             self.getExportDir(),
             input_col=self.getInputCol(),
             output_col=prediction,
-            probabilities_col=probability,
+            probability_col=probability,
             batch_size=self.getOrDefault(self.batchSize),
             signature=self.getOrDefault(self.signature) or None,
         )

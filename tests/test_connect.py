@@ -111,9 +111,7 @@ def test_predict_and_evaluate_from_a_connect_client(server, allreduce, mnist_dat
     assert done.returncode == 0, done.stderr[-4000:]
     table = pq.read_table(output)
     assert table.num_rows == 10
-    assert {"id", "label", "prediction", "probabilities", "model_version"} <= set(
-        table.column_names
-    )
+    assert {"id", "label", "prediction", "probability", "model_version"} <= set(table.column_names)
     assert set(table.column("model_version").to_pylist()) == {6}
     assert all(0 <= p < 10 for p in table.column("prediction").to_pylist())
 

@@ -93,12 +93,12 @@ def test_stages_have_pyspark_params():
         "predictionCol",
     ):
         assert est.hasParam(name), name
-    assert est.hasParam("rawPredictionCol") and est.getRawPredictionCol() == "rawPrediction"
+    assert est.hasParam("rawPredictionCol") and est.getRawPredictionCol() == ""
     assert est.getOrDefault("strategy") == "allreduce" and est.getInputCol() == "features"
     model = TFModel(exportDir="/e")
     assert model.getPredictionCol() == "prediction"
     assert model.getProbabilityCol() == "probability"
-    assert model.getRawPredictionCol() == "rawPrediction"
+    assert model.getRawPredictionCol() == ""  # asked for, not added by default
 
 
 def test_a_model_not_made_by_fit_has_no_summary():
@@ -137,6 +137,7 @@ def test_transform_adds_spark_ml_columns_reads_vectors_and_arrays_and_names_a_ba
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    import sparktf
     from sparktf.inference import PredictInputError
     from sparktf.ml import TFModel
 
@@ -146,7 +147,11 @@ def test_transform_adds_spark_ml_columns_reads_vectors_and_arrays_and_names_a_ba
     ]
     df = spark.createDataFrame(rows, ["id", "features", "values"])
     model = TFModel(exportDir=small_export)
-    scored = model.transform(df)
+    # By default the columns sparktf.predict adds, under the same names.
+    plain = sparktf.predict(df.select("id", "features"), small_export, input_col="features")
+    assert model.transform(df).columns == [*df.columns, "prediction", "probability"]
+    assert plain.columns[-2:] == ["prediction", "probability"]
+    scored = model.setRawPredictionCol("rawPrediction").transform(df)
     types = {f.name: f.dataType for f in scored.schema.fields}
     assert isinstance(types["prediction"], T.DoubleType)
     assert isinstance(types["probability"], VectorUDT)
@@ -392,6 +397,7 @@ def test_cross_validator_over_an_estimator_selects_a_model_for_the_binary_evalua
         epochs=20,
         batchSize=8,
         seed=3,
+        rawPredictionCol="rawPrediction",  # what BinaryClassificationEvaluator reads
     )
     grid = ParamGridBuilder().addGrid(est.steps, [12]).build()
     evaluator = BinaryClassificationEvaluator(metricName="areaUnderROC")

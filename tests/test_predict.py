@@ -86,7 +86,7 @@ def by_id(rows) -> list:
     return sorted(rows, key=lambda r: r["id"])
 
 
-def assert_matches(rows, mlp, prediction="prediction", probabilities="probabilities"):
+def assert_matches(rows, mlp, prediction="prediction", probabilities="probability"):
     rows = by_id(rows)
     assert [r["id"] for r in rows] == list(range(N))
     np.testing.assert_array_equal([r[prediction] for r in rows], mlp["classes"])
@@ -270,12 +270,12 @@ def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
         "label",
         "image",
         "prediction",
-        "probabilities",
+        "probability",
         "top_classes",
         "top_probabilities",
     ]
     types = {f.name: f.dataType.simpleString() for f in result.schema.fields}
-    assert types["prediction"] == "bigint" and types["probabilities"] == "array<float>"
+    assert types["prediction"] == "bigint" and types["probability"] == "array<float>"
     rows = result.collect()
     assert_matches(rows, mlp)
     for r in rows:
@@ -287,7 +287,7 @@ def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
 
 def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
     result = sparktf.predict(images_df, mlp["export"], batch_size=8, keep_columns=["id"])
-    assert result.columns == ["id", "prediction", "probabilities"]
+    assert result.columns == ["id", "prediction", "probability"]
     assert_matches(result.collect(), mlp)
     # What goes into the Python stage: the image (read by the model) and id, not label.
     plan = result._jdf.queryExecution().executedPlan().toString().splitlines()
@@ -296,7 +296,7 @@ def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
     assert "image" in child and "id" in child and "label" not in child, plan
     # A kept column may come before the input; label kept, id still names bad rows.
     result = sparktf.predict(images_df, mlp["export"], keep_columns=["label", "image"])
-    assert result.columns == ["label", "image", "prediction", "probabilities"]
+    assert result.columns == ["label", "image", "prediction", "probability"]
     rows = result.collect()
     assert sorted(r["label"] for r in rows) == sorted(i % 10 for i in range(N))
     with pytest.raises(PredictInputError, match=r"keep_columns \['nope'\]"):
@@ -323,7 +323,7 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
         sig,
         input_col=None,
         output_col="prediction",
-        probabilities_col="probabilities",
+        probability_col="probability",
         log_probabilities_col="log_probabilities",
         batch_size=8,
         top_k=None,
@@ -343,12 +343,12 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
         monkeypatch.setattr(execute, "OUTPUT_BATCH_BYTES", limit)
         out = list(execute.predict_partition(plan, iter([batch])))
         assert [b.num_rows for b in out] == sizes
-        assert out[0].schema.names == ["id", "prediction", "probabilities"]
+        assert out[0].schema.names == ["id", "prediction", "probability"]
         table = pa.Table.from_batches(out)
         assert table["id"].to_pylist() == list(range(N))
         np.testing.assert_array_equal(table["prediction"].to_numpy(), mlp["classes"])
         np.testing.assert_allclose(
-            np.array(table["probabilities"].to_pylist()), mlp["scores"], rtol=1e-5, atol=1e-6
+            np.array(table["probability"].to_pylist()), mlp["scores"], rtol=1e-5, atol=1e-6
         )
 
 
@@ -375,7 +375,7 @@ def test_raw_bytes_and_integer_array_columns(spark, mlp):
         mlp["latest"],
         input_col="pixels",
         output_col="p2",
-        probabilities_col="probs2",
+        probability_col="probs2",
         batch_size=5,
     )
     rows = both.collect()
@@ -403,7 +403,7 @@ def test_empty_dataframe_gives_an_empty_result(spark, mlp):
     empty = spark.createDataFrame([], "id long, label long, image binary")
     result = sparktf.predict(empty, mlp["latest"])
     assert result.collect() == []
-    assert result.columns[-2:] == ["prediction", "probabilities"]
+    assert result.columns[-2:] == ["prediction", "probability"]
 
 
 # ----------------------------------------------------------------------------- HDFS
@@ -610,7 +610,7 @@ def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
         argv = ["--model", model, "--input", str(split), "--output", output]
         assert job.main([*argv, "--batch-size", "16"], spark=spark) == 0
         result = spark.read.parquet(output)
-        assert result.columns == ["id", "label", "prediction", "probabilities", "model_version"]
+        assert result.columns == ["id", "label", "prediction", "probability", "model_version"]
         rows = result.collect()
         assert_matches(rows, mlp)
         assert {r["model_version"] for r in rows} == {12}

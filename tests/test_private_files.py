@@ -438,7 +438,7 @@ def test_predict_ignores_a_model_planted_in_the_cache(spark, models_on_hdfs):
             [r["prediction"] for r in out], models_on_hdfs["expected"]["classes"]
         )
         np.testing.assert_allclose(
-            np.array([r["probabilities"] for r in out]),
+            np.array([r["probability"] for r in out]),
             models_on_hdfs["expected"]["scores"],
             rtol=1e-5,
             atol=1e-6,

@@ -189,7 +189,7 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     exec(compile(block, "README.md (Batch inference)", "exec"), {"spark": spark})
     written = spark.read.parquet(f"{jobs_prefix}/predictions/resnet20-top3")
     assert written.count() == 64
-    assert {"id", "label", "prediction", "probabilities"} <= set(written.columns)
+    assert {"id", "label", "prediction", "probability"} <= set(written.columns)
 
     # Training: both strategies and both input modes among the commands.
     assert {("allreduce", "files"), ("ps", "spark")} <= seen

@@ -349,7 +349,7 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs
         )
     np.testing.assert_array_equal([r["prediction"] for r in rows], expected["classes"].numpy())
     np.testing.assert_allclose(
-        [r["probabilities"] for r in rows], expected["scores"].numpy(), rtol=1e-5, atol=1e-6
+        [r["probability"] for r in rows], expected["scores"].numpy(), rtol=1e-5, atol=1e-6
     )
 
     # The evaluation at the end of training (the test split: the dataset has no valid split)

@@ -187,7 +187,7 @@ def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark
     assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
     predictions = spark.read.parquet(output)
     assert predictions.count() == N_TEST
-    assert {"prediction", "probabilities"} <= set(predictions.columns)
+    assert {"prediction", "probability"} <= set(predictions.columns)
 
 
 def test_ps_files_feed_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):

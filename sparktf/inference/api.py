@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ def predict(
     *,
     input_col: str | None = None,
     output_col: str = "prediction",
-    probabilities_col: str = "probabilities",
+    probability_col: str = "probability",
     log_probabilities_col: str = "log_probabilities",
     batch_size: int = 128,
     signature: str | None = None,
@@ -48,6 +49,7 @@ def predict(
     lm_output: str = "perplexity",
     label_col: str = "label",
     keep_columns: Sequence[str] | None = None,
+    probabilities_col: str | None = None,
 ) -> DataFrame:
     """Applies the SavedModel ``model`` to every row of ``df``; returns ``df``'s columns plus
     the predictions (lazily: nothing runs until an action).
@@ -63,8 +65,9 @@ def predict(
     * ``input_col``: the column the model reads (default per kind: ``"image"``,
       ``"features"``, ``"example"``, ``"tokens"`` or ``"z"``).
     * ``output_col``: the name of the prediction column (default ``"prediction"``).
-    * ``probabilities_col``: a classifier's per-class probabilities (default
-      ``"probabilities"``).
+    * ``probability_col``: a classifier's per-class probabilities (default ``"probability"``,
+      the name :class:`sparktf.ml.TFModel` and Spark ML's classifiers use;
+      ``probabilities_col`` is its former name, accepted with a DeprecationWarning).
     * ``log_probabilities_col``: a language model's next-word log-probabilities, with
       ``lm_output="next_word"`` (default ``"log_probabilities"``).
     * ``batch_size``: rows per model call (a positive integer, default 128).
@@ -93,7 +96,7 @@ def predict(
       - ``array<int>`` (any integer type, flat of H*W*C values or nested (H, W, C)), with
         values in [0, 255].
 
-      Adds ``output_col`` (``long``, the class), ``probabilities_col`` (``array<float>``,
+      Adds ``output_col`` (``long``, the class), ``probability_col`` (``array<float>``,
       one probability per class) and, with ``top_k=k``, ``top_classes`` (``array<long>``)
       and ``top_probabilities`` (``array<float>``), the k best, best first.
     * **Classifier on float features**, float32 ``[B, *shape]`` -> ``classes``, ``scores``
@@ -158,6 +161,14 @@ def predict(
     """
     from pyspark.sql import types as T
 
+    if probabilities_col is not None:
+        warnings.warn(
+            "sparktf.predict(probabilities_col=) is now probability_col= (the column is "
+            "'probability' by default, as TFModel and Spark ML name it)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        probability_col = probabilities_col
     if not isinstance(batch_size, int) or batch_size < 1:
         raise SparktfValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if isinstance(keep_columns, str):
@@ -190,7 +201,7 @@ def predict(
         sig,
         input_col=input_col,
         output_col=output_col,
-        probabilities_col=probabilities_col,
+        probabilities_col=probability_col,
         log_probabilities_col=log_probabilities_col,
         batch_size=batch_size,
         top_k=top_k,

@@ -285,7 +285,7 @@ def _check_schema(schema: StructType, plan: Plan, layout: _Layout) -> None:
     if clash:
         raise PredictInputError(
             f"output column(s) {clash} already exist in the input DataFrame: rename them or "
-            "choose other names (output_col=, probabilities_col=, log_probabilities_col=)"
+            "choose other names (output_col=, probability_col=, log_probabilities_col=)"
         )
     if len({f.name for f in fields}) != len(fields):
         raise SparktfValueError(f"output column names collide: {[f.name for f in fields]}")

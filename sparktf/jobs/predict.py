@@ -4,7 +4,7 @@
 directory holding it) or any Parquet table. ``--model`` is a SavedModel version directory,
 ``MODEL_DIR/export`` or ``MODEL_DIR`` (the highest version is used). The output is Parquet
 with ``id`` and ``label`` (when the input has them), the prediction columns of
-``sparktf.predict`` (``prediction``, ``probabilities``, ...) and ``model_version``; it is
+``sparktf.predict`` (``prediction``, ``probability``, ...) and ``model_version``; it is
 written to a temporary sibling and renamed into place, so ``--output`` holds either the
 whole result or nothing.
 

@@ -101,7 +101,7 @@ def summary(result: Mapping, model: str, data: str) -> str:
     if export_root:
         test_split = storage.join(dataset, "test", "parquet")
         lines += [
-            "  # predictions for the test split (Parquet: id, label, prediction, probabilities)",
+            "  # predictions for the test split (Parquet: id, label, prediction, probability)",
             "  ./scripts/submit.sh jobs/predict.py --model "
             f"{_shown(export_root)} --input {_shown(test_split)} "
             "--output .local/predictions/quickstart --overwrite",
