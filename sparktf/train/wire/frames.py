@@ -30,13 +30,11 @@ import base64
 import json
 import logging
 import secrets
-import selectors
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -45,7 +43,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from sparktf.errors import SparktfError, SparktfTypeError, SparktfValueError
-from sparktf.train.wire.limits import ConnectionLimits, ConnectionTable, RejectLog
+from sparktf.train.wire.limits import ConnectionLimits, RejectLog
+from sparktf.train.wire.server import POLL_S, Connection, SelectorServer
 
 __all__ = [
     "ANSWER",
@@ -68,11 +67,9 @@ log = logging.getLogger(__name__)
 MAX_FRAME_BYTES = 1 << 20  # a reservation list of hundreds of nodes is a few hundred KiB
 TAG_BYTES = 16  # AES-GCM's tag
 NONCE_BYTES = 12  # AES-GCM's nonce; random per frame (a run sends far fewer than 2**32)
-POLL_S = 0.5  # the listening loop wakes this often: stop() takes effect promptly
 IDLE_S = ConnectionLimits.idle_s  # connections silent this long are closed (clients poll)
 MAX_CONNECTIONS = ConnectionLimits.max_connections  # the default of all open connections
 RETRY_PAUSE_S = 0.05  # before a client's second try (doubled for each further one)
-ACCEPT_BURST = 64  # connections accepted per wake-up of the listening loop
 KEY_CONTEXT = b"sparktf-reservation"  # the keys' derivation label (part of the wire format)
 
 REQUEST, ANSWER = b"Q", b"A"  # directions: a request cannot be reflected as an answer
@@ -196,28 +193,16 @@ class Codec:
 # ----------------------------------------------------------------------------- server
 
 
-@dataclass
-class _Connection:
-    peer: str
-    buffer: bytearray = field(default_factory=bytearray)
-
-
-def _describe_ports(ports: Sequence[int]) -> str:
-    if list(ports) == [0]:
-        return "any"
-    return f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else str(ports[0])
-
-
-class FramedServer:
-    """Answers authenticated request frames on one address, on a thread of its own.
+class FramedServer(SelectorServer):
+    """Answers authenticated request frames on one address, on a thread of its own (the
+    loop of :class:`~sparktf.train.wire.server.SelectorServer`).
 
     ``handler`` is called (on that thread) with each verified request's message and returns
     the answer to send; ``what`` names the server in its log lines (``"<what>: rejected a
     request from <peer>: <reason>"``, at a bounded rate:
-    :class:`~sparktf.train.wire.limits.RejectLog`).
-    ``limits`` bound what unauthenticated clients can hold (default
-    :meth:`~sparktf.train.wire.limits.ConnectionLimits.from_env`): connections in all and per peer,
-    the time to complete a frame.
+    :class:`~sparktf.train.wire.limits.RejectLog`). ``limits`` bound what unauthenticated
+    clients can hold (default :meth:`~sparktf.train.wire.limits.ConnectionLimits.from_env`):
+    connections in all and per peer, the time to complete a frame.
     """
 
     def __init__(
@@ -229,16 +214,17 @@ class FramedServer:
         logger: logging.Logger = log,
         limits: ConnectionLimits | None = None,
     ):
-        self.done = False
+        super().__init__(
+            what=what,
+            limits=limits or ConnectionLimits.from_env(),
+            rejects=RejectLog(logger, what),
+            logger=logger,
+            io_timeout_s=5.0,  # recv only after select says readable; bounds sendall
+        )
         self._codec = codec
         self._handler = handler
-        self._what = what
-        self._log = logger
         self._seen: set[bytes] = set()
         self._thread: threading.Thread | None = None
-        self._rejects = RejectLog(logger, what)
-        self.limits = limits or ConnectionLimits.from_env()
-        self._table = ConnectionTable(self.limits, self._rejects)
         self.port: int | None = None
 
     def listen(self, host: str, ports: Sequence[int] = (0,)) -> int:
@@ -248,38 +234,32 @@ class FramedServer:
         Raises:
             OSError: when none of ``ports`` can be bound.
         """
-        errors = []
-        for port in ports:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((host, port))
-                sock.listen(128)
-                sock.setblocking(False)
-                break
-            except OSError as exc:
-                sock.close()
-                errors.append(f"{port}: {exc}")
-        else:
-            raise OSError(
-                f"the {self._what} cannot bind {host} on port(s) "
-                f"{_describe_ports(ports)}: {'; '.join(errors)}"
-            )
-        port = self.port = sock.getsockname()[1]
-        self._log.info("%s listening on %s:%d (authenticated)", self._what, host, port)
+        port = self.port = self.bind(host, ports)
+        self._log.info("%s listening on %s:%d (authenticated)", self.what, host, port)
         self._thread = threading.Thread(
-            target=self._serve, args=(sock,), name="sparktf-reservations", daemon=True
+            target=self._serve, name="sparktf-reservations", daemon=True
         )
         self._thread.start()
         return port
 
+    def _serve(self) -> None:
+        try:
+            self.serve_forever()
+        finally:
+            self.close()
+
+    @property
+    def done(self) -> bool:
+        """Whether the server was asked to stop (or has stopped)."""
+        return self.stopping
+
     def request_stop(self) -> None:
         """Stops the server within ``POLL_S``, without waiting (safe from the handler)."""
-        self.done = True
+        self.request_shutdown()
 
     def stop(self) -> None:
         """Stops the server; returns once its socket is closed (within ``POLL_S``)."""
-        self.done = True
+        self.request_shutdown()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(5 * POLL_S)
@@ -288,97 +268,20 @@ class FramedServer:
     def stopped(self) -> bool:
         return self.done and (self._thread is None or not self._thread.is_alive())
 
-    def _serve(self, listener: socket.socket) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(listener, selectors.EVENT_READ)
-        connections: dict[socket.socket, _Connection] = {}
-
-        def close(sock: socket.socket) -> None:
-            if connections.pop(sock, None) is None:
-                return
-            selector.unregister(sock)
-            self._table.remove(sock)
-            sock.close()
-
-        try:
-            while not self.done:
-                ready = [key.fileobj for key, _ in selector.select(POLL_S)]
-                # What arrived is read before new connections are admitted: a client whose
-                # message is waiting has completed it, so a flood's burst cannot displace it.
-                for sock in ready:
-                    if sock in connections and not self._on_readable(sock, connections[sock]):
-                        close(sock)
-                if listener in ready:
-                    for old in self._accept_waiting(listener, selector, connections):
-                        close(old)
-                for sock, why in self._table.expired():
-                    conn = connections.get(sock)
-                    if why and conn is not None:
-                        self._rejects.reject(conn.peer, why, kind="deadline")
-                    close(sock)
-                self._rejects.flush()
-        except Exception:
-            self._log.exception("%s failed", self._what)
-        finally:
-            self.done = True
-            for sock in list(connections):
-                close(sock)
-            selector.close()
-            listener.close()
-            self._log.debug("%s stopped", self._what)
-
-    def _accept_waiting(self, listener, selector, connections) -> list[socket.socket]:
-        """Accepts the connections waiting (a burst at most, so that a flood cannot fill the
-        backlog while this thread reads); returns those they displaced."""
-        displaced: list[socket.socket] = []
-        for _ in range(ACCEPT_BURST):
-            try:
-                sock, peer = listener.accept()
-            except OSError:  # none waiting (the listener does not block)
-                break
-            displaced += self._accept(sock, peer, selector, connections)
-        return displaced
-
-    def _accept(self, sock, peer, selector, connections) -> list[socket.socket]:
-        """Admits one connection under the limits; returns those it displaced."""
-        address = f"{peer[0]}:{peer[1]}"
-        admitted, evicted = self._table.admit(sock, peer[0], address)
-        if not admitted:
-            sock.close()
-            return []
-        sock.settimeout(5.0)  # recv only after select says readable; bounds sendall
-        connections[sock] = _Connection(address)
-        selector.register(sock, selectors.EVENT_READ)
-        return evicted
-
-    def _on_readable(self, sock: socket.socket, conn: _Connection) -> bool:
-        """Reads what arrived and answers every complete frame; False closes the connection."""
-        try:
-            data = sock.recv(65536)
-        except OSError:
-            return False
-        if not data:
-            return False
-        conn.buffer += data
-        if not self._answer_frames(sock, conn):
-            return False
-        self._table.progress(sock, pending=bool(conn.buffer))
-        return True
-
-    def _answer_frames(self, sock: socket.socket, conn: _Connection) -> bool:
+    def on_data(self, sock: socket.socket, conn: Connection) -> bool:
         """Answers every complete frame of the buffer; False closes the connection."""
         while len(conn.buffer) >= 4:
             (size,) = struct.unpack(">I", conn.buffer[:4])
             if size > MAX_FRAME_BYTES:
-                self._rejects.reject(
+                self.rejects.reject(
                     conn.peer, f"too large: {size} bytes announced, at most {MAX_FRAME_BYTES}"
                 )
                 return False
             if len(conn.buffer) < 4 + size:
-                return True
+                break
             frame = bytes(conn.buffer[4 : 4 + size])
             del conn.buffer[: 4 + size]
-            self._table.completed(sock)
+            self.table.completed(sock)
             try:
                 nonce, body = self._codec.verify(REQUEST, frame)
                 if nonce in self._seen:
@@ -386,7 +289,7 @@ class FramedServer:
                 self._seen.add(nonce)
                 request = self._codec.open(nonce, body)
             except Rejected as exc:
-                self._rejects.reject(conn.peer, str(exc))
+                self.rejects.reject(conn.peer, str(exc))
                 return False
             answer = self._handler(request.get("msg"))
             reply, _ = self._codec.seal(ANSWER, {"re": nonce.hex(), "msg": answer})
@@ -394,6 +297,7 @@ class FramedServer:
                 sock.sendall(reply)
             except OSError:
                 return False
+        self.table.progress(sock, pending=bool(conn.buffer))
         return True
 
 
