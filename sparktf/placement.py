@@ -18,12 +18,18 @@ import json
 import re
 import urllib.request
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparktf.errors import SparktfError, SparktfValueError
 
 __all__ = [
+    "DYNAMIC",
+    "declared_slots",
+    "dynamic_allocation",
+    "task_cpus",
+    "task_slots",
     "Ask",
     "Cluster",
     "HTTP_TIMEOUT_S",
@@ -299,3 +305,60 @@ def sizing_conf(ask: Ask) -> dict[str, str]:
     if ask.overhead_mb:
         conf["spark.executor.memoryOverhead"] = mb_text(ask.overhead_mb)
     return conf
+
+
+# ----------------------------------------------------------------------------- task slots
+
+DYNAMIC = "spark.dynamicAllocation.enabled"
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
+_LOCAL = re.compile(r"local\[(\d+|\*)(?:,\s*\d+)?\]")
+
+
+def task_cpus(conf: Mapping[str, str]) -> int:
+    """``spark.task.cpus`` of the settings (at least 1)."""
+    return max(1, _int(conf, "spark.task.cpus", 1))
+
+
+def task_slots(executors: int, cores: int, cpus: int) -> int:
+    """How many tasks ``executors`` of ``cores`` each run at once at ``cpus`` per task: the
+    one formula of a cluster's task slots."""
+    return executors * (cores // max(1, cpus))
+
+
+def _int(conf: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(conf.get(key, default))
+    except ValueError:
+        return default
+
+
+def declared_slots(conf: Mapping[str, str]) -> tuple[int, str] | None:
+    """The task slots the settings give the application (how many tasks run at once) and how
+    that number comes about, or None when the settings do not fix it (dynamic allocation, a
+    standalone master without ``spark.cores.max``, no executor count)."""
+    master = conf.get("spark.master", "")
+    cpus = task_cpus(conf)
+    per_task = f"spark.task.cpus={cpus}"
+    m = _LOCAL_CLUSTER.fullmatch(master)
+    if m:
+        executors, cores = int(m.group(1)), int(m.group(2))
+        how = f"{master}: {executors} executors x {cores} cores, {per_task}"
+        return task_slots(executors, cores, cpus), how
+    if _LOCAL.fullmatch(master) or master == "local":
+        return None  # no executors at all: the executor check says so
+    if dynamic_allocation(conf):
+        return None
+    if master.startswith("spark://") and "spark.cores.max" in conf:
+        cores = _int(conf, "spark.cores.max", 0)
+        return task_slots(1, cores, cpus), f"spark.cores.max={cores}, {per_task}"
+    if master.startswith(("yarn", "k8s://")) and "spark.executor.instances" in conf:
+        executors = _int(conf, "spark.executor.instances", 0)
+        cores = _int(conf, "spark.executor.cores", 1)
+        how = f"spark.executor.instances={executors} x spark.executor.cores={cores}, {per_task}"
+        return task_slots(executors, cores, cpus), how
+    return None
+
+
+def dynamic_allocation(conf: Mapping[str, str]) -> bool:
+    """Whether the settings turn Spark's dynamic allocation on."""
+    return conf.get(DYNAMIC, "false").strip().lower() == "true"

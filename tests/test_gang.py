@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from sparktf import placement
 from sparktf.train.driver import gang
 from sparktf.train.driver.bringup import cluster_template
 from tests.helpers import ConfSession, assert_nothing_left
@@ -35,7 +36,7 @@ from tests.helpers import ConfSession, assert_nothing_left
     ],
 )
 def test_declared_slots_from_the_master_and_its_settings(conf, slots):
-    have, how = gang.declared_slots(conf)
+    have, how = placement.declared_slots(conf)
     assert have == slots
     assert how  # says where the number comes from
 
@@ -55,7 +56,7 @@ def test_declared_slots_from_the_master_and_its_settings(conf, slots):
     ],
 )
 def test_no_declared_slots_where_the_settings_do_not_fix_them(conf):
-    assert gang.declared_slots(conf) is None
+    assert placement.declared_slots(conf) is None
 
 
 def test_slots_message_names_both_numbers_and_what_to_change():

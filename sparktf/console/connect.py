@@ -174,11 +174,9 @@ def expected_slots(master: str, conf: Mapping[str, str]) -> int | None:
     ``local-cluster``'s executors times their task slots; a standalone master's ALIVE
     workers as the application's executors fill them (``spark.cores.max`` respected); None
     where that cannot be known (other masters, a master that does not answer)."""
-    from sparktf.train.driver.gang import declared_slots
-
-    task_cpus = max(1, int(conf.get("spark.task.cpus", "1")))
+    cpus = placement.task_cpus(conf)
     if master.strip().startswith("local-cluster["):
-        declared = declared_slots({**conf, "spark.master": master.strip()})
+        declared = placement.declared_slots({**conf, "spark.master": master.strip()})
         return None if declared is None else declared[0]
     if not master.startswith("spark://"):
         return None
@@ -196,7 +194,7 @@ def expected_slots(master: str, conf: Mapping[str, str]) -> int | None:
         if cores_left is not None:
             cores = min(cores, cores_left - cores_left % per_executor)
             cores_left -= cores
-        slots += (cores // per_executor) * (per_executor // task_cpus)
+        slots += placement.task_slots(cores // per_executor, per_executor, cpus)
     return slots
 
 

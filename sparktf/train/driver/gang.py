@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from sparktf.placement import DYNAMIC, declared_slots, dynamic_allocation
 from sparktf.remote import is_connect
 from sparktf.train.config import ConfigError
 
@@ -36,7 +36,6 @@ __all__ = [
     "SlotsError",
     "check_slots",
     "conf_values",
-    "declared_slots",
     "dynamic_allocation_message",
     "node_task",
     "slots_message",
@@ -53,11 +52,8 @@ SLOT_KEYS = (
     "spark.cores.max",
     "spark.dynamicAllocation.enabled",
 )
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
-_LOCAL = re.compile(r"local\[(\d+|\*)(?:,\s*\d+)?\]")
 SPARK_SLOTS_CHECK = "SPARK-24819"  # Spark's message when a barrier stage cannot fit
 SPARK_DYNAMIC_CHECK = "SPARK-24942"  # Spark's refusal of a barrier stage under dynamic allocation
-DYNAMIC = "spark.dynamicAllocation.enabled"
 
 
 class SlotsError(ConfigError):
@@ -80,44 +76,6 @@ def conf_values(spark, keys: tuple[str, ...] = SLOT_KEYS) -> dict[str, str]:
         if value is not None:
             values[key] = value
     return values
-
-
-def _int(conf: Mapping[str, str], key: str, default: int) -> int:
-    try:
-        return int(conf.get(key, default))
-    except ValueError:
-        return default
-
-
-def declared_slots(conf: Mapping[str, str]) -> tuple[int, str] | None:
-    """The task slots the settings give the application (how many tasks run at once) and how
-    that number comes about, or None when the settings do not fix it (dynamic allocation, a
-    standalone master without ``spark.cores.max``, no executor count)."""
-    master = conf.get("spark.master", "")
-    cpus = max(1, _int(conf, "spark.task.cpus", 1))
-    per_task = f"spark.task.cpus={cpus}"
-    m = _LOCAL_CLUSTER.fullmatch(master)
-    if m:
-        executors, cores = int(m.group(1)), int(m.group(2))
-        how = f"{master}: {executors} executors x {cores} cores, {per_task}"
-        return executors * (cores // cpus), how
-    if _LOCAL.fullmatch(master) or master == "local":
-        return None  # no executors at all: the executor check says so
-    if _dynamic(conf):
-        return None
-    if master.startswith("spark://") and "spark.cores.max" in conf:
-        cores = _int(conf, "spark.cores.max", 0)
-        return cores // cpus, f"spark.cores.max={cores}, {per_task}"
-    if master.startswith(("yarn", "k8s://")) and "spark.executor.instances" in conf:
-        executors = _int(conf, "spark.executor.instances", 0)
-        cores = _int(conf, "spark.executor.cores", 1)
-        how = f"spark.executor.instances={executors} x spark.executor.cores={cores}, {per_task}"
-        return executors * (cores // cpus), how
-    return None
-
-
-def _dynamic(conf: Mapping[str, str]) -> bool:
-    return conf.get(DYNAMIC, "false").strip().lower() == "true"
 
 
 def dynamic_allocation_message(needed: int) -> str:
@@ -165,7 +123,7 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
         SlotsError: naming the slots needed and those the cluster has, or dynamic allocation.
     """
     conf = conf_values(spark)
-    if _dynamic(conf):
+    if dynamic_allocation(conf):
         raise SlotsError(dynamic_allocation_message(needed))
     declared = declared_slots(conf)
     if declared is not None and declared[0] < needed:
