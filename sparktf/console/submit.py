@@ -205,6 +205,8 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
             master = profile.get("spark.master", "")
     if master == "yarn":
         extra += _yarn_here(command, profile, env)
+    # a local-cluster's work directories under $SPARKTF_HOME, not site-packages/pyspark/work
+    spark.use_local_spark_home(master, env)
     if master.startswith(("local", "spark://127.0.0.1:", "spark://localhost:")):
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         extra += ["--conf", "spark.driver.host=127.0.0.1"]

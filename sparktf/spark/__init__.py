@@ -39,11 +39,13 @@ from sparktf.spark.profiles import (
     cluster_resources,
     executor_sizing,
     local_cluster_env,
+    local_spark_home,
     log4j_conf,
     profile_conf,
     profile_file,
     read_conf_file,
     spark_cluster_dir,
+    use_local_spark_home,
     yarn_site,
 )
 from sparktf.spark.progress import (
@@ -60,6 +62,7 @@ from sparktf.spark.session import (
     launched_by_spark_submit,
     quiet_py4j,
     session_conf,
+    stop_session,
 )
 from sparktf.spark.transport import (
     SECRET_CONF,
@@ -107,6 +110,9 @@ __all__ = [
     "run_tasks",
     "secret_file",
     "session_conf",
+    "stop_session",
+    "local_spark_home",
+    "use_local_spark_home",
     "spark_cluster_dir",
     "spark_error_text",
     "spark_failure",

@@ -4,15 +4,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
-from collections.abc import Mapping
+import shutil
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from sparktf import paths, placement
 from sparktf.errors import SparktfValueError
 
 __all__ = [
+    "SPARK_HOME_ENV",
+    "installed_spark_home",
+    "local_spark_home",
+    "remove_work_dir",
+    "use_local_spark_home",
     "PROFILES",
     "PROPAGATED_ENV",
     "cluster_master",
@@ -174,3 +181,71 @@ def yarn_site() -> dict[str, str]:
     """``yarn-site.xml`` of ``$YARN_CONF_DIR`` or ``$HADOOP_CONF_DIR`` (empty when none)."""
     conf_dir = os.environ.get("YARN_CONF_DIR") or os.environ.get("HADOOP_CONF_DIR")
     return placement.yarn_site(conf_dir) if conf_dir else {}
+
+
+# ----------------------------------------------------------------------------- work directories
+
+SPARK_HOME_ENV = "SPARK_HOME"
+
+
+def installed_spark_home() -> Path:
+    """The Spark home of the installed pyspark (its package directory)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def local_spark_home(real: Path | None = None) -> Path:
+    """A Spark home of sparktf's own for ``local-cluster`` applications, under
+    ``$SPARKTF_HOME/spark-home/``: every entry of the real one (``real``, default
+    :func:`installed_spark_home`) linked, and a ``work/`` directory of its own.
+
+    Spark's Workers write each executor's logs and fetched jars under ``SPARK_HOME/work``,
+    which for a pip-installed pyspark lies inside ``site-packages`` (never cleaned, and
+    read-only in a system install); no setting moves it for ``local-cluster``. A driver whose
+    ``SPARK_HOME`` is this directory writes them here instead, and
+    :func:`remove_work_dir` removes an application's when it ends."""
+    real = (real or installed_spark_home()).resolve()
+    digest = hashlib.sha256(str(real).encode()).hexdigest()[:12]
+    home = paths.state_dir("spark-home") / digest
+    home.mkdir(exist_ok=True, mode=0o700)
+    (home / "work").mkdir(exist_ok=True, mode=0o700)
+    for entry in real.iterdir():
+        link = home / entry.name
+        if entry.name == "work" or (link.is_symlink() and link.resolve() == entry):
+            continue
+        tmp = home / f".{entry.name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(entry)
+        os.replace(tmp, link)  # atomic: another process linking the same entry is harmless
+    return home
+
+
+def use_local_spark_home(master: str, env: MutableMapping[str, str] = os.environ) -> None:
+    """Points ``SPARK_HOME`` of ``env`` (default: this process's, and so the JVM's that
+    PySpark starts next) at :func:`local_spark_home` when ``master`` is ``local-cluster``
+    and ``SPARK_HOME`` is not a Spark of the user's choosing."""
+    if not master.strip().startswith("local-cluster"):
+        return
+    current = env.get(SPARK_HOME_ENV)
+    if current and not _is_local_spark_home(Path(current)):
+        if Path(current).resolve() != installed_spark_home().resolve():
+            return  # the user's own Spark: left alone
+    env[SPARK_HOME_ENV] = str(local_spark_home())
+
+
+def _is_local_spark_home(path: Path) -> bool:
+    try:
+        return path.resolve().parent == (paths.home() / "spark-home").resolve()
+    except OSError:
+        return False
+
+
+def remove_work_dir(app_id: str | None) -> None:
+    """Removes the work directory of the ``local-cluster`` application ``app_id`` (its
+    executors' logs and jars) when it lies in :func:`local_spark_home`."""
+    home = os.environ.get(SPARK_HOME_ENV)
+    if not app_id or not home or not _is_local_spark_home(Path(home)):
+        return
+    shutil.rmtree(Path(home) / "work" / app_id, ignore_errors=True)

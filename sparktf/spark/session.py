@@ -18,7 +18,14 @@ from sparktf import remote as connect
 from sparktf.remote import is_connect
 from sparktf.security import kerberos
 from sparktf.security.redact import quiet_py4j
-from sparktf.spark.profiles import PROPAGATED_ENV, cluster_master, log4j_conf, profile_conf
+from sparktf.spark.profiles import (
+    PROPAGATED_ENV,
+    cluster_master,
+    log4j_conf,
+    profile_conf,
+    remove_work_dir,
+    use_local_spark_home,
+)
 from sparktf.spark.transport import (
     SECRET_CONF,
     secret_for_new_jvm,
@@ -26,7 +33,14 @@ from sparktf.spark.transport import (
     transport_secret,
 )
 
-__all__ = ["get_session", "job_session", "launched_by_spark_submit", "quiet_py4j", "session_conf"]
+__all__ = [
+    "get_session",
+    "job_session",
+    "launched_by_spark_submit",
+    "quiet_py4j",
+    "session_conf",
+    "stop_session",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +135,7 @@ def get_session(
         conf.update(kerberos.spark_settings(conf))
         if conf.get("spark.master", "").startswith(("local", "local-cluster")):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback
+        use_local_spark_home(conf.get("spark.master", ""))  # work dirs out of site-packages
         log.info("starting Spark (%s profile, master %s)", profile, conf.get("spark.master"))
         secret = conf.pop(SECRET_CONF, None) or transport_secret(conf.get("spark.master", ""), conf)
         for key, value in conf.items():
@@ -138,9 +153,18 @@ def get_session(
 def _stop_at_exit(spark) -> None:
     try:
         if not is_connect(spark) and spark.sparkContext._jsc is not None:
-            spark.stop()
+            stop_session(spark)
     except Exception as exc:  # the JVM may already be gone: nothing left to stop
         log.debug("stopping Spark at exit: %s", exc)
+
+
+def stop_session(spark) -> None:
+    """Stops ``spark``; a ``local-cluster`` application's work directory (its executors'
+    logs and jars, :func:`~sparktf.spark.profiles.local_spark_home`) goes with it once the
+    stop succeeded."""
+    app_id = None if is_connect(spark) else spark.sparkContext.applicationId
+    spark.stop()
+    remove_work_dir(app_id)
 
 
 @contextmanager
@@ -162,7 +186,7 @@ def job_session(
     try:
         yield session
     finally:
-        session.stop()
+        stop_session(session)
 
 
 def launched_by_spark_submit() -> bool:

@@ -8,6 +8,8 @@ hello     first call; the answer carries the node's role and the TF cluster, onc
           driver has them (the node polls until then)
 beat      heartbeat every second with the node's latest progress (step, loss, ...)
 peek      a feeding task asks for the flags only (no node state)
+eval      the chief evaluated during training: the step and its metrics (the driver logs
+          each one and keeps them for the result's history)
 error     the node failed: exception type, message and traceback tail
 done      the chief finished the run: its final result (no other process may send it)
 finished  a process other than the chief finished its part (its own report)

@@ -1,0 +1,99 @@
+"""A local-cluster application's work directories (its executors' logs and jars) live under
+``$SPARKTF_HOME``, not inside the installed pyspark, and go when the application ends
+cleanly (``sparktf.spark.profiles.local_spark_home``). A real session starts in
+``test_a_local_cluster_writes_its_work_dir_under_sparktf_home_and_removes_it``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparktf.spark import profiles
+
+pytestmark = pytest.mark.unit
+
+
+def _real_spark(tmp_path: Path) -> Path:
+    real = tmp_path / "spark"
+    for name in ("bin", "jars", "python"):
+        (real / name).mkdir(parents=True)
+    (real / "work" / "app-old").mkdir(parents=True)  # what a pip install collects
+    return real
+
+
+def test_the_local_spark_home_links_the_real_one_and_has_a_work_dir_of_its_own(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPARKTF_HOME", str(tmp_path / "home"))
+    real = _real_spark(tmp_path)
+    home = profiles.local_spark_home(real)
+    assert home.parent == tmp_path / "home" / "spark-home"
+    assert {p.name for p in home.iterdir()} == {"bin", "jars", "python", "work"}
+    for name in ("bin", "jars", "python"):
+        assert (home / name).resolve() == real / name
+    assert not (home / "work").is_symlink() and list((home / "work").iterdir()) == []
+    assert oct((home / "work").stat().st_mode & 0o777) == oct(0o700)
+    (real / "conf").mkdir()  # a Spark that changed: linked again, nothing else moves
+    assert profiles.local_spark_home(real) == home and (home / "conf").resolve() == real / "conf"
+
+
+def test_only_a_local_cluster_gets_it_and_a_users_own_spark_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKTF_HOME", str(tmp_path / "home"))
+    env: dict[str, str] = {}
+    profiles.use_local_spark_home("local[2]", env)
+    assert env == {}
+    profiles.use_local_spark_home("local-cluster[2,1,1024]", env)
+    assert Path(env["SPARK_HOME"]).parent == tmp_path / "home" / "spark-home"
+    own = {"SPARK_HOME": str(_real_spark(tmp_path))}
+    profiles.use_local_spark_home("local-cluster[2,1,1024]", own)
+    assert own == {"SPARK_HOME": str(tmp_path / "spark")}
+
+
+def test_an_applications_work_dir_is_removed_and_no_other(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKTF_HOME", str(tmp_path / "home"))
+    home = profiles.local_spark_home(_real_spark(tmp_path))
+    for app in ("app-1", "app-2"):
+        (home / "work" / app / "0").mkdir(parents=True)
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    profiles.remove_work_dir("app-1")
+    assert sorted(p.name for p in (home / "work").iterdir()) == ["app-2"]
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark"))  # not ours: nothing removed
+    profiles.remove_work_dir("app-old")
+    assert (tmp_path / "spark" / "work" / "app-old").is_dir()
+
+
+@pytest.mark.e2e
+def test_a_local_cluster_writes_its_work_dir_under_sparktf_home_and_removes_it(tmp_path):
+    """A real local-cluster application, as a program of its own (its SPARK_HOME must be set
+    before its JVM starts): its executor's stdout and stderr under $SPARKTF_HOME while it
+    runs, nothing new inside the installed pyspark, nothing left after a clean stop."""
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from sparktf import spark as S\n"
+        "s = S.get_session('work-dir', profile='local',\n"
+        "                  overrides={'spark.master': 'local-cluster[1,1,1024]'})\n"
+        "assert s.sparkContext.parallelize(range(4), 2).sum() == 6\n"
+        "work = Path(os.environ['SPARK_HOME']) / 'work' / s.sparkContext.applicationId\n"
+        "print(work, sorted(p.name for p in work.rglob('*')))\n"
+        "S.stop_session(s)\n"
+        "print(work.exists())\n"
+    )
+    installed = profiles.installed_spark_home() / "work"
+    before = set(os.listdir(installed)) if installed.is_dir() else set()
+    env = {**os.environ, "SPARKTF_HOME": str(tmp_path / "home")}
+    env.pop("SPARK_HOME", None)
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    work_line, after = run.stdout.strip().splitlines()[-2:]
+    assert work_line.startswith(str(tmp_path / "home" / "spark-home"))
+    assert "stderr" in work_line and "stdout" in work_line  # the executor wrote there
+    assert after == "False"  # removed with the clean stop
+    now = set(os.listdir(installed)) if installed.is_dir() else set()
+    assert now == before
