@@ -1,6 +1,8 @@
-"""Session-wide fixtures: one real HDFS and one local-cluster Spark session for the suite;
-the tiers (``--tier unit|integration|e2e|all``, tests/tiers.py), found from what each test
-uses and checked against what it starts.
+"""Shared fixtures: one real HDFS and one local-cluster Spark session for the suite, the
+suite's tiny MNIST dataset, a clean sparktf environment; and the tiers (``--tier
+unit|integration|e2e|all``): each test module declares its own (``pytestmark =
+pytest.mark.unit``, see tests/tiers.py), checked here when the tests are collected and
+against what each test starts while it runs.
 
 HDFS: when ``scripts/test.sh`` has started one it exports SPARKTF_TEST_HDFS_URI,
 SPARKTF_WEBHDFS_URL and HADOOP_CONF_DIR, and the fixture uses it; otherwise the fixture
@@ -33,8 +35,9 @@ def _terminate(signum, frame):  # SIGTERM (e.g. from `timeout`) runs the fixture
 signal.signal(signal.SIGTERM, _terminate)
 
 _SPAWNS = tiers.SpawnWatch()
-_TIER = pytest.StashKey[tuple]()
+_TIER = pytest.StashKey[str]()
 _STARTED = pytest.StashKey[dict]()
+_REQUEST = pytest.StashKey[pytest.FixtureRequest]()
 _COUNTS = pytest.StashKey[dict]()
 
 
@@ -43,24 +46,35 @@ def pytest_addoption(parser):
         "--tier",
         choices=(*tiers.TIERS, "all"),
         default="all",
-        help="run only the tests of one tier (tests/tiers.py): unit (no JVM, no job "
-        "subprocess), integration (the session's Spark and HDFS), e2e (separate "
-        "applications and clusters); default all",
+        help="run only the tests of one tier (declared by each test module, tests/tiers.py): "
+        "unit (no JVM, no job subprocess), integration (the session's Spark and HDFS), e2e "
+        "(separate applications and clusters); default all",
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m selects on the tier markers set here
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the tier markers
 def pytest_collection_modifyitems(config, items):
-    """Marks every test with its tier (unit, integration or e2e) and keeps those of --tier."""
+    """Finds every test's declared tier (unit, integration or e2e), stops when one has none or
+    an ambiguous one, and keeps the tests of --tier."""
     chosen = config.getoption("tier")
-    keep, drop = [], []
+    keep, drop, problems = [], [], []
     counts = dict.fromkeys(tiers.TIERS, 0)
     for item in items:
-        tier, why = tiers.item_tier(item)
-        item.stash[_TIER] = (tier, why)
-        item.add_marker(getattr(pytest.mark, tier))
+        try:
+            tier = tiers.declared(item)
+            tiers.check_fixtures(item, tier)
+        except tiers.TierError as error:
+            problems.append(str(error))
+            continue
+        item.stash[_TIER] = tier
         counts[tier] += 1
         (keep if chosen in ("all", tier) else drop).append(item)
+    if problems:
+        raise pytest.UsageError(
+            f"the tier of {len(problems)} test(s) is missing or wrong:\n  " + "\n  ".join(problems)
+        )
+    for item in items:
+        tiers.keep_only(item, item.stash[_TIER])
     config.stash[_COUNTS] = counts
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -68,17 +82,28 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_collectionfinish(config, items):
-    counts = config.stash.get(_COUNTS, {})
+    counts = config.stash.get(_COUNTS, None)
+    if counts is None:  # the collection stopped on a tier
+        return None
     chosen = config.getoption("tier")
     return f"tier {chosen}; collected: " + ", ".join(f"{n} {t}" for t, n in counts.items())
 
 
+@pytest.fixture(autouse=True)
+def _tier_fixtures(request):
+    """Keeps the test's request, whose ``fixturenames`` also lists the fixtures it asks for
+    by name (``request.getfixturevalue``), for the tier check of its report."""
+    request.node.stash[_REQUEST] = request
+
+
 def _watched(phase):
-    @pytest.hookimpl(hookwrapper=True)
-    def hook(item, *args):
+    @pytest.hookimpl(wrapper=True)
+    def hook(item):
         with _SPAWNS.watching() as started:
-            yield
-        item.stash.setdefault(_STARTED, {})[phase] = list(started)
+            try:
+                return (yield)
+            finally:
+                item.stash.setdefault(_STARTED, {})[phase] = list(started)
 
     return hook
 
@@ -88,18 +113,22 @@ pytest_runtest_call = _watched("call")
 pytest_runtest_teardown = _watched("teardown")
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A test that started a process its tier does not allow fails, naming the process."""
-    outcome = yield
-    report = outcome.get_result()
-    tier, why = item.stash.get(_TIER, ("e2e", ""))
+    """A test that started a process (or used a fixture) its tier does not allow fails,
+    naming it."""
+    report = yield
+    tier = item.stash.get(_TIER, "e2e")
     started = item.stash.get(_STARTED, {}).get(call.when, ())
-    used = getattr(getattr(item, "_request", None), "_fixture_defs", {})  # by name too
-    found = tiers.violations(tier, started, used)
+    fixtures = ()  # also those asked for by name: checked once, with the test's own code
+    if call.when != "setup" and _REQUEST in item.stash:
+        fixtures = item.stash[_REQUEST].fixturenames if call.when == "call" else ()
+        del item.stash[_REQUEST]
+    found = tiers.violations(tier, started, fixtures)
     if found and report.outcome != "failed":
         report.outcome = "failed"
-        report.longrepr = tiers.explain(item, tier, why, found)
+        report.longrepr = tiers.explain(item, tier, found)
+    return report
 
 
 def descendants(pattern: str) -> set[int]:
@@ -130,7 +159,6 @@ class Hdfs:
         return self.path("tests", f"{name}-{uuid.uuid4().hex[:8]}")
 
 
-@tiers.needs("e2e")
 def start_hdfs(base: Path) -> tuple[Hdfs, list[str]]:
     args = [
         "--port",
@@ -179,7 +207,7 @@ def hdfs(tmp_path_factory) -> Hdfs:
 @pytest.fixture(scope="session")
 def spark(hdfs):
     """A local-cluster[2,1,1024] session: two executor JVMs with their own Python workers."""
-    from sparktf.spark import get_session
+    from sparktf.spark import get_session, stop_session
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     with _SPAWNS.exempt():
@@ -195,7 +223,7 @@ def spark(hdfs):
     try:
         yield session
     finally:
-        session.stop()
+        stop_session(session)  # its executors' work directory goes too
 
 
 @pytest.fixture(scope="session")
@@ -224,3 +252,17 @@ def mnist_hdfs(mnist_data, hdfs) -> str:
     uri = hdfs.fresh("mnist")
     storage.copy_tree(str(mnist_data / "data"), uri)
     return uri
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """No sparktf setting of the user's environment (configuration and home directories,
+    profile, master, cluster secret, Hadoop configuration), and no local cluster's directory:
+    the monkeypatch, to set some for the test; all restored after it."""
+    from sparktf import spark
+
+    names = ("SPARKTF_CONF_DIR", "SPARKTF_HOME", "SPARKTF_PROFILE", "SPARKTF_SPARK_MASTER")
+    for name in (*names, spark.SECRET_FILE_ENV, "HADOOP_CONF_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SPARKTF_SPARK_CLUSTER_DIR", str(tmp_path / "no-cluster"))
+    return monkeypatch

@@ -1,6 +1,6 @@
 """Helpers the inference and evaluation tests share: SavedModel exports made here, calling
 their signatures directly (the independent reference), running a job or a script of the
-repository as its own process (what makes a test e2e: tests/tiers.py), and dropping the
+repository as its own process (what e2e tests do: tests/tiers.py), and dropping the
 executors' cached copy of a model."""
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from tests.tiers import needs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,7 +60,6 @@ def call(model_dir: str, signature: str, **inputs) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in out.items()}
 
 
-@needs("e2e")
 def run_job(script: str, *args: str, hdfs=None, timeout: float = 300):
     """``jobs/SCRIPT`` as a user runs it (its own Spark application)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARKTF_LOG_LEVEL": "INFO"}
@@ -78,10 +75,9 @@ def run_job(script: str, *args: str, hdfs=None, timeout: float = 300):
     )
 
 
-@needs("e2e")
 def run_command(command, **kwargs) -> subprocess.CompletedProcess:
     """A command of the repository (a script of ``scripts/`` or ``bench/``, a job, an
-    example) as its own process, output captured as text: what makes a test e2e."""
+    example) as its own process, output captured as text (for e2e tests)."""
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
     return subprocess.run([str(part) for part in command], **kwargs)

@@ -18,6 +18,8 @@ from pathlib import Path
 import grimp
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -29,6 +29,8 @@ from sparktf.train.process.warmstart import (
     warm_start,
 )
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
+
 TINY_RESNET = {"num_residual_units": [1, 1, 1], "filters": [4, 4, 8, 8], "batch_size": 8}
 TINY_PTB = {"vocab_size": 40, "hidden_size": 12, "num_steps": 5, "batch_size": 4}
 
@@ -397,6 +399,7 @@ def test_warm_start_from_and_into_a_distributed_model(tmp_path):
     assert np.all(mirrored.variables[0].numpy() == 0.25)
 
 
+@pytest.mark.integration
 def test_warm_start_from_hdfs(mlp_run, hdfs):
     model_dir, source = mlp_run
     remote = hdfs.fresh("warmstart")

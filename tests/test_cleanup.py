@@ -23,9 +23,10 @@ import pytest
 
 from sparktf import scratch, storage
 from sparktf.train import artifacts
-from tests import helpers
 from tests.conftest import ROOT, descendants
 from tests.helpers import assert_nothing_left
+
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
 
 OTHER_UID = 54321  # a user that owns nothing here
 
@@ -284,6 +285,7 @@ def test_model_cache_evicts_least_recently_used_first_never_one_in_use(tmp_path,
         cache.cache_limit_bytes()
 
 
+@pytest.mark.integration
 def test_model_cache_stays_within_its_bound_as_models_are_copied(hdfs, tmp_path, monkeypatch):
     """Copies of HDFS models beyond SPARKTF_MODEL_CACHE_GB evict the least recently used
     copy that no process holds; a held copy stays."""
@@ -355,6 +357,7 @@ def _read_events(directory: str) -> list:
     return events
 
 
+@pytest.mark.integration
 def test_events_on_hdfs_go_out_in_segments_never_rewritten(hdfs):
     from sparktf.train.process.summaries import EventWriter
 
@@ -404,6 +407,7 @@ def _names_in(hdfs, path: str) -> int:
     return summary["directoryCount"] + summary["fileCount"]
 
 
+@pytest.mark.integration
 def test_a_checkpoint_upload_cut_short_leaves_the_previous_checkpoint_latest(hdfs):
     """HDFS refuses a write halfway through uploading a checkpoint (a namespace quota that
     lets the data file in but not the index): the state still names the previous checkpoint,
@@ -485,7 +489,6 @@ def _fit(spark, data, model_dir, *, steps, failure=None):
     )
 
 
-@helpers.needs("e2e")  # kill runs: the failure paths, with the other e2e runs
 def _kill_worker_and_feeder(model_dir: Path, before: set[str]) -> set[str]:
     """Once the run has a checkpoint: SIGKILLs its non-chief worker and the Spark-side
     process of its chief (which feeds it and would remove its feed directory). Returns the
@@ -507,6 +510,7 @@ def _kill_worker_and_feeder(model_dir: Path, before: set[str]) -> set[str]:
     return during
 
 
+@pytest.mark.e2e
 def test_a_killed_worker_and_feeder_leave_no_directory_after_the_next_run(
     spark, mnist_data, tmp_path
 ):

@@ -25,13 +25,13 @@ from sparktf.console import connect
 from tests import helpers
 from tests.conftest import ROOT
 from tests.helpers import assert_nothing_left
-from tests.tiers import needs
+
+pytestmark = pytest.mark.e2e
 
 MASTER = "local-cluster[2,1,1024]"
 
 
 @pytest.fixture(scope="module")
-@needs("integration")
 def server(tmp_path_factory):
     directory = tmp_path_factory.mktemp("connect") / "state"
     started = connect.start(directory, master=MASTER, timeout_s=240)

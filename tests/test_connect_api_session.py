@@ -13,6 +13,8 @@ from sparktf.jobs import convert as convert_job
 from sparktf.jobs import predict as predict_job
 from sparktf.ports import free_port
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "s3cret-token-value"
 
 

@@ -21,7 +21,8 @@ from sparktf import cli, ports, spark
 from sparktf.console import connect
 from tests import helpers
 from tests.conftest import ROOT
-from tests.tiers import needs
+
+pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
 
 SCRIPT = ROOT / "scripts" / "spark-connect.sh"
 PETASTORM_PYTHON = ROOT / ".venv-petastorm" / "bin" / "python"
@@ -72,7 +73,6 @@ def listening(port: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-@needs("integration")
 def server(tmp_path_factory):
     from pyspark import SparkContext
 
@@ -155,6 +155,7 @@ def test_stop_leaves_no_process_and_frees_the_port(server):
 # ----------------------------------------------------------------------------- the script
 
 
+@pytest.mark.e2e
 def test_the_script_starts_reports_and_stops_a_server(tmp_path):
     """As docs/deploy.md writes it: eval "$(scripts/spark-connect.sh start)" then a client."""
     directory = tmp_path / "state"
@@ -182,6 +183,7 @@ def test_the_script_starts_reports_and_stops_a_server(tmp_path):
 # ----------------------------------------------------------------------------- pure parts
 
 
+@pytest.mark.unit
 def test_arguments_parse_with_their_settings():
     args = connect.parse(["start", "--conf", "spark.a=1", "--conf", "spark.b=x=y", "--port", "9"])
     assert (args.action, args.conf, args.port, args.dir) == (
@@ -196,6 +198,7 @@ def test_arguments_parse_with_their_settings():
         connect.parse(["start", "--port", "70000"])
 
 
+@pytest.mark.unit
 def test_server_settings_are_the_local_profiles_on_loopback(monkeypatch):
     monkeypatch.delenv("SPARKTF_SPARK_MASTER", raising=False)
     monkeypatch.setenv("SPARKTF_WEBHDFS_URL", "http://127.0.0.1:9870")
@@ -216,6 +219,7 @@ def test_server_settings_are_the_local_profiles_on_loopback(monkeypatch):
     assert connect.expected_slots("local[4]", conf) is None
 
 
+@pytest.mark.unit
 def test_a_standalone_master_gets_its_clusters_secret_protected(monkeypatch, tmp_path):
     monkeypatch.setenv(spark.SECRET_FILE_ENV, str(tmp_path / "none"))
     with pytest.raises(spark.TransportError, match="cannot read the Spark secret file"):
@@ -229,6 +233,7 @@ def test_a_standalone_master_gets_its_clusters_secret_protected(monkeypatch, tmp
     assert all(conf[key] == "true" for key in spark.TRANSPORT_SETTINGS)
 
 
+@pytest.mark.unit
 def test_nothing_running_is_said_and_safe(tmp_path, capsys):
     assert connect.status(tmp_path) is None
     assert connect.stop(tmp_path) is False
@@ -238,6 +243,7 @@ def test_nothing_running_is_said_and_safe(tmp_path, capsys):
         connect.start(tmp_path / "with space")
 
 
+@pytest.mark.unit
 def test_stop_never_touches_a_session_that_is_not_its_servers(tmp_path):
     """A pid file left by a crash whose pid now leads another session (a login shell, another
     server): stop leaves that session alone and only clears the stale state."""

@@ -31,6 +31,8 @@ from sparktf.datasets.sources import SourceError
 from sparktf.datasets.synthetic import write_cifar10, write_mnist, write_ptb
 from tests import helpers
 
+pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -320,6 +322,7 @@ def _expect_error(spark, dataset, raw, out, *needles, **kwargs):
     return message
 
 
+@pytest.mark.unit
 def test_cifar10_wrong_record_length(tmp_path):
     raw = _cifar_raw(tmp_path)
     (raw / "data_batch_2.bin").write_bytes(b"\x01" * (3074 * 3))  # CIFAR-100-sized records
@@ -335,6 +338,7 @@ def test_cifar10_wrong_record_length(tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_cifar10_truncated(tmp_path):
     raw = _cifar_raw(tmp_path)
     path = raw / "test_batch.bin"
@@ -369,6 +373,7 @@ def test_cifar10_label_out_of_range(spark, tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_empty_inputs(tmp_path):
     raw = _cifar_raw(tmp_path)
     (raw / "test_batch.bin").write_bytes(b"")
@@ -418,6 +423,7 @@ def _rewrite(path: Path, offset: int, data: bytes) -> None:
     path.write_bytes(bytes(blob))
 
 
+@pytest.mark.unit
 def test_mnist_bad_headers(tmp_path):
     out = tmp_path / "out"
     raw = _mnist_plain(tmp_path)
@@ -534,6 +540,7 @@ def test_existing_output_is_refused_then_replaced(spark, tmp_path):
 # ----------------------------------------------------------------------------- pieces
 
 
+@pytest.mark.unit
 def test_tfrecord_framing_matches_tensorflow(tmp_path):
     import tensorflow as tf
 
@@ -564,6 +571,7 @@ def test_tfrecord_framing_matches_tensorflow(tmp_path):
         tfrecord.read_records(str(mine))
 
 
+@pytest.mark.unit
 def test_default_shards():
     assert plan.shard_count(None, 150 << 20, 50_000) == 12
     assert plan.shard_count(None, 30 << 20, 10_000) == 4
@@ -571,6 +579,7 @@ def test_default_shards():
     assert plan.shard_count(7, 3000, 5) == 5
 
 
+@pytest.mark.unit
 def test_hash_plan(tmp_path):
     sizes = {"a": 50, "b": 30, "c": 30, "d": 10, "e": 5}
     for name, size in sizes.items():
@@ -594,6 +603,7 @@ def test_hash_plan(tmp_path):
         hashing.check(tasks.hash_files(t) for t in hashing.tasks)
 
 
+@pytest.mark.unit
 def test_tasks_pickle_by_reference():
     """What Spark ships to executors names the task functions (pickled by reference) and
     carries only its settings."""
@@ -623,6 +633,7 @@ def _job(name: str, *args: str, hdfs=None) -> subprocess.CompletedProcess:
     return helpers.run_job(f"convert_{name}.py", *args, hdfs=hdfs)
 
 
+@pytest.mark.e2e
 def test_jobs_help():
     for name in ("cifar10", "mnist", "ptb"):
         result = _job(name, "--help")
@@ -633,6 +644,7 @@ def test_jobs_help():
         assert ("--unk" in result.stdout) == (name == "ptb")
 
 
+@pytest.mark.e2e
 def test_job_bad_input_exit_code(tmp_path):
     raw = _cifar_raw(tmp_path)
     path = raw / "data_batch_1.bin"
@@ -666,6 +678,7 @@ def test_job_end_to_end(spark, hdfs, tmp_path, caplog):
     assert json.loads(storage.read_text(f"{out}/manifest.json")) == manifest
 
 
+@pytest.mark.unit
 def test_errors_name_the_parameter_and_the_jobs_their_flag():
     message = "convert(unk=...) 'x' is not a word; see convert(output_formats=...)"
     assert convert.for_command_line(message) == "--unk 'x' is not a word; see --format"

@@ -23,6 +23,8 @@ from sparktf.train.wire import control as control_lib
 from sparktf.train.wire import reservation
 from sparktf.train.wire.control import ControlClient, ControlServer
 
+pytestmark = pytest.mark.unit
+
 LOOPBACK = "127.0.0.1"
 CHIEF, WORKER = "executor-0", "executor-1"
 

@@ -17,6 +17,8 @@ from sparktf.datasets.formats import Field
 from sparktf.models import custom
 from tests import helpers
 
+pytestmark = pytest.mark.unit
+
 MODULE = textwrap.dedent(
     """
     import keras

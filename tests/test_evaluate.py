@@ -26,6 +26,8 @@ from sparktf.jobs import evaluate as job
 from tests import helpers
 from tests.helpers import call, export, remove_local_copy
 
+pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
+
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 N_TEST = 60
@@ -99,15 +101,11 @@ def assert_png(data: bytes) -> tuple[int, int]:
     return pixels.shape[:2]
 
 
-def run_job(*args: str, hdfs=None, timeout: float = 300):
-    return helpers.run_job("evaluate.py", *args, hdfs=hdfs, timeout=timeout)
-
-
 # ----------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
-def mnist(spark, tmp_path_factory) -> dict:
+def mnist_eval(spark, tmp_path_factory) -> dict:
     """A converted MNIST-format dataset (2 shards), an MLP trained a little on its train
     split and exported, and the model's own scores on the test records."""
     from sparktf.datasets.conversion import convert
@@ -171,6 +169,7 @@ def expected_perplexity(model: str, chunks: np.ndarray) -> tuple[float, np.ndarr
 # ----------------------------------------------------------------------------- no Spark
 
 
+@pytest.mark.unit
 def test_metrics_of_a_hand_computed_confusion_matrix():
     labels = [0, 0, 0, 1, 1, 2, 3]
     predictions = [0, 0, 1, 1, 0, 1, 3]
@@ -211,6 +210,7 @@ def test_metrics_of_a_hand_computed_confusion_matrix():
         metrics.classification_metrics(np.zeros((3, 3), np.int64))
 
 
+@pytest.mark.unit
 def test_corpus_perplexity_weighs_tokens_not_sequences():
     # Two sequences: 10 tokens at NLL 1 each, 2 tokens at NLL 4 each.
     total_nll, tokens = 10 * 1.0 + 2 * 4.0, 12
@@ -222,6 +222,7 @@ def test_corpus_perplexity_weighs_tokens_not_sequences():
         metrics.corpus_perplexity(0.0, 0)
 
 
+@pytest.mark.unit
 def test_confusion_matrix_png_is_a_png():
     confusion = metrics.confusion_matrix([0, 1, 2, 2], [0, 2, 2, 1], 3)
     assert_png(metrics.confusion_matrix_png(confusion))
@@ -229,14 +230,16 @@ def test_confusion_matrix_png_is_a_png():
     assert_png(metrics.confusion_matrix_png(big))
 
 
+@pytest.mark.unit
 def test_png_path_is_beside_the_json():
     assert job.confusion_png_path("out/metrics.json") == "out/metrics.confusion.png"
     assert job.confusion_png_path("hdfs://nn:8020/e/m.JSON") == "hdfs://nn:8020/e/m.confusion.png"
     assert job.confusion_png_path("/x/report") == "/x/report.confusion.png"
 
 
+@pytest.mark.e2e
 def test_job_help():
-    out = run_job("--help", timeout=60)
+    out = helpers.run_job("evaluate.py", "--help", timeout=60)
     assert out.returncode == 0
     for flag in ("--model", "--data", "--split", "--output", "--batch-size", "--overwrite"):
         assert flag in out.stdout
@@ -245,22 +248,24 @@ def test_job_help():
 # ----------------------------------------------------------------------------- classifier
 
 
-def test_classifier_metrics_equal_the_savedmodel(spark, mnist):
-    result = job.evaluate(spark, mnist["model_dir"], mnist["data"], split="test", batch_size=7)
-    assert_classifier_metrics(result, mnist["want"])
-    assert result["model"] == mnist["export"] and result["model_version"] == 7
+def test_classifier_metrics_equal_the_savedmodel(spark, mnist_eval):
+    result = job.evaluate(
+        spark, mnist_eval["model_dir"], mnist_eval["data"], split="test", batch_size=7
+    )
+    assert_classifier_metrics(result, mnist_eval["want"])
+    assert result["model"] == mnist_eval["export"] and result["model_version"] == 7
     assert result["dataset"] == "mnist" and result["split"] == "test"
 
 
-def test_report_is_published_with_its_png_and_not_overwritten(spark, mnist, tmp_path):
-    result = job.evaluate(spark, mnist["export"], mnist["data"], batch_size=64)
+def test_report_is_published_with_its_png_and_not_overwritten(spark, mnist_eval, tmp_path):
+    result = job.evaluate(spark, mnist_eval["export"], mnist_eval["data"], batch_size=64)
     output = str(tmp_path / "reports" / "mlp.json")
     written = job.write_report(result, output)
     png = str(tmp_path / "reports" / "mlp.confusion.png")
     assert written == [png, output]
     assert sorted(os.listdir(tmp_path / "reports")) == ["mlp.confusion.png", "mlp.json"]
     report = json.loads(Path(output).read_text())
-    assert_classifier_metrics(report, mnist["want"])
+    assert_classifier_metrics(report, mnist_eval["want"])
     assert report["confusion_png"] == png
     assert_png(Path(png).read_bytes())
     with pytest.raises(storage.PathExistsError):
@@ -268,22 +273,22 @@ def test_report_is_published_with_its_png_and_not_overwritten(spark, mnist, tmp_
     assert json.loads(Path(output).read_text()) == report
 
 
-def test_job_reads_and_writes_hdfs(spark, hdfs, mnist, capsys, caplog):
+def test_job_reads_and_writes_hdfs(spark, hdfs, mnist_eval, capsys, caplog):
     """jobs/evaluate.py's logic on the session (its process boundary, exit codes and console,
     is what tests/test_readme.py runs as written)."""
     caplog.set_level("INFO", logger="sparktf")
     base = hdfs.fresh("evaluate")
     data = storage.join(base, "datasets", "mnist")
-    storage.copy_tree(mnist["data"], data)
-    storage.copy_tree(mnist["model_dir"], storage.join(base, "model"))
+    storage.copy_tree(mnist_eval["data"], data)
+    storage.copy_tree(mnist_eval["model_dir"], storage.join(base, "model"))
     output = storage.join(base, "eval", "metrics.json")
-    fingerprint = inference.inspect_model(mnist["export"]).fingerprint
+    fingerprint = inference.inspect_model(mnist_eval["export"]).fingerprint
     try:
         argv = ["--model", storage.join(base, "model"), "--data", data, "--output", output]
         assert job.main([*argv, "--batch-size", "16"], spark=spark) == 0
         stdout = capsys.readouterr().out
         report = json.loads(storage.read_text(output))
-        assert_classifier_metrics(report, mnist["want"])
+        assert_classifier_metrics(report, mnist_eval["want"])
         assert report["data"] == data and report["model_version"] == 7
         png = storage.join(base, "eval", "metrics.confusion.png")
         assert report["confusion_png"] == png
@@ -292,34 +297,36 @@ def test_job_reads_and_writes_hdfs(spark, hdfs, mnist, capsys, caplog):
             "metrics.confusion.png",
             "metrics.json",
         ]
-        accuracy = mnist["want"]["accuracy"]
+        accuracy = mnist_eval["want"]["accuracy"]
         assert f"accuracy {accuracy:.4f}" in stdout, stdout
         assert "evaluated 60 records" in caplog.text
 
         with pytest.raises(cli.UsageError, match="already exists"):
-            job.main(["--model", mnist["export"], "--data", data, "--output", output], spark=spark)
+            job.main(
+                ["--model", mnist_eval["export"], "--data", data, "--output", output], spark=spark
+            )
     finally:
         remove_local_copy(fingerprint)
         storage.delete(base)
 
 
-def test_a_corrupt_parquet_part_fails_with_a_one_line_reason(spark, mnist, tmp_path):
+def test_a_corrupt_parquet_part_fails_with_a_one_line_reason(spark, mnist_eval, tmp_path):
     data = tmp_path / "data"
-    shutil.copytree(mnist["data"], data)
+    shutil.copytree(mnist_eval["data"], data)
     part = sorted((data / "test" / "parquet").glob("part-*.parquet"))[0]
     part.write_bytes(b"not parquet at all" * 100)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"^evaluating .* failed: ") as raised:
-        job.evaluate(spark, mnist["export"], str(data))
+        job.evaluate(spark, mnist_eval["export"], str(data))
     print(f"failed in {time.monotonic() - started:.1f} s: {raised.value}")
     assert "\n" not in str(raised.value) and part.name in str(raised.value)
 
 
-def test_a_bad_record_is_a_usage_error_naming_it(spark, mnist, tmp_path):
+def test_a_bad_record_is_a_usage_error_naming_it(spark, mnist_eval, tmp_path):
     import io
 
     data = tmp_path / "data"
-    shutil.copytree(mnist["data"], data)
+    shutil.copytree(mnist_eval["data"], data)
     table = data / "test" / "parquet"
     shutil.rmtree(table)
 
@@ -336,7 +343,7 @@ def test_a_bad_record_is_a_usage_error_naming_it(spark, mnist, tmp_path):
         f"file://{table}"
     )
     with pytest.raises(cli.UsageError, match=r"the row with id=5 has shape \(27, 27, 1\)"):
-        job.evaluate(spark, mnist["export"], str(data))
+        job.evaluate(spark, mnist_eval["export"], str(data))
 
 
 # ----------------------------------------------------------------------------- language model
@@ -374,32 +381,33 @@ def test_job_language_model_writes_local_json(spark, ptb, tmp_path, capsys):
 # ----------------------------------------------------------------------------- bad input
 
 
-def test_bad_input_exits_2_before_spark_starts(mnist, tmp_path):
+@pytest.mark.e2e
+def test_bad_input_exits_2_before_spark_starts(mnist_eval, tmp_path):
     """The job as a user runs it: a refusal exits 2, names the problem and starts no Spark."""
     output = tmp_path / "out" / "metrics.json"
-    argv = ["--model", mnist["export"], "--data", mnist["data"], "--split", "valid"]
-    out = run_job(*argv, "--output", str(output), timeout=120)
+    argv = ["--model", mnist_eval["export"], "--data", mnist_eval["data"], "--split", "valid"]
+    out = helpers.run_job("evaluate.py", *argv, "--output", str(output), timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "has no split 'valid'" in out.stderr, out.stderr[-2000:]
     assert "sparktf-evaluate" not in out.stderr and "SparkContext" not in out.stderr
     assert not output.parent.exists()
 
 
-def test_bad_input_is_refused_before_spark_starts(spark, mnist, ptb, tmp_path):
+def test_bad_input_is_refused_before_spark_starts(spark, mnist_eval, ptb, tmp_path):
     """Each refusal names the problem, writes nothing and comes before any Spark work."""
     wide = export("mnist_mlp", tmp_path / "wide" / "1", 1, hidden_units=8, image_shape=[32, 32, 3])
     few = export("mnist_mlp", tmp_path / "few" / "1", 1, hidden_units=8, num_classes=5)
     dcgan = export("dcgan", tmp_path / "dcgan" / "1", 7, gf_dim=4, df_dim=4, gfc_dim=16, dfc_dim=16)
     output = tmp_path / "out" / "metrics.json"
     cases = [
-        ((mnist["export"], mnist["data"], "--split", "valid"), "has no split 'valid'"),
-        ((wide, mnist["data"]), "takes images of shape (32, 32, 3)"),
-        ((few, mnist["data"]), "predicts 5 classes but dataset"),
-        ((dcgan, mnist["data"]), "is a generator (DCGAN"),
-        ((ptb["model"], mnist["data"]), "is a language model but dataset"),
-        ((mnist["export"], ptb["data"]), "is an image classifier but dataset"),
-        ((str(tmp_path / "nope"), mnist["data"]), "does not exist"),
-        ((mnist["export"], str(tmp_path)), "no dataset manifest"),
+        ((mnist_eval["export"], mnist_eval["data"], "--split", "valid"), "has no split 'valid'"),
+        ((wide, mnist_eval["data"]), "takes images of shape (32, 32, 3)"),
+        ((few, mnist_eval["data"]), "predicts 5 classes but dataset"),
+        ((dcgan, mnist_eval["data"]), "is a generator (DCGAN"),
+        ((ptb["model"], mnist_eval["data"]), "is a language model but dataset"),
+        ((mnist_eval["export"], ptb["data"]), "is an image classifier but dataset"),
+        ((str(tmp_path / "nope"), mnist_eval["data"]), "does not exist"),
+        ((mnist_eval["export"], str(tmp_path)), "no dataset manifest"),
     ]
     jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup()
     for (model, data, *extra), message in cases:
@@ -411,4 +419,4 @@ def test_bad_input_is_refused_before_spark_starts(spark, mnist, ptb, tmp_path):
     # Nothing reached Spark: not one job on the session.
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs_before
     with pytest.raises(cli.UsageError, match="is a generator"):
-        job.evaluate(spark, dcgan, mnist["data"])
+        job.evaluate(spark, dcgan, mnist_eval["data"])

@@ -7,9 +7,12 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from sparktf.datasets.formats import Field, arrow_schema, encode_ndarray_column
 from sparktf.train.feed.job import FeedJob
+
+pytestmark = pytest.mark.integration
 
 FIELDS = (Field("image", "uint8", (2, 2)), Field("label", "int64"))
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 
 import psutil
+import pytest
 
 from sparktf import storage
 from sparktf.ports import free_port
 from tests import helpers
 from tests.conftest import HDFS_SH, ROOT, descendants
+
+pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
 
 
 def _executor_pids() -> set[int]:
@@ -41,6 +44,7 @@ def test_spark_parquet_on_hdfs_read_back_from_python(spark, hdfs):
     assert spark.read.parquet(out).count() == 1000
 
 
+@pytest.mark.e2e
 def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
     args = [
         "--port",
@@ -87,6 +91,7 @@ def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
     assert status.returncode == 3 and "not running" in status.stdout
 
 
+@pytest.mark.e2e
 def test_tensorflowonspark_allreduce_smoke_through_submit(spark, tmp_path):
     """scripts/submit.sh runs a 2-node all-reduce TensorFlowOnSpark job fed from Spark.
 

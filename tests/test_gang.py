@@ -16,6 +16,8 @@ from sparktf.train.driver import gang
 from sparktf.train.driver.bringup import cluster_template
 from tests.helpers import ConfSession, assert_nothing_left
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
+
 
 @pytest.mark.parametrize(
     ("conf", "slots"),
@@ -80,6 +82,7 @@ def test_cluster_template_is_tensorflowonsparks_layout(executors, ps, expected):
     assert cluster_template(executors, ps) == expected
 
 
+@pytest.mark.integration
 def test_a_run_that_needs_more_slots_than_the_cluster_fails_at_once(spark, mnist_data, tmp_path):
     """The session has two one-core executors; three all-reduce workers cannot start together.
     The run fails before any TensorFlow process starts (instead of waiting out the executor

@@ -1,6 +1,7 @@
 """House rules of the source, checked on its text: rooms small enough to change (no module of
 ``sparktf/`` over 800 lines, no class over 250, no function over 100 besides its docstring),
-one root for sparktf's exceptions, and an ``__all__`` on every public module.
+one root for sparktf's exceptions, an ``__all__`` on every public module, and a tier
+declared by every test module (tests/tiers.py).
 
 The sizes are read with ``ast``; nothing here imports TensorFlow or starts a JVM.
 """
@@ -14,6 +15,10 @@ import pkgutil
 from pathlib import Path
 
 import pytest
+
+from tests.tiers import TIERS
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "sparktf").rglob("*.py"))
@@ -264,4 +269,43 @@ def test_nothing_of_tensorflowonspark_is_patched_at_run_time():
     found = [line for path in SOURCES for line in patches(path)]
     assert not found, "use TensorFlowOnSpark's public API, or sparktf's own code:\n" + "\n".join(
         found
+    )
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def module_tiers(path: Path) -> list[str]:
+    """The tiers a test module declares for all its tests: those among its top-level
+    ``pytestmark = pytest.mark.TIER`` (or a list or tuple of marks)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and "pytestmark" in [ast.unparse(t) for t in node.targets]:
+            marks = (
+                node.value.elts if isinstance(node.value, ast.List | ast.Tuple) else [node.value]
+            )
+            names = [ast.unparse(mark).removeprefix("pytest.mark.") for mark in marks]
+            found += [name for name in names if name in TIERS]
+    return found
+
+
+def test_module_tiers_reads_the_module_mark(tmp_path):
+    src = tmp_path / "test_x.py"
+    src.write_text("import pytest\npytestmark = pytest.mark.e2e\n")
+    assert module_tiers(src) == ["e2e"]
+    src.write_text("import pytest\npytestmark = [pytest.mark.petastorm, pytest.mark.unit]\n")
+    assert module_tiers(src) == ["unit"]
+    src.write_text("import pytest\n\n@pytest.mark.unit\ndef test_a():\n    pass\n")
+    assert module_tiers(src) == [], "a test's own mark is not the module's"
+    src.write_text("import pytest\npytestmark = (pytest.mark.unit, pytest.mark.e2e)\n")
+    assert module_tiers(src) == ["unit", "e2e"]
+
+
+def test_every_test_module_declares_one_tier():
+    """The default of its tests (tests/conftest.py also stops on any test without a tier)."""
+    found = {path.name: module_tiers(path) for path in sorted((ROOT / "tests").glob("test_*.py"))}
+    wrong = {name: tiers for name, tiers in found.items() if len(tiers) != 1}
+    assert not wrong, (
+        "declare one tier at the top of each of these, after the imports: "
+        f"pytestmark = pytest.mark.unit (or integration, e2e): {wrong}"
     )

@@ -24,6 +24,8 @@ from sparktf.datasets.synthetic import write_mnist
 from tests import helpers
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.e2e
+
 # What the wheel is built from: the files a source distribution would carry.
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "sparktf", "conf")
 

@@ -20,6 +20,8 @@ from sparktf.storage import delegation
 from sparktf.storage import hdfs as storage_hdfs
 from tests import helpers
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
+
 ROOT = helpers.REPO
 KRB_ENV = (
     "SPARKTF_HDFS_PRINCIPAL",
@@ -326,6 +328,7 @@ def _no_token_in(text: str) -> None:
     assert not re.search(r"(?i)delegation=(?!<redacted>)[A-Za-z0-9_-]{8}", text), text[-2000:]
 
 
+@pytest.mark.e2e
 def test_spnego_and_the_token_lifecycle(as_client, monkeypatch):
     """Storage through SPNEGO with the keytab; then through a delegation token alone, which
     stops working once cancelled."""
@@ -358,6 +361,7 @@ def test_spnego_and_the_token_lifecycle(as_client, monkeypatch):
         kerberos.credential()
 
 
+@pytest.mark.e2e
 def test_a_job_without_ticket_or_keytab_fails_before_spark(krb_hdfs, tmp_path):
     started = time.monotonic()
     out = krb_hdfs.job(
@@ -378,6 +382,7 @@ def test_a_job_without_ticket_or_keytab_fails_before_spark(krb_hdfs, tmp_path):
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.e2e
 def test_convert_train_both_strategies_predict(krb_hdfs, tmp_path):
     """The whole path on the Kerberized HDFS: convert, train (all-reduce and ps, files input,
     checkpoints and export there), predict; the jobs log no token."""

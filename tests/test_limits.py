@@ -22,6 +22,8 @@ from sparktf.train.wire import reservation
 from sparktf.train.wire.control import ControlClient, ControlServer
 from sparktf.train.wire.limits import ConnectionLimits, ConnectionTable, RejectLog
 
+pytestmark = pytest.mark.unit
+
 LOOPBACK = "127.0.0.1"
 LIMITS = ConnectionLimits(max_connections=24, max_per_peer=12, message_deadline_s=1.0)
 

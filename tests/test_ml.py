@@ -24,6 +24,8 @@ import pytest
 from tests import helpers
 from tests.helpers import assert_nothing_left
 
+pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tabular_pipeline.py"
 
@@ -65,6 +67,7 @@ def small_export(tmp_path_factory):
     return task.export(task.build_model(), str(path))
 
 
+@pytest.mark.e2e
 def test_example_has_help():
     done = helpers.run_command([sys.executable, EXAMPLE, "--help"], timeout=120)
     assert done.returncode == 0, done.stderr
@@ -72,6 +75,7 @@ def test_example_has_help():
         assert flag in done.stdout
 
 
+@pytest.mark.unit
 def test_stages_have_pyspark_params():
     from sparktf.ml import TFEstimator, TFModel
 
@@ -101,6 +105,7 @@ def test_stages_have_pyspark_params():
     assert model.getRawPredictionCol() == ""  # asked for, not added by default
 
 
+@pytest.mark.unit
 def test_a_model_not_made_by_fit_has_no_summary():
     from sparktf import SparktfError
     from sparktf.ml import NoSummaryError, TFModel
@@ -433,6 +438,7 @@ def test_cross_validator_over_an_estimator_selects_a_model_for_the_binary_evalua
     assert_nothing_left()
 
 
+@pytest.mark.e2e
 def test_job_trains_a_module_build_function_on_a_converted_dataset(
     spark, mnist_data, tmp_path, monkeypatch
 ):

@@ -23,6 +23,8 @@ import tensorflow as tf
 from sparktf import models
 from sparktf.models import count_params
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Small configs that keep every family's structure (used where full size is not the point).

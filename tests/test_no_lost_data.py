@@ -18,8 +18,10 @@ from sparktf.train import artifacts
 from tests import helpers
 from tests.conftest import HDFS_SH, ROOT, start_hdfs
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
 
-@pytest.fixture(params=["local", "hdfs"])
+
+@pytest.fixture(params=["local", pytest.param("hdfs", marks=pytest.mark.integration)])
 def base(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "store")
@@ -115,6 +117,7 @@ def test_run_info_is_written_atomically(base):
 # ----------------------------------------------------------------------------- HDFS goes away
 
 
+@pytest.mark.e2e
 def test_hdfs_stopped_mid_conversion_fails_naming_hdfs_and_publishes_nothing(tmp_path, monkeypatch):
     from sparktf.datasets.synthetic import write_cifar10
 

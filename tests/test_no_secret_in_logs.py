@@ -22,6 +22,8 @@ import pytest
 from sparktf.security import redact
 from tests.helpers import assert_nothing_left
 
+pytestmark = pytest.mark.integration
+
 
 class Records(logging.Handler):
     """Every record the driver logs, formatted with its traceback."""

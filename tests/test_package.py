@@ -16,14 +16,7 @@ from sparktf import cli, console, paths, placement, spark
 from sparktf.console import submit
 from tests.conftest import ROOT
 
-
-@pytest.fixture
-def clean_env(monkeypatch, tmp_path):
-    names = ("SPARKTF_CONF_DIR", "SPARKTF_HOME", "SPARKTF_PROFILE", "SPARKTF_SPARK_MASTER")
-    for name in (*names, "HADOOP_CONF_DIR"):  # restored after the test, whatever submit sets
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SPARKTF_SPARK_CLUSTER_DIR", str(tmp_path / "no-cluster"))
-    return monkeypatch
+pytestmark = pytest.mark.unit
 
 
 # ----------------------------------------------------------------------------- paths

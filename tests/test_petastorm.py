@@ -29,7 +29,8 @@ from sparktf.datasets import formats, petastorm_io
 from sparktf.datasets.synthetic import write_mnist
 from tests import helpers
 
-pytestmark = pytest.mark.petastorm
+# The default tier here; tests of another tier carry their own mark.
+pytestmark = [pytest.mark.petastorm, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -115,6 +116,7 @@ def other_stack(code: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e
 def test_a_dataset_written_here_reads_on_the_default_stack(converted):
     done = other_stack(
         """
@@ -142,6 +144,7 @@ def test_a_dataset_written_here_reads_on_the_default_stack(converted):
     assert images[order].tobytes() == expected["images"].tobytes()
 
 
+@pytest.mark.e2e
 def test_a_dataset_written_on_the_default_stack_reads_here(spark, converted, tmp_path):
     out = str(tmp_path / "from-default")
     done = other_stack(
@@ -186,12 +189,14 @@ def test_a_dataset_written_on_the_default_stack_reads_here(spark, converted, tmp
     assert [r["prediction"] for r in sorted(rows, key=lambda r: r["id"])] == direct.tolist()
 
 
+@pytest.mark.unit
 def test_sparktf_writes_the_row_groups_where_petastorm_reads_them():
     from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY
 
     assert formats.ROW_GROUPS_KEY == ROW_GROUPS_PER_FILE_KEY
 
 
+@pytest.mark.unit
 def test_this_is_the_second_stack():
     # The petastorm stack really is the second one: Spark 4.0, pyarrow 14, numpy 1.26.
     import pyarrow

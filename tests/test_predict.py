@@ -30,6 +30,8 @@ from sparktf.inference.prediction_plan import Plan, choose_signature, make_plan
 from tests import helpers
 from tests.helpers import call, export, remove_local_copy
 
+pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
+
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (28, 28, 1)
 N = 40
@@ -123,6 +125,7 @@ def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dic
 # ----------------------------------------------------------------------------- no Spark
 
 
+@pytest.mark.unit
 def test_sparktf_predict_is_the_function_and_import_is_light():
     code = (
         "import sys, sparktf; assert 'tensorflow' not in sys.modules; "
@@ -132,6 +135,7 @@ def test_sparktf_predict_is_the_function_and_import_is_light():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
+@pytest.mark.unit
 def test_the_package_keeps_its_public_names():
     """sparktf.inference re-exports the names its submodules define."""
     from sparktf.inference import cache, model
@@ -162,6 +166,7 @@ def test_the_package_keeps_its_public_names():
     }
 
 
+@pytest.mark.unit
 def test_resolve_model_picks_the_highest_version(mlp, tmp_path):
     for given in (mlp["model_dir"], mlp["export"], mlp["latest"]):
         assert inference.resolve_model(given) == mlp["latest"]
@@ -174,6 +179,7 @@ def test_resolve_model_picks_the_highest_version(mlp, tmp_path):
         inference.resolve_model(str(tmp_path))
 
 
+@pytest.mark.unit
 def test_decoders_accept_npy_raw_and_arrays():
     images = np.random.default_rng(1).integers(0, 256, (5, *SHAPE), dtype=np.uint8)
     plan = Plan(
@@ -218,6 +224,7 @@ def test_decoders_accept_npy_raw_and_arrays():
             np.testing.assert_array_equal(got, expected, err_msg=name)
 
 
+@pytest.mark.unit
 def test_a_bad_row_among_npy_rows_is_named_by_its_id():
     plan = Plan(
         kind="images",
@@ -249,6 +256,7 @@ def test_a_bad_row_among_npy_rows_is_named_by_its_id():
             decode(plan, chunk)
 
 
+@pytest.mark.unit
 def test_input_error_is_found_in_a_spark_failure_text():
     from sparktf.jobs import predict as job
 
@@ -303,6 +311,7 @@ def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
         sparktf.predict(images_df, mlp["export"], keep_columns=["id", "nope"])
 
 
+@pytest.mark.unit
 def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypatch):
     """In this process, with the real model: a 40-row Arrow batch run 8 rows at a time comes
     back as one batch; with a tiny size limit it is cut after every model call."""
@@ -576,12 +585,9 @@ def test_dcgan_generates_images_from_seeds_and_z(spark, tmp_path):
 # ----------------------------------------------------------------------------- the job
 
 
-def run_job(*args: str, hdfs=None):
-    return helpers.run_job("predict.py", *args, hdfs=hdfs)
-
-
+@pytest.mark.e2e
 def test_job_help():
-    out = run_job("--help")
+    out = helpers.run_job("predict.py", "--help")
     assert out.returncode == 0
     for flag in ("--model", "--input", "--output", "--batch-size", "--overwrite"):
         assert flag in out.stdout

@@ -21,6 +21,8 @@ from sparktf.datasets import conversion as convert
 from sparktf.datasets import formats, readers
 from sparktf.datasets.synthetic import write_cifar10, write_ptb
 
+pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
+
 READERS = {"tfrecord": readers.tfrecord_dataset, "parquet": readers.parquet_dataset}
 SEQ_LEN = 6
 
@@ -261,6 +263,7 @@ def test_hdfs_reader_stopped_early_leaves_no_threads(cifar, fmt):
     assert readers_threads() == []
 
 
+@pytest.mark.unit
 def test_parquet_files_carry_sparktf_schema_and_a_disagreeing_one_is_named(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -33,6 +33,8 @@ from sparktf.datasets.conversion import convert
 from sparktf.datasets.synthetic import write_cifar10, write_raw
 from tests import helpers
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 README_HOSTS = ("hdfs://127.0.0.1:8020", "hdfs://nn:8020")
@@ -119,6 +121,7 @@ def _run(command: list[str], tmp_path: Path, index: int) -> dict | None:
     return json.loads(result_file.read_text()) if result_file else None
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(1800)  # a dozen applications: 4-5 minutes here, more on a slower machine
 def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     """Every command runs as written, each its own Spark application; commands that do not
@@ -273,6 +276,7 @@ def test_quickstart_summary_says_what_ran_and_what_to_run_next():
     assert labels[:6] == shown[:6] == ["model", "steps", "training", "evaluation", "export", "data"]
 
 
+@pytest.mark.e2e
 def test_quickstart_trains_a_model_that_learned(tmp_path):
     """What ``scripts/quickstart.sh`` runs after its set-up: ``jobs/train_resnet.py`` with its
     embedded default (the synthetic demo set, made afresh here in its own home) and the
@@ -407,6 +411,7 @@ HELP_COMMANDS = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: Path(c[-1]).name)
 def test_every_script_answers_help_without_doing_anything(command):
     """``--help`` of each script and benchmark prints its usage and exits 0 (set-up, tests
@@ -419,6 +424,7 @@ def test_every_script_answers_help_without_doing_anything(command):
     assert not re.search(r"^(setup\.sh: |HDFS_URI=|\d\d/\d\d/\d\d )", text, re.M), text[:1000]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
 def test_gpu_benchmark_says_it_needs_a_gpu():
     """Without a GPU, bench/gpu.sh stops at once (exit 2) and says why, before any set-up."""

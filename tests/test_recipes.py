@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "conf" / "jobs" / "recipes").glob("*.json"))
 

@@ -9,6 +9,8 @@ import pytest
 from sparktf.train.config import ScalingConfig
 from sparktf.train.driver import roles
 
+pytestmark = pytest.mark.unit
+
 
 def tfos_nodes(*jobs: tuple[str, int]) -> list[dict]:
     """TensorFlowOnSpark's cluster_info for nodes (job, task index) on executors 0, 1, ..."""

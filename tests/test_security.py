@@ -32,6 +32,8 @@ from sparktf.security import redact
 from sparktf.train.wire import reservation
 from sparktf.train.wire.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -431,14 +433,9 @@ def test_control_server_binds_only_the_driver_address(control, tmp_path, caplog)
 # ----------------------------------------------------------------------------- a real run
 
 
-@pytest.fixture(scope="module")
-def mnist(mnist_data):
-    """The suite's tiny MNIST-format dataset (tests/conftest.py)."""
-    return mnist_data
-
-
+@pytest.mark.integration
 def test_forged_pickle_during_a_real_start_runs_nothing(
-    spark, mnist, tmp_path, monkeypatch, caplog
+    spark, mnist_data, tmp_path, monkeypatch, caplog
 ):
     from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
 
@@ -462,7 +459,7 @@ def test_forged_pickle_during_a_real_start_runs_nothing(
     attacker = threading.Thread(target=attack, daemon=True)
     attacker.start()
     data = tmp_path / "data"
-    shutil.copytree(mnist / "data", data)
+    shutil.copytree(mnist_data / "data", data)
     try:
         result = fit(
             TrainConfig(
@@ -517,8 +514,9 @@ def stop_flood(proc: subprocess.Popen, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.integration
 def test_a_run_under_a_connection_flood_finishes_and_logs_refusals_at_a_bounded_rate(
-    spark, mnist, tmp_path, monkeypatch, caplog
+    spark, mnist_data, tmp_path, monkeypatch, caplog
 ):
     """While a run starts and trains, 300 connections and a one-byte-a-second sender flood
     each server the driver listens on, from the moment it listens (the servers are found as
@@ -552,7 +550,7 @@ def test_a_run_under_a_connection_flood_finishes_and_logs_refusals_at_a_bounded_
     monkeypatch.setattr(cluster, "ControlServer", FloodedControlServer)
     monkeypatch.setattr(reservation.AuthServer, "start", flooded_start)
     data = tmp_path / "data"
-    shutil.copytree(mnist / "data", data)
+    shutil.copytree(mnist_data / "data", data)
     started = time.monotonic()
     try:
         result = fit(

@@ -20,6 +20,8 @@ import pytest
 from sparktf.console import shipenv
 from sparktf.console.shipenv import ShipEnvError
 
+pytestmark = pytest.mark.unit
+
 BASE_PYTHON = getattr(sys, "_base_executable", None) or sys.executable
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -50,7 +52,8 @@ def venv(tmp_path) -> Path:
     return prefix
 
 
-def clean_env() -> dict[str, str]:
+def env_without_python() -> dict[str, str]:
+    """This environment without the variables that would point a Python at this one's."""
     drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"}
     return {k: v for k, v in os.environ.items() if k not in drop}
 
@@ -118,7 +121,7 @@ def test_archive_runs_where_unpacked(venv, tmp_path, fmt):
     out = subprocess.run(
         ["./environment/bin/python", "-c", code],
         cwd=work,
-        env=clean_env(),
+        env=env_without_python(),
         capture_output=True,
         text=True,
         check=True,

@@ -29,6 +29,8 @@ from sparktf.datasets.synthetic import write_mnist
 from tests import helpers
 from tests.test_transport import app_settings, assert_transport_protected, event_log_conf
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SH = ROOT / "scripts" / "spark-cluster.sh"
 SUBMIT_SH = ROOT / "scripts" / "submit.sh"
@@ -219,7 +221,7 @@ def assert_ran_on_cluster(cluster, name: str, cores: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def mnist(cluster, hdfs, tmp_path_factory):
+def mnist_on_cluster(cluster, hdfs, tmp_path_factory):
     """A tiny synthetic MNIST, raw files uploaded to HDFS and converted there on the cluster
     (the master's URL taken from the master.env that spark-cluster.sh wrote)."""
     base = hdfs.fresh("standalone")
@@ -299,12 +301,14 @@ def test_cluster_script_rejects_bad_input_and_stops_idempotently(tmp_path):
     assert help_.returncode == 0 and "SPARK_MASTER_URL" in help_.stdout
 
 
-def train_on_cluster(cluster, mnist, tmp_path, name, *args, strategy, input_mode, cores, env=None):
+def train_on_cluster(
+    cluster, mnist_on_cluster, tmp_path, name, *args, strategy, input_mode, cores, env=None
+):
     """Trains mnist_mlp 4 steps with submit.sh (``args``: more submit/job arguments) and
     checks what a user would: spark.cores.max sized to the run, the job's result, the export
     on HDFS and the application FINISHED on the master with ``cores`` cores. Returns the
     export directory."""
-    model_dir = storage.join(mnist["base"], f"model-{name}")
+    model_dir = storage.join(mnist_on_cluster["base"], f"model-{name}")
     result = tmp_path / "result.json"
     events = tmp_path / "events"
     events.mkdir()
@@ -312,7 +316,7 @@ def train_on_cluster(cluster, mnist, tmp_path, name, *args, strategy, input_mode
         *event_log_conf(events),
         *args,
         "--data",
-        mnist["data"],
+        mnist_on_cluster["data"],
         "--strategy",
         strategy,
         "--input-mode",
@@ -354,14 +358,14 @@ def train_on_cluster(cluster, mnist, tmp_path, name, *args, strategy, input_mode
     return export
 
 
-def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist, tmp_path):
+def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist_on_cluster, tmp_path):
     """chief + worker + ps, each on its own executor: submit.sh sizes spark.cores.max to 3."""
     config = json.loads((ROOT / "conf" / "jobs" / "train_mnist.json").read_text())
     config["ps_on_driver"] = False  # the ps runs on an executor, as on a real cluster
     (tmp_path / "ps.json").write_text(json.dumps(config))
     train_on_cluster(
         cluster,
-        mnist,
+        mnist_on_cluster,
         tmp_path,
         "ps",
         "jobs/train_mnist.py",
@@ -381,10 +385,12 @@ def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist, tmp_path):
     assert logs and not [p for p in logs if "'authkey'" in p.read_text(errors="replace")]
 
 
-def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnist, tmp_path):
+def test_allreduce_training_from_files_then_predict_on_the_cluster(
+    cluster, mnist_on_cluster, tmp_path
+):
     export = train_on_cluster(
         cluster,
-        mnist,
+        mnist_on_cluster,
         tmp_path,
         "allreduce",
         "--master",
@@ -398,7 +404,7 @@ def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnis
         env=cluster["secret_env"],
     )
 
-    output = storage.join(mnist["base"], "predictions")
+    output = storage.join(mnist_on_cluster["base"], "predictions")
     submit(
         "--master",
         cluster["SPARK_MASTER_URL"],
@@ -406,7 +412,7 @@ def test_allreduce_training_from_files_then_predict_on_the_cluster(cluster, mnis
         "--model",
         export,
         "--input",
-        storage.join(mnist["data"], "test"),
+        storage.join(mnist_on_cluster["data"], "test"),
         "--output",
         output,
         env=cluster["secret_env"],

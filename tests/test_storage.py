@@ -15,8 +15,10 @@ from sparktf.ports import free_port
 from sparktf.storage import lock, publishing
 from tests import helpers
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
 
-@pytest.fixture(params=["local", "hdfs"])
+
+@pytest.fixture(params=["local", pytest.param("hdfs", marks=pytest.mark.integration)])
 def base(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "store")
@@ -107,6 +109,7 @@ def test_missing_path_errors_name_the_path(base):
         storage.size(missing)
 
 
+@pytest.mark.integration
 def test_copy_tree_between_file_systems(hdfs, tmp_path):
     src = tmp_path / "model"
     (src / "variables").mkdir(parents=True)
@@ -210,6 +213,7 @@ def test_a_transfer_cut_short_is_resumed_or_fails_never_short(monkeypatch):
         server.server_close()
 
 
+@pytest.mark.integration
 def test_permission_denied_names_path_and_user(hdfs, monkeypatch):
     private = hdfs.fresh("private")
     storage.makedirs(private)
@@ -268,6 +272,7 @@ def test_failed_swap_puts_the_old_version_back(tmp_path, monkeypatch):
     assert _names(parent) == ["dataset"]
 
 
+@pytest.mark.integration
 def test_failed_swap_on_hdfs_keeps_the_old_dataset_readable(hdfs, monkeypatch):
     """A real refusal by the NameNode: in a sticky directory, the superuser hands the new
     copy to another user between the two renames, so alice may no longer rename it in."""
@@ -437,6 +442,7 @@ def test_fsspec_file_system_reads_whole_files_and_ranges(base):
         assert f.read(100) == data[5 << 20 : (5 << 20) + 100]
 
 
+@pytest.mark.integration
 def test_hdfs_client_selection(hdfs, monkeypatch, caplog):
     path = hdfs.fresh("client") + "/blob.bin"
     data = os.urandom(3 << 20)
@@ -461,6 +467,7 @@ def test_hdfs_client_selection(hdfs, monkeypatch, caplog):
     storage.native_client.cache_clear()
 
 
+@pytest.mark.integration
 def test_native_client_falls_back_at_once_when_the_rpc_port_is_closed(hdfs, monkeypatch, caplog):
     pytest.importorskip("hdfs_native")
     path = hdfs.fresh("client") + "/blob.bin"
@@ -479,6 +486,7 @@ def test_native_client_falls_back_at_once_when_the_rpc_port_is_closed(hdfs, monk
     storage.native_client.cache_clear()
 
 
+@pytest.mark.e2e
 def test_hdfs_with_two_datanodes_spreads_files_and_stops_cleanly(tmp_path, monkeypatch):
     import json
     import urllib.request

@@ -11,6 +11,8 @@ import pytest
 
 from sparktf.datasets import tfrecord
 
+pytestmark = pytest.mark.unit
+
 
 def _records() -> list[bytes]:
     sizes = [100] * 40 + [7, 300, 0] + [100] * 9

@@ -22,6 +22,8 @@ from sparktf import storage
 from tests import helpers
 from tests.helpers import assert_nothing_left
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
+
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = "pip install 'sparktf[mlflow]'"
 
@@ -44,6 +46,7 @@ def _client(uri: str):
 # ----------------------------------------------------------------------------- fast tests
 
 
+@pytest.mark.e2e
 def test_the_job_without_mlflow_fails_before_spark_naming_the_extra(tmp_path):
     """``import mlflow`` fails in the job's process (``sys.modules["mlflow"] = None`` is how
     Python spells a missing package); the job exits 2 with the install line, before it reads
@@ -142,18 +145,13 @@ def test_tracking_settings_are_checked(tmp_path, file_store):
 # ----------------------------------------------------------------------------- runs
 
 
-@pytest.fixture(scope="module")
-def mnist(mnist_data):
-    """The suite's tiny MNIST-format dataset (tests/conftest.py)."""
-    return mnist_data / "data"
-
-
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
 
+@pytest.mark.integration
 def test_run_is_recorded_params_metrics_evaluations_and_export(
-    spark, hdfs, mnist, tmp_path, file_store
+    spark, hdfs, mnist_data, tmp_path, file_store
 ):
     from sparktf import models
     from sparktf.train import (
@@ -169,7 +167,7 @@ def test_run_is_recorded_params_metrics_evaluations_and_export(
 
     model_dir = hdfs.fresh("tracked")
     result = fit(
-        TrainConfig(model="mnist_softmax", data=str(mnist), steps=30, batch_size=8),
+        TrainConfig(model="mnist_softmax", data=str(mnist_data / "data"), steps=30, batch_size=8),
         ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
         RunConfig(
             model_dir=model_dir,
@@ -255,14 +253,19 @@ def test_run_is_recorded_params_metrics_evaluations_and_export(
     assert_nothing_left()
 
 
-def test_a_run_that_fails_is_recorded_failed_with_its_error(spark, mnist, tmp_path, file_store):
+@pytest.mark.integration
+def test_a_run_that_fails_is_recorded_failed_with_its_error(
+    spark, mnist_data, tmp_path, file_store
+):
     """One all-reduce worker on the session's two executors cannot start: the MLflow run
     exists with its parameters, ends FAILED and carries the error."""
     from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig, fit
 
     with pytest.raises(ConfigError, match="exactly 1 Spark executors") as error:
         fit(
-            TrainConfig(model="mnist_softmax", data=str(mnist), steps=2, batch_size=8),
+            TrainConfig(
+                model="mnist_softmax", data=str(mnist_data / "data"), steps=2, batch_size=8
+            ),
             ScalingConfig(strategy="allreduce", num_workers=1),
             RunConfig(
                 model_dir=str(tmp_path / "model"), tracking={"mlflow_tracking_uri": file_store}

@@ -25,6 +25,8 @@ from tests import helpers
 from tests.conftest import descendants
 from tests.helpers import assert_nothing_left
 
+pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MLP = {"hidden_units": 8}
 
@@ -180,6 +182,7 @@ def test_summaries_and_checkpoint_state(tmp_path):
     assert artifacts.latest_checkpoint_step(str(tmp_path)) == 40
 
 
+@pytest.mark.e2e
 def test_job_help_and_usage_errors():
     help_text = helpers.run_command(
         [sys.executable, ROOT / "jobs/train_resnet.py", "--help"], timeout=60
@@ -208,12 +211,6 @@ def test_job_help_and_usage_errors():
 
 
 # ----------------------------------------------------------------------------- data
-
-
-@pytest.fixture(scope="module")
-def mnist(mnist_data):
-    """The suite's tiny MNIST-format dataset (tests/conftest.py: BASE/data, BASE/uneven)."""
-    return mnist_data
 
 
 def _fit(
@@ -295,6 +292,7 @@ def allreduce_files(spark, hdfs, mnist_hdfs):
     )
 
 
+@pytest.mark.integration
 def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs, allreduce_files):
     import tensorflow as tf
 
@@ -370,13 +368,14 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs
     assert {"accuracy", "top5_accuracy", "loss"} <= set(_events(model_dir, "eval"))
 
 
-def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_path):
+@pytest.mark.integration
+def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist_data, tmp_path):
     """3 Parquet parts over 2 workers and a batch that does not divide them: the workers
     receive different numbers of rows, and whoever runs out first ends the run for all."""
     data = tmp_path / "data"
-    shutil.copytree(mnist / "data", data)
+    shutil.copytree(mnist_data / "data", data)
     shutil.rmtree(data / "train" / "parquet")
-    shutil.copytree(mnist / "uneven", data / "train" / "parquet")
+    shutil.copytree(mnist_data / "uneven", data / "train" / "parquet")
     result = _fit(
         spark,
         data,
@@ -399,15 +398,16 @@ def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist, tmp_p
     assert_nothing_left()
 
 
-def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mnist, tmp_path):
+@pytest.mark.integration
+def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mnist_data, tmp_path):
     import tensorflow as tf
 
     model_dir = hdfs.fresh("ps-resume")
-    first = _fit(spark, mnist / "data", model_dir, strategy="ps", input_mode="files", steps=4)
+    first = _fit(spark, mnist_data / "data", model_dir, strategy="ps", input_mode="files", steps=4)
     assert (first.start_step, first.final_step) == (0, 4)
     second = _fit(
         spark,
-        mnist / "data",
+        mnist_data / "data",
         model_dir,
         strategy="ps",
         input_mode="files",
@@ -438,11 +438,12 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
     assert_nothing_left()
 
 
-def test_ps_spark_feed(spark, mnist, tmp_path):
+@pytest.mark.integration
+def test_ps_spark_feed(spark, mnist_data, tmp_path):
     import tensorflow as tf
 
     result = _fit(
-        spark, mnist / "data", tmp_path / "model", strategy="ps", input_mode="spark", steps=6
+        spark, mnist_data / "data", tmp_path / "model", strategy="ps", input_mode="spark", steps=6
     )
     assert result.final_step == 6 and result.strategy == "ps" and result.input_mode == "spark"
     # The chief (the only reader under ps) took at least the 6 batches the workers trained on.
@@ -458,6 +459,7 @@ def test_ps_spark_feed(spark, mnist, tmp_path):
     assert_nothing_left()
 
 
+@pytest.mark.integration
 def test_resnet20_steps_and_image_signature(spark, tmp_path):
     import tensorflow as tf
 
@@ -542,14 +544,13 @@ def _node_pids() -> list[int]:
     return sorted(descendants("sparktf.train.process.main"))
 
 
-@helpers.needs("e2e")  # kill/stop runs: the failure paths, with the other e2e runs
-def _signal_a_worker_mid_run(spark, mnist, model_dir, sig, **fit_options):
+def _signal_a_worker_mid_run(spark, mnist_data, model_dir, sig, **fit_options):
     """Starts a run in a thread; once it has a checkpoint, sends ``sig`` to a non-chief
     worker (``/proc/PID/comm`` carries the role: tf-worker:0). Returns the run's join
     function, the worker's pid and the step of the latest checkpoint at that moment."""
     from sparktf.train import artifacts
 
-    join = _run_in_thread(lambda: _fit(spark, mnist / "data", model_dir, **fit_options))
+    join = _run_in_thread(lambda: _fit(spark, mnist_data / "data", model_dir, **fit_options))
     first = fit_options["checkpoint"]["every_steps"]
     _wait_for(
         lambda: artifacts.latest_checkpoint_step(str(model_dir)) >= first, 240, "a checkpoint"
@@ -560,7 +561,10 @@ def _signal_a_worker_mid_run(spark, mnist, model_dir, sig, **fit_options):
     return join, victim, at_signal
 
 
-def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, mnist, tmp_path):
+@pytest.mark.e2e
+def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(
+    spark, mnist_data, tmp_path
+):
     """A TensorFlow process that stops (no crash, no exit): its heartbeats stop, the driver
     names it, and the whole run ends within --failure-timeout of the stop."""
     import signal
@@ -569,7 +573,7 @@ def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, 
 
     join, victim, _ = _signal_a_worker_mid_run(
         spark,
-        mnist,
+        mnist_data,
         tmp_path / "model",
         signal.SIGSTOP,
         strategy="allreduce",
@@ -598,11 +602,12 @@ def test_sigstop_of_a_process_fails_within_the_failure_timeout_naming_it(spark, 
     assert spark.sparkContext.parallelize(range(4), 2).sum() == 6
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("strategy", "input_mode", "steps"), [("allreduce", "files", 400), ("ps", "spark", 120)]
 )
 def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
-    spark, mnist, tmp_path, strategy, input_mode, steps
+    spark, mnist_data, tmp_path, strategy, input_mode, steps
 ):
     """Both strategies and input modes: the worker dies; a new TF cluster (and, under ps, a
     new coordinator, parameter server and feed) resumes from the latest checkpoint."""
@@ -611,7 +616,7 @@ def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
     model_dir = tmp_path / "model"
     join, victim, at_kill = _signal_a_worker_mid_run(
         spark,
-        mnist,
+        mnist_data,
         model_dir,
         signal.SIGKILL,
         strategy=strategy,
@@ -638,6 +643,7 @@ def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
     assert_nothing_left()
 
 
+@pytest.mark.integration
 def test_ptb_valid_perplexity_is_the_token_weighted_stream_perplexity(spark, tmp_path):
     """The language model is evaluated on the valid split (auto: the dataset has one) the
     book's way: streams with the LSTM state carried; checked against the trained weights run
@@ -687,8 +693,9 @@ def test_ptb_valid_perplexity_is_the_token_weighted_stream_perplexity(spark, tmp
     assert_nothing_left()
 
 
+@pytest.mark.integration
 def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
-    spark, mnist, tmp_path, caplog
+    spark, mnist_data, tmp_path, caplog
 ):
     """jobs/train.py's flags and logic, on the session, with the 9.2 options:
     the export and the evaluation use the moving averages, in float32, and the evaluation
@@ -710,7 +717,7 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
         "--model-config",
         json.dumps(mlp),
         "--data",
-        str(mnist / "data"),
+        str(mnist_data / "data"),
         "--model-dir",
         str(model_dir),
         "--strategy",
@@ -770,7 +777,7 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
     assert all(v.dtype == tf.float32 for v in loaded.signatures["predict_images"].variables)
     import pyarrow.parquet as pq
 
-    table = pq.read_table(mnist / "data" / "test" / "parquet")
+    table = pq.read_table(mnist_data / "data" / "test" / "parquet")
     images = np.stack([np.load(__import__("io").BytesIO(b)) for b in table["image"].to_pylist()])
     scores = loaded.signatures["predict_images"](images=tf.constant(images))["scores"].numpy()
     np.testing.assert_allclose(scores, tf.nn.softmax(model(images)).numpy(), rtol=1e-4, atol=1e-5)
@@ -781,8 +788,9 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
     assert_nothing_left()
 
 
+@pytest.mark.integration
 def test_fine_tune_from_another_runs_export_training_only_the_head(
-    spark, mnist, allreduce_files, tmp_path
+    spark, mnist_data, allreduce_files, tmp_path
 ):
     """--checkpoint-path (the HDFS export of another run), --checkpoint-exclude-scopes logits,
     --trainable-scopes logits: the hidden layer is the source's bit for bit at the end, the
@@ -794,7 +802,7 @@ def test_fine_tune_from_another_runs_export_training_only_the_head(
     _, source = allreduce_files
     tuned = _fit(
         spark,
-        mnist / "data",
+        mnist_data / "data",
         tmp_path / "tuned",
         strategy="allreduce",
         input_mode="files",
@@ -821,11 +829,12 @@ def test_fine_tune_from_another_runs_export_training_only_the_head(
     assert_nothing_left()
 
 
-def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
+@pytest.mark.integration
+def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist_data, tmp_path):
     from sparktf.train import TrainingError
 
     data = tmp_path / "data"
-    shutil.copytree(mnist / "data", data)
+    shutil.copytree(mnist_data / "data", data)
     shard = sorted((data / "train" / "tfrecord").glob("*.tfrecord"))[1]
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2 : len(raw) // 2 + 64] = b"\xff" * 64
@@ -852,6 +861,7 @@ def test_corrupt_shard_fails_fast_naming_the_file(spark, mnist, tmp_path):
     assert spark.sparkContext.parallelize(range(4), 2).sum() == 6
 
 
+@pytest.mark.e2e
 @pytest.mark.gpu
 def test_gpu_each_process_sees_its_gpu(request, tmp_path):
     """Where a GPU is present: a job with --gpus-per-worker 1 gets its GPU through Spark's
@@ -863,7 +873,7 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
         pytest.skip("no GPU on this machine")
     out = helpers.run_command([ROOT / "conf/spark/gpu_discovery.sh"])
     assert '"name": "gpu"' in out.stdout and '"0"' in out.stdout
-    mnist = request.getfixturevalue("mnist")
+    mnist_data = request.getfixturevalue("mnist_data")
     result_file = tmp_path / "result.json"
     job = helpers.run_job(
         "train.py",
@@ -872,7 +882,7 @@ def test_gpu_each_process_sees_its_gpu(request, tmp_path):
         "--model-config",
         '{"hidden_units": 8}',
         "--data",
-        str(mnist / "data"),
+        str(mnist_data / "data"),
         "--model-dir",
         str(tmp_path / "model"),
         "--strategy",

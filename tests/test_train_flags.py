@@ -18,6 +18,8 @@ from sparktf.jobs import flags
 from sparktf.jobs import train as job
 from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -16,6 +16,8 @@ from sparktf.train.config import TrainingError
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker
 from sparktf.train.result import ProcessResult
 
+pytestmark = pytest.mark.unit
+
 TINY_DCGAN = {"gf_dim": 4, "df_dim": 4, "gfc_dim": 16, "dfc_dim": 16}
 
 

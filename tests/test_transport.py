@@ -18,17 +18,9 @@ from sparktf.security import redact
 from sparktf.train.wire import tfos_logs
 from tests.helpers import ConfSession
 
+pytestmark = pytest.mark.unit
+
 PROTECTED = {key: "true" for key in spark.TRANSPORT_SETTINGS}
-
-
-@pytest.fixture
-def clean_env(monkeypatch, tmp_path):
-    for name in ("SPARKTF_CONF_DIR", "SPARKTF_HOME", "SPARKTF_PROFILE", "SPARKTF_SPARK_MASTER"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(spark.SECRET_FILE_ENV, raising=False)
-    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
-    monkeypatch.setenv("SPARKTF_SPARK_CLUSTER_DIR", str(tmp_path / "no-cluster"))
-    return monkeypatch
 
 
 def secret_file(tmp_path, secret: str = "0123456789abcdef" * 4):

@@ -31,6 +31,8 @@ from tests import helpers
 from tests.conftest import ROOT
 from tests.test_transport import app_settings, assert_transport_protected, event_log_conf
 
+pytestmark = pytest.mark.e2e
+
 YARN_SH = ROOT / "scripts" / "yarn.sh"
 N_TRAIN, N_TEST = 100, 10
 

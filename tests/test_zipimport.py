@@ -10,6 +10,8 @@ import pytest
 
 from sparktf import _zipimport
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def restore_zipimport(monkeypatch):

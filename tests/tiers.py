@@ -1,4 +1,4 @@
-"""The suite's three tiers, found from what each test uses, and kept honest at run time.
+"""The suite's three tiers: declared by every test module, kept honest at run time.
 
 - **unit**: no JVM, no job subprocess, no Spark or HDFS: pure functions, servers on
   loopback, local storage, decoders, models, configs.
@@ -7,16 +7,26 @@
 - **e2e**: separate applications and clusters: jobs and scripts as subprocesses (README
   commands, ``--help``), a standalone cluster, YARN, an HDFS of the test's own, kill/stop runs.
 
-A test's tier is the highest of what its own code, the fixtures it uses (all of them, however
-indirectly) and the tests' helpers they call need: the ``spark`` and ``hdfs`` fixtures need
-integration; a helper marked ``@needs("e2e")`` (``helpers.run_job``, ``helpers.run_command``,
-...) needs e2e. Nobody writes a tier marker by hand, so none can be forgotten.
+Every test module says its tier at the top, after the imports::
 
-At run time every process a test starts is checked against its tier (an audit hook sees
-each ``subprocess``/``os.exec*``/``posix_spawn``): a Java process needs integration, a
-script of ``scripts/`` or ``bench/`` or a job of ``jobs/`` or ``examples/`` needs e2e. A test
-that starts more than its tier allows fails and says what it started, so a helper that
-launches something new without ``@needs`` is found the first time it runs.
+    pytestmark = pytest.mark.unit
+
+That is the default of its tests. A test (or class) of another tier says so itself,
+``@pytest.mark.e2e``, and so may one parameter, ``pytest.param("hdfs",
+marks=pytest.mark.integration)``: the closest declaration wins (the test or its parameter,
+then its class, then its module). ``tests/conftest.py`` stops the collection, naming the
+tests, when a test has no tier, has two at the same place, or is below integration while it
+asks for the ``spark`` or ``hdfs`` fixture; then every test carries exactly its own tier's
+marker, so ``--tier unit`` and ``-m unit`` select the same tests.
+
+At run time every process a test starts is checked against its tier: while each of its
+phases (setup, call, teardown) runs, ``subprocess.Popen`` (which all of ``subprocess`` goes
+through), ``os.system`` and ``os.posix_spawn``/``posix_spawnp`` are wrapped with
+``pytest.MonkeyPatch`` and put back after the phase. A Java process (``java``,
+``spark-submit``) needs integration; a script of ``scripts/`` or ``bench/`` or a job of
+``jobs/`` or ``examples/`` needs e2e. A test that starts more than its tier allows, or asks
+for ``spark`` or ``hdfs`` by name (``request.getfixturevalue``) below integration, fails and
+says what it used.
 """
 
 from __future__ import annotations
@@ -24,10 +34,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import sys
+import subprocess
 import threading
-import types
+from collections.abc import Iterable
 from pathlib import Path
+
+import pytest
 
 TIERS = ("unit", "integration", "e2e")
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,108 +47,52 @@ ROOT = Path(__file__).resolve().parent.parent
 # Session fixtures that bring up the suite's shared services.
 FIXTURE_TIERS = {"spark": "integration", "hdfs": "integration"}
 
+HOW_TO_DECLARE = (
+    "declare it at the top of the module (pytestmark = pytest.mark.unit, integration or e2e), "
+    "or on the test, its class or its parameter (@pytest.mark.e2e): see tests/tiers.py"
+)
+
 
 def above(tier: str, than: str) -> bool:
     """Whether ``tier`` needs more than ``than`` allows."""
     return TIERS.index(tier) > TIERS.index(than)
 
 
-def needs(tier: str):
-    """Marks a helper (or fixture function) as needing ``tier``: every test that calls it,
-    directly or through other helpers and fixtures, is of that tier at least."""
-    if tier not in TIERS:
-        raise ValueError(f"unknown tier {tier!r}; one of {TIERS}")
-
-    def mark(fn):
-        fn.__sparktf_tier__ = tier
-        return fn
-
-    return mark
+# ----------------------------------------------------------------------------- declared
 
 
-# ----------------------------------------------------------------------------- static
+class TierError(Exception):
+    """A test whose tier is missing, ambiguous or too low for the fixtures it asks for."""
 
 
-def _code_objects(code: types.CodeType):
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _code_objects(const)
+def declared(item: pytest.Item) -> str:
+    """The tier ``item`` declares: the closest node (the test with its parameters, its class,
+    its module) with a tier marker."""
+    for node in reversed(item.listchain()):
+        found = sorted({m.name for m in node.own_markers if m.name in TIERS}, key=TIERS.index)
+        if len(found) > 1:
+            where = "the test" if node is item else node.nodeid
+            raise TierError(f"{item.nodeid}: more than one tier on {where}: {', '.join(found)}")
+        if found:
+            return found[0]
+    raise TierError(f"{item.nodeid}: no tier; {HOW_TO_DECLARE}")
 
 
-def _is_ours(obj) -> bool:
-    """Defined in the tests package (a module of it, or a function of such a module)."""
-    module = obj.__name__ if isinstance(obj, types.ModuleType) else obj.__module__ or ""
-    return module == "tests" or module.startswith("tests.") or module == "conftest"
+def check_fixtures(item: pytest.Item, tier: str) -> None:
+    """A test below integration must not ask for the shared services (``item.fixturenames``:
+    all it asks for, however indirectly, except by name at run time)."""
+    for name in fixture_violations(tier, getattr(item, "fixturenames", ())):
+        raise TierError(f"{item.nodeid}: declared {tier} but uses the {name}")
 
 
-def _unwrap(fn):
-    fn = getattr(fn, "__wrapped__", fn)
-    return getattr(fn, "__func__", fn)
-
-
-def code_tier(fn, _seen: set | None = None) -> tuple[str, str]:
-    """The tier a function's code needs, and why: the highest ``@needs`` among the
-    functions of the tests package it references, followed recursively (attributes of
-    referenced test modules too, as in ``helpers.run_job``)."""
-    seen = set() if _seen is None else _seen
-    fn = _unwrap(fn)
-    if id(fn) in seen or not isinstance(fn, types.FunctionType):
-        return "unit", ""
-    seen.add(id(fn))
-    best, why = getattr(fn, "__sparktf_tier__", "unit"), fn.__qualname__
-    if best != "unit":
-        return best, why
-    scope = fn.__globals__
-    modules = [v for v in scope.values() if isinstance(v, types.ModuleType) and _is_ours(v)]
-    for code in _code_objects(fn.__code__):
-        for name in code.co_names:
-            candidates = [scope.get(name)] + [getattr(m, name, None) for m in modules]
-            for obj in candidates:
-                obj = _unwrap(obj)
-                if not isinstance(obj, types.FunctionType) or not _is_ours(obj):
-                    continue
-                tier, reason = code_tier(obj, seen)
-                if above(tier, best):
-                    best, why = tier, f"{fn.__qualname__} -> {reason}"
-    return best, why
-
-
-def _requested_by_name(fn, item) -> set[str]:
-    """Fixtures that ``fn`` asks for with ``request.getfixturevalue("NAME")``: for a test
-    parametrized over locations (``["local", "hdfs"]``), only where its parameter is NAME."""
-    fn = _unwrap(fn)
-    if not isinstance(fn, types.FunctionType):
-        return set()
-    params = {str(v) for v in getattr(getattr(item, "callspec", None), "params", {}).values()}
-    found = set()
-    for code in _code_objects(fn.__code__):
-        if "getfixturevalue" in code.co_names:
-            names = {c for c in code.co_consts if isinstance(c, str) and c in FIXTURE_TIERS}
-            found |= {n for n in names if not params or n in params}
-    return found
-
-
-def item_tier(item) -> tuple[str, str]:
-    """An item's tier and the reason: its fixtures (the whole closure, and those asked for
-    by name) and its code; the highest of them."""
-    info = getattr(item, "_fixtureinfo", None)
-    names = getattr(item, "fixturenames", ())
-    defs = [d for n in names for d in (info.name2fixturedefs.get(n, ()) if info else ())]
-    function = getattr(item, "function", None)
-    found = [("unit", "no Spark, HDFS, job or cluster")]
-    found += [(FIXTURE_TIERS[n], f"fixture {n!r}") for n in names if n in FIXTURE_TIERS]
-    for fixturedef in defs:
-        if fixturedef.argname not in FIXTURE_TIERS:  # the shared services' start is exempt
-            tier, reason = code_tier(fixturedef.func)
-            found.append((tier, f"fixture {fixturedef.argname!r}: {reason}"))
-    for fn in filter(None, [function, *(d.func for d in defs)]):
-        found += [
-            (FIXTURE_TIERS[n], f"fixture {n!r} (by name)") for n in _requested_by_name(fn, item)
-        ]
-    if function is not None:
-        found.append(code_tier(function))
-    return max(found, key=lambda pair: TIERS.index(pair[0]))
+def keep_only(item: pytest.Item, tier: str) -> None:
+    """Leaves ``tier`` as the one tier marker of ``item``: its module's or class's default,
+    overridden, would otherwise still match ``-m``. ``own_markers`` is the nodes' public
+    list of markers; once the tiers of all items are known, each item gets its own tier
+    marker here and its module and class none."""
+    for node in item.listchain():
+        node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
+    item.add_marker(tier)
 
 
 # ----------------------------------------------------------------------------- run time
@@ -157,59 +113,90 @@ def spawn_tier(argv) -> str:
     return "unit"
 
 
+def _argv(args) -> list:
+    """A command as a list: a shell command line split, a single program in a list."""
+    if isinstance(args, str):
+        try:
+            return shlex.split(args)
+        except ValueError:
+            return [args]
+    if isinstance(args, bytes | os.PathLike):
+        return [args]
+    return list(args)
+
+
 class SpawnWatch:
-    """Records the processes started while a test phase runs (a ``sys.addaudithook``, which
-    cannot be removed: it stays installed and idle outside a phase)."""
+    """Records the processes started while a test phase runs (``watching``), through wrappers
+    of the functions that start them, installed for the phase and removed after it."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._started: list[tuple[str, list[str]]] | None = None
-        self._exempt = threading.local()
-        sys.addaudithook(self._hook)
+        self._local = threading.local()  # per thread: exempt, inside Popen
 
-    def _hook(self, event: str, args) -> None:
-        if self._started is None or getattr(self._exempt, "on", False):
+    def _record(self, started: list, args) -> None:
+        if getattr(self._local, "exempt", False) or getattr(self._local, "in_popen", False):
             return
-        try:  # an audit hook that raises would fail the process start itself
-            self._record(event, args)
-        except Exception:
-            pass
-
-    def _record(self, event: str, args) -> None:
-        if event == "subprocess.Popen":
-            argv = args[1] if args[1] is not None else [args[0]]
-        elif event in ("os.exec", "os.posix_spawn"):
-            argv = args[1]
-        elif event == "os.system":
-            argv = [args[0]]
-        else:
+        try:
+            argv = [str(a) for a in _argv(args)]
+            tier = spawn_tier(argv)
+        except Exception:  # never fail a process start over its description
             return
-        if isinstance(argv, (bytes, os.PathLike)):
-            argv = [argv]
-        elif isinstance(argv, str):  # a shell command line
-            argv = shlex.split(argv)
-        tier = spawn_tier(list(argv))
         if tier != "unit":
             with self._lock:
-                if self._started is not None:
-                    self._started.append((tier, [str(a) for a in argv]))
+                started.append((tier, argv))
 
     @contextlib.contextmanager
     def watching(self):
-        self._started = []
-        try:
-            yield self._started
-        finally:
-            self._started = None
+        """Yields the list of (tier, argv) of the processes above unit started meanwhile."""
+        started: list[tuple[str, list[str]]] = []
+        popen_init, system = subprocess.Popen.__init__, os.system
+        local = self._local
+
+        def watched_popen_init(popen, args, *rest, **kwargs):
+            self._record(started, args)
+            local.in_popen = True  # Popen may use os.posix_spawn: one record
+            try:
+                return popen_init(popen, args, *rest, **kwargs)
+            finally:
+                local.in_popen = False
+
+        def watched_system(command):
+            self._record(started, command)
+            return system(command)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(subprocess.Popen, "__init__", watched_popen_init)
+            patch.setattr(os, "system", watched_system)
+            for name in ("posix_spawn", "posix_spawnp"):
+                if hasattr(os, name):
+                    patch.setattr(os, name, self._spawn_wrapper(started, getattr(os, name)))
+            yield started
+
+    def _spawn_wrapper(self, started: list, spawn):
+        def watched_spawn(path, argv, *rest, **kwargs):
+            self._record(started, argv)
+            return spawn(path, argv, *rest, **kwargs)
+
+        return watched_spawn
 
     @contextlib.contextmanager
     def exempt(self):
         """The suite's own shared services (the session HDFS and Spark) start here."""
-        self._exempt.on = True
+        self._local.exempt = True
         try:
             yield
         finally:
-            self._exempt.on = False
+            self._local.exempt = False
+
+
+def fixture_violations(tier: str, fixtures: Iterable[str]) -> list[str]:
+    """The shared services among ``fixtures`` that a test of ``tier`` may not use."""
+    used = set(fixtures)
+    return [
+        f"{FIXTURE_TIERS[name]} fixture {name!r}"
+        for name in FIXTURE_TIERS
+        if name in used and above(FIXTURE_TIERS[name], tier)
+    ]
 
 
 def violations(tier: str, started, fixtures=()) -> list[str]:
@@ -220,18 +207,13 @@ def violations(tier: str, started, fixtures=()) -> list[str]:
         for needed, argv in started
         if above(needed, tier)
     ]
-    return found + [
-        f"{FIXTURE_TIERS[name]} fixture {name!r}"
-        for name in FIXTURE_TIERS
-        if name in fixtures and above(FIXTURE_TIERS[name], tier)
-    ]
+    return found + fixture_violations(tier, fixtures)
 
 
-def explain(item, tier: str, why: str, found: list[str]) -> str:
+def explain(item: pytest.Item, tier: str, found: list[str]) -> str:
     return (
-        f"{item.nodeid} is in the {tier} tier ({why}) but started:\n  "
+        f"{item.nodeid} is declared {tier} but used:\n  "
         + "\n  ".join(found)
-        + "\nStart such processes through a helper marked with tests.tiers.needs(...) "
-        "(e.g. helpers.run_job, helpers.run_command), so the test lands in the tier that "
-        "runs them."
+        + "\nDeclare the tier that runs such things on the test (@pytest.mark.e2e), its "
+        "parameter or its module (pytestmark): see tests/tiers.py."
     )

@@ -201,7 +201,7 @@ def predict(
         sig,
         input_col=input_col,
         output_col=output_col,
-        probabilities_col=probability_col,
+        probability_col=probability_col,
         log_probabilities_col=log_probabilities_col,
         batch_size=batch_size,
         top_k=top_k,

@@ -192,7 +192,7 @@ def _classifier_layout(
     sig: Signature,
     spec: TensorSpec,
     output_col: str,
-    probabilities_col: str,
+    probability_col: str,
     top_k: int | None,
 ) -> _Layout:
     T = spark_types()
@@ -205,7 +205,7 @@ def _classifier_layout(
     }.get(kind, _is_binary)
     fields = [
         T.StructField(output_col, T.LongType(), False),
-        T.StructField(probabilities_col, T.ArrayType(T.FloatType(), False), False),
+        T.StructField(probability_col, T.ArrayType(T.FloatType(), False), False),
     ]
     if top_k is not None:
         fields += [
@@ -298,7 +298,7 @@ def make_plan(
     *,
     input_col: str | None,
     output_col: str,
-    probabilities_col: str,
+    probability_col: str,
     log_probabilities_col: str,
     batch_size: int,
     top_k: int | None,
@@ -314,7 +314,7 @@ def make_plan(
     kind = signature_kind(sig)
     key, spec = next((k, v) for k, v in sig.inputs.items() if k != "label")
     if kind in CLASSIFIER_KINDS:
-        layout = _classifier_layout(kind, sig, spec, output_col, probabilities_col, top_k)
+        layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
     elif kind == "tokens":
         layout = _language_model_layout(sig, output_col, log_probabilities_col, lm_output)
     else:
