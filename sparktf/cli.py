@@ -28,7 +28,16 @@ from collections.abc import Callable, Sequence
 from sparktf import paths
 from sparktf.errors import SparktfError
 
-__all__ = ["LOG_FORMAT", "UsageError", "load_config", "parse", "parser", "run", "setup_logging"]
+__all__ = [
+    "LOG_FORMAT",
+    "UsageError",
+    "add_export_flag",
+    "load_config",
+    "parse",
+    "parser",
+    "run",
+    "setup_logging",
+]
 
 log = logging.getLogger("sparktf")
 
@@ -44,6 +53,31 @@ def setup_logging(level: str | int | None = None) -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
     for noisy in ("py4j", "hdfs", "urllib3", "tensorflow", "absl"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+class _Renamed(argparse.Action):
+    """A flag's former name: stores into the new flag's destination and warns once."""
+
+    def __init__(self, option_strings, dest, *, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        log.warning("%s is now %s (the old name works for one release)", option_string, self.new)
+        setattr(namespace, self.dest, values)
+
+
+def add_export_flag(p: argparse.ArgumentParser) -> None:
+    """``--export``: the SavedModel a job reads (``--model``, its former name, still works
+    with a warning; ``--model`` is what a training job trains)."""
+    p.add_argument(
+        "--export",
+        help="the SavedModel: an export directory, MODEL_DIR/export or MODEL_DIR (its "
+        "highest version; local, file:// or hdfs://); required",
+    )
+    p.add_argument(
+        "--model", dest="export", action=_Renamed, new="--export", help=argparse.SUPPRESS
+    )
 
 
 def load_config(section: str, path: str | os.PathLike | None = None) -> dict:

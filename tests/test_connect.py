@@ -101,7 +101,7 @@ def test_predict_and_evaluate_from_a_connect_client(server, allreduce, mnist_dat
     done = job(
         server,
         "predict.py",
-        "--model",
+        "--export",
         str(model),
         "--input",
         str(mnist_data / "data" / "test"),
@@ -119,7 +119,7 @@ def test_predict_and_evaluate_from_a_connect_client(server, allreduce, mnist_dat
     done = job(
         server,
         "evaluate.py",
-        "--model",
+        "--export",
         str(model),
         "--data",
         str(mnist_data / "data"),

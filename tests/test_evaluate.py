@@ -241,7 +241,7 @@ def test_png_path_is_beside_the_json():
 def test_job_help():
     out = helpers.run_job("evaluate.py", "--help", timeout=60)
     assert out.returncode == 0
-    for flag in ("--model", "--data", "--split", "--output", "--batch-size", "--overwrite"):
+    for flag in ("--export", "--data", "--split", "--output", "--batch-size", "--overwrite"):
         assert flag in out.stdout
 
 
@@ -284,7 +284,7 @@ def test_job_reads_and_writes_hdfs(spark, hdfs, mnist_eval, capsys, caplog):
     output = storage.join(base, "eval", "metrics.json")
     fingerprint = inference.inspect_model(mnist_eval["export"]).fingerprint
     try:
-        argv = ["--model", storage.join(base, "model"), "--data", data, "--output", output]
+        argv = ["--export", storage.join(base, "model"), "--data", data, "--output", output]
         assert job.main([*argv, "--batch-size", "16"], spark=spark) == 0
         stdout = capsys.readouterr().out
         report = json.loads(storage.read_text(output))
@@ -303,7 +303,7 @@ def test_job_reads_and_writes_hdfs(spark, hdfs, mnist_eval, capsys, caplog):
 
         with pytest.raises(cli.UsageError, match="already exists"):
             job.main(
-                ["--model", mnist_eval["export"], "--data", data, "--output", output], spark=spark
+                ["--export", mnist_eval["export"], "--data", data, "--output", output], spark=spark
             )
     finally:
         remove_local_copy(fingerprint)
@@ -367,7 +367,7 @@ def test_language_model_corpus_perplexity_is_token_weighted(spark, ptb):
 
 def test_job_language_model_writes_local_json(spark, ptb, tmp_path, capsys):
     output = tmp_path / "ptb" / "valid.json"
-    argv = ["--model", ptb["model"], "--data", ptb["data"], "--split", "valid"]
+    argv = ["--export", ptb["model"], "--data", ptb["data"], "--split", "valid"]
     assert job.main([*argv, "--output", str(output)], spark=spark) == 0
     stdout = capsys.readouterr().out
     report = json.loads(output.read_text())
@@ -383,12 +383,14 @@ def test_job_language_model_writes_local_json(spark, ptb, tmp_path, capsys):
 
 @pytest.mark.e2e
 def test_bad_input_exits_2_before_spark_starts(mnist_eval, tmp_path):
-    """The job as a user runs it: a refusal exits 2, names the problem and starts no Spark."""
+    """The job as a user runs it: a refusal exits 2, names the problem and starts no Spark.
+    (``--model``, the former name of ``--export``, still works, with a warning.)"""
     output = tmp_path / "out" / "metrics.json"
     argv = ["--model", mnist_eval["export"], "--data", mnist_eval["data"], "--split", "valid"]
     out = helpers.run_job("evaluate.py", *argv, "--output", str(output), timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "has no split 'valid'" in out.stderr, out.stderr[-2000:]
+    assert "--model is now --export" in out.stderr
     assert "sparktf-evaluate" not in out.stderr and "SparkContext" not in out.stderr
     assert not output.parent.exists()
 
@@ -411,7 +413,7 @@ def test_bad_input_is_refused_before_spark_starts(spark, mnist_eval, ptb, tmp_pa
     ]
     jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup()
     for (model, data, *extra), message in cases:
-        argv = ["--model", model, "--data", data, *extra, "--output", str(output)]
+        argv = ["--export", model, "--data", data, *extra, "--output", str(output)]
         with pytest.raises(cli.UsageError) as refused:
             job.main(argv, spark=spark)
         assert message in str(refused.value)

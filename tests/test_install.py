@@ -140,7 +140,7 @@ def test_convert_train_predict_with_the_sparktf_command(installed, tmp_path):
         (tmp_path / "state" / "submit").iterdir()
     )  # the launcher's scratch is gone
 
-    sparktf("predict", "--model", "model", "--input", "data/test/parquet", "--output", "preds")
+    sparktf("predict", "--export", "model", "--input", "data/test/parquet", "--output", "preds")
     import pyarrow.parquet as pq
 
     table = pq.read_table(work / "preds")

@@ -366,7 +366,7 @@ def test_a_job_without_ticket_or_keytab_fails_before_spark(krb_hdfs, tmp_path):
     started = time.monotonic()
     out = krb_hdfs.job(
         "predict.py",
-        "--model",
+        "--export",
         krb_hdfs.path("nowhere/export"),
         "--input",
         krb_hdfs.path("nowhere/in"),
@@ -436,7 +436,7 @@ def test_convert_train_both_strategies_predict(krb_hdfs, tmp_path):
     predictions = krb_hdfs.path("e2e", "predictions")
     out = krb_hdfs.job(
         "predict.py",
-        "--model",
+        "--export",
         exports["allreduce"],
         "--input",
         f"{data}/test/parquet",

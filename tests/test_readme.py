@@ -260,7 +260,7 @@ def test_quickstart_summary_says_what_ran_and_what_to_run_next():
     assert "10 classes of striped patterns plus noise, not CIFAR-10" in text
     predict = [line.strip() for line in text.splitlines() if "jobs/predict.py" in line]
     assert predict == [
-        "./scripts/submit.sh jobs/predict.py --model .local/runs/resnet20/export --input "
+        "./scripts/submit.sh jobs/predict.py --export .local/runs/resnet20/export --input "
         ".local/demo/cifar10/test/parquet --output .local/predictions/quickstart --overwrite"
     ]
     assert "jobs/convert_cifar10.py" in text

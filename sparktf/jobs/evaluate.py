@@ -1,6 +1,6 @@
 """The command line of ``jobs/evaluate.py``: an exported model measured on a dataset split.
 
-``--model`` is a SavedModel version directory, ``MODEL_DIR/export`` or ``MODEL_DIR`` (the
+``--export`` is a SavedModel version directory, ``MODEL_DIR/export`` or ``MODEL_DIR`` (the
 highest version is used); ``--data`` a converted dataset (``manifest.json`` +
 ``<split>/parquet/``, see docs/datasets.md), local or ``hdfs://``. The split's Parquet goes
 through :func:`sparktf.inference.predict` on the executors, and the predictions are
@@ -456,11 +456,7 @@ def summary(result: dict) -> str:
 
 def parser(description: str = DESCRIPTION):
     p = cli.parser(description, config_section="evaluate")
-    p.add_argument(
-        "--model",
-        help="SavedModel directory, MODEL_DIR/export or MODEL_DIR "
-        "(local, file:// or hdfs://); required",
-    )
+    cli.add_export_flag(p)
     p.add_argument(
         "--data", help="converted dataset directory (manifest.json; local or hdfs://); required"
     )
@@ -479,13 +475,13 @@ def parser(description: str = DESCRIPTION):
 def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, spark=None) -> int:
     """jobs/evaluate.py on ``argv``; on the session ``spark`` when given (else its own)."""
     args = cli.parse(parser(description), argv, own_logging=spark is None)
-    missing = [flag for flag in ("model", "data", "output") if not getattr(args, flag)]
+    missing = [flag for flag in ("export", "data", "output") if not getattr(args, flag)]
     if missing:
         raise cli.UsageError("missing " + ", ".join(f"--{m}" for m in missing))
     if args.batch_size < 1:
         raise cli.UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
     # Everything that can be checked without Spark is checked before it starts.
-    plan = prepare(args.model, args.data, args.split)
+    plan = prepare(args.export, args.data, args.split)
     if not args.overwrite:
         for path in outputs(plan.kind, args.output):
             if storage.exists(path):
@@ -497,7 +493,7 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, s
 
     with job_session("sparktf-evaluate", args.profile, spark=spark, remote=args.remote) as session:
         result = evaluate(
-            session, args.model, args.data, split=args.split, batch_size=args.batch_size, plan=plan
+            session, args.export, args.data, split=args.split, batch_size=args.batch_size, plan=plan
         )
     written = write_report(result, args.output, overwrite=args.overwrite)
     log.info("wrote %s", " and ".join(written))

@@ -1,7 +1,7 @@
 """The command line of ``jobs/predict.py``: batch prediction with ``sparktf.inference``.
 
 ``--input`` is a split of a converted dataset (its ``parquet/`` directory, or the split
-directory holding it) or any Parquet table. ``--model`` is a SavedModel version directory,
+directory holding it) or any Parquet table. ``--export`` is a SavedModel version directory,
 ``MODEL_DIR/export`` or ``MODEL_DIR`` (the highest version is used). The output is Parquet
 with ``id`` and ``label`` (when the input has them), the prediction columns of
 ``sparktf.predict`` (``prediction``, ``probability``, ...) and ``model_version``; it is
@@ -38,11 +38,7 @@ def input_table(path: str) -> str:
 
 def parser(description: str = DESCRIPTION):
     p = cli.parser(description, config_section="predict")
-    p.add_argument(
-        "--model",
-        help="SavedModel directory, MODEL_DIR/export or MODEL_DIR "
-        "(local, file:// or hdfs://); required",
-    )
+    cli.add_export_flag(p)
     p.add_argument("--input", help="Parquet table or dataset split (local or hdfs://); required")
     p.add_argument(
         "--output", help="where to write the predictions as Parquet (local or hdfs://); required"
@@ -83,7 +79,7 @@ def parser(description: str = DESCRIPTION):
 def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, spark=None) -> int:
     """jobs/predict.py on ``argv``; on the session ``spark`` when given (else its own)."""
     args = cli.parse(parser(description), argv, own_logging=spark is None)
-    missing = [flag for flag in ("model", "input", "output") if not getattr(args, flag)]
+    missing = [flag for flag in ("export", "input", "output") if not getattr(args, flag)]
     if missing:
         raise cli.UsageError("missing " + ", ".join(f"--{m}" for m in missing))
     if args.batch_size < 1:
@@ -95,7 +91,7 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, s
     if storage.exists(args.output) and not args.overwrite:
         raise cli.UsageError(f"output {args.output} already exists; pass --overwrite to replace it")
     try:
-        info = inference.inspect_model(args.model)
+        info = inference.inspect_model(args.export)
     except inference.ModelNotFoundError as exc:
         raise cli.UsageError(str(exc)) from None
     table = input_table(args.input)

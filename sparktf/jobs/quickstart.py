@@ -102,11 +102,11 @@ def summary(result: Mapping, model: str, data: str) -> str:
         test_split = storage.join(dataset, "test", "parquet")
         lines += [
             "  # predictions for the test split (Parquet: id, label, prediction, probability)",
-            "  ./scripts/submit.sh jobs/predict.py --model "
+            "  ./scripts/submit.sh jobs/predict.py --export "
             f"{_shown(export_root)} --input {_shown(test_split)} "
             "--output .local/predictions/quickstart --overwrite",
             "  # accuracy, per-class metrics and the confusion matrix of this export",
-            f"  ./scripts/submit.sh jobs/evaluate.py --model {_shown(export_root)} "
+            f"  ./scripts/submit.sh jobs/evaluate.py --export {_shown(export_root)} "
             f"--data {_shown(dataset)} --output .local/eval/quickstart.json --overwrite",
         ]
     lines += [
