@@ -30,6 +30,7 @@ from sparktf.errors import SparktfError
 
 __all__ = [
     "LOG_FORMAT",
+    "Renamed",
     "UsageError",
     "add_export_flag",
     "load_config",
@@ -55,7 +56,7 @@ def setup_logging(level: str | int | None = None) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-class _Renamed(argparse.Action):
+class Renamed(argparse.Action):
     """A flag's former name: stores into the new flag's destination and warns once."""
 
     def __init__(self, option_strings, dest, *, new: str, **kwargs):
@@ -75,9 +76,7 @@ def add_export_flag(p: argparse.ArgumentParser) -> None:
         help="the SavedModel: an export directory, MODEL_DIR/export or MODEL_DIR (its "
         "highest version; local, file:// or hdfs://); required",
     )
-    p.add_argument(
-        "--model", dest="export", action=_Renamed, new="--export", help=argparse.SUPPRESS
-    )
+    p.add_argument("--model", dest="export", action=Renamed, new="--export", help=argparse.SUPPRESS)
 
 
 def load_config(section: str, path: str | os.PathLike | None = None) -> dict:

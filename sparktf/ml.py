@@ -89,6 +89,14 @@ SAVED_MODEL = "savedmodel"  # TFModel.save: the SavedModel's copy under the path
 _SMALLEST_PROBABILITY = 1.1754943508222875e-38
 
 
+# TrainResult's former field names, as summaries saved before the rename hold them.
+_RENAMED_RESULT_KEYS = {
+    "checkpoint": "last_checkpoint",
+    "export_path": "export_dir",
+    "best_export_path": "best_export_dir",
+}
+
+
 class NoSummaryError(SparktfError, RuntimeError):
     """``TFModel.summary`` of a model that was not made by ``TFEstimator.fit`` (nor loaded
     from one that was)."""
@@ -371,12 +379,12 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
                 storage.delete(data_dir)
             except Exception as exc:  # the run's error matters more
                 log.warning("could not remove %s: %s", data_dir, exc)
-        if not result.export_path:
+        if not result.export_dir:
             raise TrainingError(
                 f"training {name} wrote no export (CheckpointConfig.export is off?)"
             )
         out = TFModel(
-            exportDir=result.export_path,
+            exportDir=result.export_dir,
             inputCol=self.getInputCol(),
             predictionCol=self.getPredictionCol(),
             probabilityCol=self.getProbabilityCol(),
@@ -530,6 +538,7 @@ def _summary_from_dict(data: dict, path: str) -> TrainResult | None:
     from sparktf.train import TrainResult
 
     names = {f.name for f in dataclasses.fields(TrainResult)}
+    data = {_RENAMED_RESULT_KEYS.get(k, k): v for k, v in data.items()}  # saved before a rename
     try:
         return TrainResult(**{k: v for k, v in data.items() if k in names})
     except TypeError as exc:

@@ -179,8 +179,8 @@ def test_flags_become_model_config_and_train_fields(tmp_path):
     assert opts == {
         "model_config": {},
         "train": {
-            "checkpoint_path": None,
-            "checkpoint_exclude_scopes": (),
+            "warm_start_from": None,
+            "warm_start_exclude_scopes": (),
             "trainable_scopes": (),
         },
     }
@@ -193,14 +193,14 @@ def test_flags_become_model_config_and_train_fields(tmp_path):
     # A model without the switch never augments: nothing to override (and no unknown key).
     opts = train_job.finetune_and_augment_options(job_args("--model", "mnist_mlp", "--no-augment"))
     assert opts["model_config"] == {}
-    with pytest.raises(cli.UsageError, match="needs --checkpoint-path"):
+    with pytest.raises(cli.UsageError, match="needs --warm-start-from"):
         train_job.finetune_and_augment_options(
-            job_args("--model", "mnist_mlp", "--checkpoint-exclude-scopes", "logits")
+            job_args("--model", "mnist_mlp", "--warm-start-exclude-scopes", "logits")
         )
     started = time.monotonic()
-    with pytest.raises(cli.UsageError, match="^--checkpoint-path .*: no such checkpoint"):
+    with pytest.raises(cli.UsageError, match="^--warm-start-from .*: no such checkpoint"):
         train_job.finetune_and_augment_options(
-            job_args("--model", "mnist_mlp", "--checkpoint-path", str(tmp_path / "nothing"))
+            job_args("--model", "mnist_mlp", "--warm-start-from", str(tmp_path / "nothing"))
         )
     assert time.monotonic() - started < 5
 
@@ -298,7 +298,7 @@ def test_a_shape_mismatch_without_exclusion_is_a_clear_error_and_assigns_nothing
             warm_start(target, path)
         message = str(err.value)
         assert "logits/kernel: [16, 5] in the model, [16, 10] in the source" in message
-        assert "TrainConfig.checkpoint_exclude_scopes" in message
+        assert "TrainConfig.warm_start_exclude_scopes" in message
         assert all(v.tobytes() == fresh[k].tobytes() for k, v in values(target).items())
     with pytest.raises(WarmStartError, match="none of its variables"):
         warm_start(models.get_task("ptb_small", **TINY_PTB).build_model(), model_dir)
@@ -411,5 +411,5 @@ def test_warm_start_from_hdfs(mlp_run, hdfs):
         counts = warm_start(target, path, exclude_scopes=["logits/"])
         assert (counts["restored"], counts["excluded"]) == (2, 2)
         assert target.variables[0].numpy().tobytes() == source["hidden/kernel"].tobytes()
-    args = job_args("--model", "mnist_mlp", "--checkpoint-path", remote)
-    assert train_job.finetune_and_augment_options(args)["train"]["checkpoint_path"] == remote
+    args = job_args("--model", "mnist_mlp", "--warm-start-from", remote)
+    assert train_job.finetune_and_augment_options(args)["train"]["warm_start_from"] == remote

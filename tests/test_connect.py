@@ -87,7 +87,7 @@ def allreduce(server, mnist_data, tmp_path_factory) -> dict:
 def test_allreduce_trains_from_a_connect_client(allreduce):
     result = allreduce["result"]
     assert result["final_step"] == 6
-    export = Path(result["export_path"])
+    export = Path(result["export_dir"])
     assert export == allreduce["root"] / "model" / "export" / "6"
     assert (export / "saved_model.pb").is_file()
     # both processes ran on the server's executors, started from the client

@@ -55,7 +55,7 @@ def status(client: ControlClient, event: str, data: dict | None = None) -> int:
 def test_only_the_chiefs_token_reports_done(server, caplog):
     chief = ControlClient(server.url, server.issue_token(CHIEF), CHIEF)
     worker = ControlClient(server.url, server.issue_token(WORKER), WORKER)
-    assert status(worker, "done", {"final_step": 99, "export_path": "/etc"}) == 403
+    assert status(worker, "done", {"final_step": 99, "export_dir": "/etc"}) == 403
     assert server.snapshot()[WORKER].done is None
     assert "only the chief reports done" in caplog.text
     # A worker's own end of its part is "finished"; its report is kept as its own.
@@ -153,7 +153,7 @@ def _result(**paths) -> dict:
     ],
 )
 def test_a_result_naming_a_path_outside_the_model_dir_is_refused(path):
-    for field in ("export_path", "checkpoint", "best_export"):
+    for field in ("export_dir", "last_checkpoint", "best_export"):
         with pytest.raises(ResultRejected, match="not under the run's model directory") as err:
             ProcessResult.from_dict(_result(**{field: path}), model_dir="/data/model")
         assert isinstance(err.value, TrainingError)
@@ -162,19 +162,19 @@ def test_a_result_naming_a_path_outside_the_model_dir_is_refused(path):
 def test_paths_under_the_model_dir_are_accepted():
     local = ProcessResult.from_dict(
         _result(
-            export_path="/data/model/export/3",
-            checkpoint="file:///data/model/checkpoints/ckpt-3",
+            export_dir="/data/model/export/3",
+            last_checkpoint="file:///data/model/checkpoints/ckpt-3",
             best_export="/data/model/export_best/3",
         ),
         model_dir="/data/model/",
     )
-    assert local.export_path == "/data/model/export/3"
+    assert local.export_dir == "/data/model/export/3"
     hdfs = "hdfs://nn:8020/runs/m"
     remote = ProcessResult.from_dict(
-        _result(export_path=f"{hdfs}/export/3", checkpoint=f"{hdfs}/checkpoints/ckpt-3"),
+        _result(export_dir=f"{hdfs}/export/3", last_checkpoint=f"{hdfs}/checkpoints/ckpt-3"),
         model_dir=hdfs,
     )
-    assert remote.checkpoint == f"{hdfs}/checkpoints/ckpt-3"
+    assert remote.last_checkpoint == f"{hdfs}/checkpoints/ckpt-3"
     assert not within("hdfs://other:8020/runs/m/export/3", hdfs)
     assert not within("hdfs://nn:8020/runs/m2/export/3", hdfs)
 

@@ -135,7 +135,7 @@ def test_convert_train_predict_with_the_sparktf_command(installed, tmp_path):
     )  # fmt: skip
     result = json.loads((work / "result.json").read_text())
     assert (result["final_step"], result["strategy"]) == (3, "allreduce")
-    assert Path(result["export_path"], "saved_model.pb").is_file()
+    assert Path(result["export_dir"], "saved_model.pb").is_file()
     assert not (tmp_path / "state" / "submit").exists() or not any(
         (tmp_path / "state" / "submit").iterdir()
     )  # the launcher's scratch is gone
@@ -163,7 +163,7 @@ def test_spark_submit_jobs_train_resnet_as_written(tmp_path):
     assert said in run.stdout + run.stderr
     trained = json.loads(result.read_text())
     assert (trained["final_step"], trained["strategy"]) == (5, "allreduce")
-    assert Path(trained["export_path"], "saved_model.pb").is_file()
+    assert Path(trained["export_dir"], "saved_model.pb").is_file()
     helpers.assert_nothing_left()
 
 

@@ -485,6 +485,6 @@ def test_job_trains_a_module_build_function_on_a_converted_dataset(
     assert config["input_shape"] == [28, 28, 1] and config["num_classes"] == 10
     assert config["input_dtype"] == "uint8" and config["hidden_units"] == 8
     images = spark.read.parquet(f"file://{mnist_data / 'data' / 'test' / 'parquet'}")
-    rows = predict(images, result["export_path"]).select("id", "prediction").collect()
+    rows = predict(images, result["export_dir"]).select("id", "prediction").collect()
     assert len(rows) == 10 and all(0 <= r["prediction"] < 10 for r in rows)
     assert_nothing_left()

@@ -204,7 +204,7 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     fitted: dict = {}
     exec(compile(block, f"README.md ({PYTHON_SECTION})", "exec"), fitted)
     assert fitted["spark"] is spark  # get_session() returned the active session
-    assert fitted["result"].final_step >= 1 and fitted["result"].export_path
+    assert fitted["result"].final_step >= 1 and fitted["result"].export_dir
     assert fitted["scored"].count() == 64
     assert {"id", "label", "prediction"} <= set(fitted["scored"].columns)
 
@@ -243,7 +243,7 @@ def _train_result(export: str) -> dict:
         "elapsed_s": 15.2,
         "metrics": {"loss": 0.02, "accuracy": 1.0},
         "eval_history": [{"step": 64, "loss": 0.028, "accuracy": 0.9961, "top5_accuracy": 1.0}],
-        "export_path": export,
+        "export_dir": export,
     }
 
 

@@ -352,7 +352,7 @@ def train_on_cluster(
         input_mode,
     )
     export = storage.join(model_dir, "export", "4")
-    assert summary["export_path"] == export
+    assert summary["export_dir"] == export
     assert storage.exists(storage.join(export, "saved_model.pb"))
     assert_ran_on_cluster(cluster, "sparktf-train-mnist_mlp", cores=cores)
     return export

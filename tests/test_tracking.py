@@ -236,18 +236,18 @@ def test_run_is_recorded_params_metrics_evaluations_and_export(
     assert run.data.metrics["run_elapsed_s"] == pytest.approx(result.elapsed_s)
 
     # The export: copied down from HDFS, the same files.
-    assert run.data.tags["sparktf.export"] == result.export_path
+    assert run.data.tags["sparktf.export"] == result.export_dir
     assert run.data.tags["sparktf.model_dir"] == model_dir
     listed = {a.path for a in client.list_artifacts(run.info.run_id, "export")}
     assert {"export/saved_model.pb", "export/variables"} <= listed
     local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts")))
-    with storage.local_copy(result.export_path) as exported:
+    with storage.local_copy(result.export_dir) as exported:
         for path in Path(exported).rglob("*"):
             if path.is_file():
                 copy = local / "export" / path.relative_to(exported)
                 assert copy.read_bytes() == path.read_bytes(), copy
     summary = json.loads((local / "sparktf_train.json").read_text())
-    assert summary["final_step"] == 30 and summary["export"] == result.export_path
+    assert summary["final_step"] == 30 and summary["export"] == result.export_dir
 
     assert [t for t in threading.enumerate() if t.name == "sparktf-mlflow"] == []
     assert_nothing_left()

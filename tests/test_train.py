@@ -300,9 +300,9 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs
 
     model_dir, result = allreduce_files
     assert (result.start_step, result.final_step) == (0, 6)
-    assert result.checkpoint == storage.join(model_dir, "checkpoints", "ckpt-6")
-    assert storage.exists(result.checkpoint + ".index")
-    assert result.export_path == storage.join(model_dir, "export", "6")
+    assert result.last_checkpoint == storage.join(model_dir, "checkpoints", "ckpt-6")
+    assert storage.exists(result.last_checkpoint + ".index")
+    assert result.export_dir == storage.join(model_dir, "export", "6")
     assert {"loss", "accuracy", "learning_rate"} <= set(result.metrics)
     assert result.time_to_first_step_s and result.time_to_first_step_s < result.elapsed_s
     tags = _events(model_dir)
@@ -320,7 +320,7 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs
     assert len({e.SerializeToString() for e in events}) == len(events)
     loss_steps = [e.step for e in events for v in e.summary.value if v.tag == "loss"]
     assert loss_steps and loss_steps == sorted(loss_steps), loss_steps
-    with storage.local_copy(result.export_path) as local:
+    with storage.local_copy(result.export_dir) as local:
         loaded = tf.saved_model.load(local)
         images = np.random.default_rng(1).integers(0, 256, (3, 28, 28, 1), dtype=np.uint8)
         examples = image_examples(images, np.zeros(3, np.int64), np.arange(3))
@@ -341,7 +341,7 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs
     rows = sparktf.predict(table, model_dir, input_col="image", batch_size=5).collect()
     assert len(rows) == table.count() > 0
     stored = np.stack([np.load(io.BytesIO(r["image"])) for r in rows])
-    with storage.local_copy(result.export_path) as local:
+    with storage.local_copy(result.export_dir) as local:
         expected = tf.saved_model.load(local).signatures["predict_images"](
             images=tf.constant(stored)
         )
@@ -391,10 +391,10 @@ def test_allreduce_spark_feed_uneven_partitions_ends_cleanly(spark, mnist_data, 
     assert sum(result.fed_rows.values()) == 100
     # ... and the run stopped when the process with fewer rows had no full batch (3) left.
     assert result.final_step == min(rows // 3 for rows in result.fed_rows.values())
-    assert result.export_path == storage.join(
+    assert result.export_dir == storage.join(
         str(tmp_path / "model"), "export", str(result.final_step)
     )
-    assert storage.exists(result.export_path)
+    assert storage.exists(result.export_dir)
     assert_nothing_left()
 
 
@@ -418,12 +418,12 @@ def test_ps_files_resumes_from_hdfs_step_optimizer_and_schedule(spark, hdfs, mni
     # Evaluated at steps 6 and 8; export_best/ holds the export of the lower test loss only.
     assert [e["step"] for e in second.eval_history] == [6, 8]
     best = min(second.eval_history, key=lambda e: e["loss"])["step"]
-    assert second.best_export_path == storage.join(model_dir, "export_best", str(best))
+    assert second.best_export_dir == storage.join(model_dir, "export_best", str(best))
     assert [
         storage.parse(p).path.rsplit("/", 1)[-1]
         for p in storage.listdir(storage.join(model_dir, "export_best"))
     ] == [str(best)]
-    assert second.checkpoint == storage.join(model_dir, "checkpoints", "ckpt-8")
+    assert second.last_checkpoint == storage.join(model_dir, "checkpoints", "ckpt-8")
     with storage.local_copy(storage.join(model_dir, "checkpoints")) as local:
         reader = tf.train.load_checkpoint(os.path.join(local, "ckpt-8"))
         names = reader.get_variable_to_shape_map()
@@ -451,7 +451,7 @@ def test_ps_spark_feed(spark, mnist_data, tmp_path):
     assert sum(result.fed_rows.values()) >= 6 * 8
     # Every scheduled step was applied exactly once by some worker: the optimizer's own
     # iteration count in the final checkpoint equals the global step.
-    reader = tf.train.load_checkpoint(result.checkpoint)
+    reader = tf.train.load_checkpoint(result.last_checkpoint)
     names = reader.get_variable_to_shape_map()
     assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == 6
     iterations = [n for n in names if n.startswith("optimizer/") and "iteration" in n]
@@ -491,9 +491,9 @@ def test_resnet20_steps_and_image_signature(spark, tmp_path):
     from sparktf import models
 
     model = models.get_model("resnet20")
-    tf.train.Checkpoint(model=model).restore(result.checkpoint).expect_partial()
+    tf.train.Checkpoint(model=model).restore(result.last_checkpoint).expect_partial()
     images = np.random.default_rng(3).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
-    loaded = tf.saved_model.load(result.export_path)
+    loaded = tf.saved_model.load(result.export_dir)
     scores = loaded.signatures["predict_images"](images=tf.constant(images))["scores"].numpy()
     assert scores.shape == (4, 10)
     np.testing.assert_allclose(
@@ -632,7 +632,7 @@ def test_kill_9_of_a_worker_restarts_from_the_checkpoint_and_reaches_the_target(
         f"after kill -9; checkpoint at the kill: step {at_kill}; restarts: {result.restarts}"
     )
     assert result.final_step == steps and result.strategy == strategy
-    assert result.export_path == storage.join(str(model_dir), "export", str(steps))
+    assert result.export_dir == storage.join(str(model_dir), "export", str(steps))
     assert len(result.restarts) == 1
     restart = result.restarts[0]
     # The cause names the killed process: reported by its Spark task (killed by SIGKILL) or
@@ -676,7 +676,7 @@ def test_ptb_valid_perplexity_is_the_token_weighted_stream_perplexity(spark, tmp
     # stream layout (4 streams), the state carried from chunk to chunk, mean token NLL.
     vocab = len((tmp_path / "ptb" / "vocab.txt").read_text().splitlines())
     model = models.get_model("ptb_small", **config, vocab_size=vocab)
-    tf.train.Checkpoint(model=model).restore(result.checkpoint).expect_partial()
+    tf.train.Checkpoint(model=model).restore(result.last_checkpoint).expect_partial()
     pq = pytest.importorskip("pyarrow.parquet")
     table = pq.read_table(tmp_path / "ptb" / "valid" / "parquet")
     tokens = np.stack([np.load(__import__("io").BytesIO(b)) for b in table["tokens"].to_pylist()])
@@ -758,7 +758,7 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
     assert result["final_step"] == 4
     assert [e["step"] for e in result["eval_history"]] == [2, 4]
     assert "evaluation at step 2" in caplog.text and "evaluation on the test split" in caplog.text
-    assert result["best_export_path"].startswith(str(model_dir / "export_best"))
+    assert result["best_export_dir"].startswith(str(model_dir / "export_best"))
 
     # The export holds the moving averages of the final checkpoint, as float32 variables.
     config = json.loads((model_dir / "sparktf_train.json").read_text())["model_config"]
@@ -773,7 +773,7 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
         "the moving averages equal the raw weights: EMA not applied"
     )
     model.set_weights(averaged)
-    loaded = tf.saved_model.load(result["export_path"])
+    loaded = tf.saved_model.load(result["export_dir"])
     assert all(v.dtype == tf.float32 for v in loaded.signatures["predict_images"].variables)
     import pyarrow.parquet as pq
 
@@ -792,7 +792,7 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
 def test_fine_tune_from_another_runs_export_training_only_the_head(
     spark, mnist_data, allreduce_files, tmp_path
 ):
-    """--checkpoint-path (the HDFS export of another run), --checkpoint-exclude-scopes logits,
+    """--warm-start-from (the HDFS export of another run), --warm-start-exclude-scopes logits,
     --trainable-scopes logits: the hidden layer is the source's bit for bit at the end, the
     head was re-initialised and trained."""
     import tensorflow as tf
@@ -808,8 +808,8 @@ def test_fine_tune_from_another_runs_export_training_only_the_head(
         input_mode="files",
         steps=3,
         train_options={
-            "checkpoint_path": source.export_path,
-            "checkpoint_exclude_scopes": ("logits",),
+            "warm_start_from": source.export_dir,
+            "warm_start_exclude_scopes": ("logits",),
             "trainable_scopes": ("logits",),
         },
     )
@@ -822,7 +822,7 @@ def test_fine_tune_from_another_runs_export_training_only_the_head(
             tf.train.Checkpoint(model=model).restore(os.path.join(local, name)).expect_partial()
         return {w.path: w.numpy() for w in model.weights}
 
-    before, after = weights(source.checkpoint), weights(tuned.checkpoint)
+    before, after = weights(source.last_checkpoint), weights(tuned.last_checkpoint)
     np.testing.assert_array_equal(after["hidden/kernel"], before["hidden/kernel"])
     np.testing.assert_array_equal(after["hidden/bias"], before["hidden/bias"])
     assert not np.array_equal(after["logits/kernel"], before["logits/kernel"])

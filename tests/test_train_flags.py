@@ -105,7 +105,7 @@ def test_flag_names_and_conf_keys_stay():
         "--checkpoint-every", "--keep-checkpoints", "--summary-every", "--progress-every",
         "--feed-timeout", "--failure-timeout", "--startup-timeout", "--stall-timeout",
         "--max-restarts", "--no-export", "--result-json", "--mlflow-tracking-uri",
-        "--mlflow-experiment", "--checkpoint-path", "--checkpoint-exclude-scopes",
+        "--mlflow-experiment", "--warm-start-from", "--warm-start-exclude-scopes",
         "--trainable-scopes", "--no-augment", "--optimizer", "--learning-rate",
         "--lr-boundaries-epochs", "--precision", "--config", "--profile", "--log-level",
     ):  # fmt: skip

@@ -173,8 +173,8 @@ def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark
     result = json.loads(result_file.read_text())
     trained = (result["final_step"], result["strategy"], result["input_mode"])
     assert trained == (4, "allreduce", "spark")
-    assert result["export_path"] == storage.join(model_dir, "export", "4")
-    assert storage.exists(storage.join(result["export_path"], "saved_model.pb"))
+    assert result["export_dir"] == storage.join(model_dir, "export", "4")
+    assert storage.exists(storage.join(result["export_dir"], "saved_model.pb"))
     assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
     assert len(yarn.containers(app["id"])) == 1 + 2  # the application master + 2 executors
 
@@ -204,7 +204,7 @@ def test_ps_files_feed_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):
     assert run.returncode == 0, explain(run)
     result = json.loads(result_file.read_text())
     assert (result["final_step"], result["strategy"], result["input_mode"]) == (4, "ps", "files")
-    assert storage.exists(storage.join(result["export_path"], "saved_model.pb"))
+    assert storage.exists(storage.join(result["export_dir"], "saved_model.pb"))
     assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
     # chief + 2 workers in executors (conf/jobs/train_mnist.json keeps the ps on the driver)
     assert len(yarn.containers(app["id"])) == 1 + 3

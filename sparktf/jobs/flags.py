@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sparktf import cli
 from sparktf.train.config import RunConfig, ScalingConfig, TrainConfig
 from sparktf.train.driver.tracking import INSTALL_HINT
 
@@ -231,6 +232,14 @@ def add_flags(
         groups[meta["group"]].add_argument(
             flag.name, dest=flag.dest, help=text.replace("%", "%%"), **flag.argparse_options()
         )
+        if meta.get("former"):  # the flag's former name: still works, with a warning
+            groups[meta["group"]].add_argument(
+                meta["former"],
+                dest=flag.dest,
+                action=cli.Renamed,
+                new=flag.name,
+                help=argparse.SUPPRESS,
+            )
     return groups
 
 

@@ -69,7 +69,7 @@ def summary(result: Mapping, model: str, data: str) -> str:
     """
     synthetic = data == "demo"
     dataset = str(demo.demo_dir() / demo.dataset_for(model)) if synthetic else data
-    export = result.get("export_path") or ""
+    export = result.get("export_dir") or ""
     export_root = os.path.dirname(export.rstrip("/")) if export else ""
     lines = [
         "",

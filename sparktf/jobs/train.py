@@ -330,7 +330,7 @@ def finetune_and_augment_options(args) -> dict:
     TrainConfig field values}``.
 
     ``--no-augment`` becomes ``{"augment": False}`` for models that have the switch (the
-    ``resnet`` family) and nothing for the others (they never augment). ``--checkpoint-path``
+    ``resnet`` family) and nothing for the others (they never augment). ``--warm-start-from``
     is resolved now, so a path that holds no checkpoint or export fails before Spark starts,
     unless ``--model-dir`` already has a checkpoint (the run resumes from it and ignores the
     path). Raises :class:`sparktf.cli.UsageError` for flags that cannot work.
@@ -351,26 +351,26 @@ def finetune_and_augment_options(args) -> dict:
             model_config["augment"] = False
         else:
             log.info("--no-augment: %s does not augment its inputs anyway", args.model)
-    exclude = warmstart.split_scopes(args.checkpoint_exclude_scopes)
+    exclude = warmstart.split_scopes(args.warm_start_exclude_scopes)
     trainable = warmstart.split_scopes(args.trainable_scopes)
-    path = args.checkpoint_path
+    path = args.warm_start_from
     if exclude and not path:
-        raise cli.UsageError("--checkpoint-exclude-scopes needs --checkpoint-path")
+        raise cli.UsageError("--warm-start-exclude-scopes needs --warm-start-from")
     if path:
         try:
             resuming = bool(args.model_dir) and artifacts.latest_checkpoint(args.model_dir)
             if not resuming:
                 source = warmstart.resolve_source(path)
                 log.info(
-                    "--checkpoint-path %s: will start from %s %s", path, source.kind, source.path
+                    "--warm-start-from %s: will start from %s %s", path, source.kind, source.path
                 )
         except (warmstart.WarmStartError, storage.StorageError) as exc:
             raise usage_error(exc) from None
     return {
         "model_config": model_config,
         "train": {
-            "checkpoint_path": path or None,
-            "checkpoint_exclude_scopes": exclude,
+            "warm_start_from": path or None,
+            "warm_start_exclude_scopes": exclude,
             "trainable_scopes": trainable,
         },
     }

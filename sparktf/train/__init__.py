@@ -6,7 +6,7 @@
 ...              ScalingConfig(strategy="allreduce", num_workers=4),
 ...              RunConfig(model_dir="hdfs://nn:8020/models/resnet20",
 ...                        evaluation=EvalConfig(split="test", export_best="accuracy")))
->>> result.final_step, result.metrics["accuracy"], result.export_path
+>>> result.final_step, result.metrics["accuracy"], result.export_dir
 
 The rooms, one per kind of process (the import contracts in ``pyproject.toml`` keep them so):
 

@@ -508,10 +508,10 @@ class TrainConfig:
     to the TensorFlow processes (see :mod:`sparktf.train.feed.chunks`); ``"files"`` has each
     TensorFlow process read its own shard of the split's files (``file_format``).
 
-    Fine-tuning: ``checkpoint_path`` (a checkpoint or SavedModel export of another run,
+    Fine-tuning: ``warm_start_from`` (a checkpoint or SavedModel export of another run,
     local or ``hdfs://``) initialises the model when ``model_dir`` has no checkpoint of its
     own (a resume wins), except the variables whose path starts with one of
-    ``checkpoint_exclude_scopes``; with ``trainable_scopes`` only those variables train.
+    ``warm_start_exclude_scopes``; with ``trainable_scopes`` only those variables train.
 
     Length: ``steps`` (global steps, counted across resumes) and/or ``epochs`` (passes over
     the split); training stops at whichever comes first. Neither: the model's own
@@ -571,7 +571,7 @@ class TrainConfig:
         flag_help="keep file order",
     )
     seed: int = _setting(0, help="shuffle seed", group="input")
-    checkpoint_path: str | None = _setting(
+    warm_start_from: str | None = _setting(
         None,
         help="start from the weights of another run (local or hdfs://): a checkpoint prefix "
         "(MODEL_DIR/checkpoints/ckpt-N), a checkpoints or model directory (its latest "
@@ -579,16 +579,18 @@ class TrainConfig:
         "for the latest); ignored when RunConfig.model_dir already has a checkpoint (resume "
         "wins)",
         group="model",
+        former="--checkpoint-path",
     )
-    checkpoint_exclude_scopes: tuple[str, ...] = _setting(
+    warm_start_exclude_scopes: tuple[str, ...] = _setting(
         (),
-        help="layer-name prefixes not restored from TrainConfig.checkpoint_path (they keep "
+        help="layer-name prefixes not restored from TrainConfig.warm_start_from (they keep "
         "their initialisation), e.g. 'logits' to fine-tune to another number of classes",
         flag_help="comma-separated layer-name prefixes not restored from TrainConfig."
-        "checkpoint_path (they keep their initialisation), e.g. 'logits' to fine-tune to "
+        "warm_start_from (they keep their initialisation), e.g. 'logits' to fine-tune to "
         "another number of classes",
         group="model",
         metavar="SCOPES",
+        former="--checkpoint-exclude-scopes",
     )
     trainable_scopes: tuple[str, ...] = _setting(
         (),
@@ -620,8 +622,8 @@ class TrainResult:
     start_step: int
     final_step: int
     metrics: dict[str, float]
-    checkpoint: str | None
-    export_path: str | None
+    last_checkpoint: str | None  # the last checkpoint written
+    export_dir: str | None
     elapsed_s: float
     examples: int
     examples_per_sec: float
@@ -632,7 +634,7 @@ class TrainResult:
     # the last evaluation ({} without one) and every evaluation with its step
     eval_metrics: dict[str, float] = field(default_factory=dict)
     eval_history: list[dict[str, float]] = field(default_factory=list)
-    best_export_path: str | None = None  # EvalConfig.export_best
+    best_export_dir: str | None = None  # EvalConfig.export_best
     # one entry per restart: {"cause": ..., "resumed_from_step": ...} (FailureConfig.max_restarts)
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # spark input mode: rows fed to each training process (by node key), one number per process

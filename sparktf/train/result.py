@@ -27,7 +27,7 @@ from sparktf.train.config import TrainingError
 
 __all__ = ["PATH_FIELDS", "ProcessResult", "ResultRejected", "within"]
 
-PATH_FIELDS = ("checkpoint", "export_path", "best_export")  # the result's paths
+PATH_FIELDS = ("last_checkpoint", "export_dir", "best_export")  # the result's paths
 
 
 class ResultRejected(TrainingError):
@@ -89,8 +89,8 @@ class ProcessResult:
     final_step: int
     end_reason: str
     metrics: dict[str, float] = field(default_factory=dict)
-    checkpoint: str | None = None
-    export_path: str | None = None
+    last_checkpoint: str | None = None
+    export_dir: str | None = None
     examples: int = 0
     examples_per_sec: float = 0.0
     first_step_wall: float | None = None
@@ -149,8 +149,8 @@ class ProcessResult:
             final_step=int(data["final_step"]),
             end_reason=str(data["end_reason"]),
             metrics=_float_map(data.get("metrics")),
-            checkpoint=_optional(str, data.get("checkpoint")),
-            export_path=_optional(str, data.get("export_path")),
+            last_checkpoint=_optional(str, data.get("last_checkpoint")),
+            export_dir=_optional(str, data.get("export_dir")),
             examples=int(data.get("examples") or 0),
             examples_per_sec=float(data.get("examples_per_sec") or 0.0),
             first_step_wall=_optional(float, data.get("first_step_wall")),

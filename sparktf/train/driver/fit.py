@@ -139,8 +139,8 @@ def _run(
         start_step=resumed if restarts else result.start_step,
         final_step=result.final_step,
         metrics=dict(result.metrics),
-        checkpoint=result.checkpoint,
-        export_path=result.export_path,
+        last_checkpoint=result.last_checkpoint,
+        export_dir=result.export_dir,
         elapsed_s=time.monotonic() - started_mono,
         examples=result.examples,
         examples_per_sec=result.examples_per_sec,
@@ -153,7 +153,7 @@ def _run(
         restarts=restarts,
         eval_metrics=dict(result.eval_metrics),
         eval_history=list(result.eval_history),
-        best_export_path=result.best_export,
+        best_export_dir=result.best_export,
         fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
         mlflow_run_id=tracker.run_id,
     )
@@ -226,5 +226,5 @@ def _log_done(plan: RunPlan, out: TrainResult) -> None:
         "".join(f", {k} {v:.4g}" for k, v in out.metrics.items())
         + (f", {out.examples_per_sec:.0f} examples/s" if trained else " (nothing left to train)"),
         out.elapsed_s,
-        f", exported {out.export_path}" if out.export_path else "",
+        f", exported {out.export_dir}" if out.export_dir else "",
     )

@@ -301,15 +301,15 @@ class Tracker:
         self._call("log the final metrics", metrics)
         tags = {
             "sparktf.final_step": str(final),
-            "sparktf.export": result.export_path or "",
-            "sparktf.checkpoint": result.checkpoint or "",
+            "sparktf.export": result.export_dir or "",
+            "sparktf.checkpoint": result.last_checkpoint or "",
         }
-        if result.best_export_path:
-            tags["sparktf.export_best"] = result.best_export_path
+        if result.best_export_dir:
+            tags["sparktf.export_best"] = result.best_export_dir
         self._call("tag the results", lambda: self._log_batch(tags=tags))
         for path, name in (
-            (result.export_path, "export"),
-            (result.best_export_path, "export_best"),
+            (result.export_dir, "export"),
+            (result.best_export_dir, "export_best"),
         ):
             if path:
                 self._call(
@@ -323,8 +323,8 @@ class Tracker:
             self.run_id,
             self.plan.run.tracking.mlflow_experiment,
             redact(self.uri),
-            f", with the export as artifacts/export ({result.export_path})"
-            if result.export_path
+            f", with the export as artifacts/export ({result.export_dir})"
+            if result.export_dir
             else "",
         )
 
@@ -469,7 +469,7 @@ def params(plan: RunPlan) -> dict[str, str]:
         "optimizer": optimizer.get("name") if isinstance(optimizer, dict) else optimizer,
         "shuffle": train.shuffle,
         "seed": train.seed,
-        "checkpoint_path": train.checkpoint_path,
+        "warm_start_from": train.warm_start_from,
         "checkpoint_every_steps": run.checkpoint.every_steps,
         "eval_every_steps": plan.eval_every_steps if plan.eval_data else None,
         "export_best": run.evaluation.export_best,

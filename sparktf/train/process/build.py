@@ -7,7 +7,7 @@ task's precision policy), the variables left to train (``TrainConfig.trainable_s
 the optimizer with the registry's learning-rate schedule, and a ``global_step`` variable.
 Then the model directory's latest checkpoint is restored (step, optimizer state and so the
 schedule continue), or, on a fresh run, the fine-tuning source is loaded
-(``TrainConfig.checkpoint_path``); last, the step function of the strategy
+(``TrainConfig.warm_start_from``); last, the step function of the strategy
 (:mod:`sparktf.train.process.steps`).
 """
 
@@ -117,12 +117,12 @@ def _restore(tf, plan: RunPlan, model_dir: ModelDir, model, optimizer, global_st
         **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
     )
     restored = model_dir.attach(checkpoint, keep=plan.run.checkpoint.keep)
-    if train.checkpoint_path and restored:
+    if train.warm_start_from and restored:
         log.info(
-            "resuming from %s: --checkpoint-path %s is ignored", restored, train.checkpoint_path
+            "resuming from %s: --warm-start-from %s is ignored", restored, train.warm_start_from
         )
-    elif train.checkpoint_path:  # every all-reduce worker: variables are not re-synced
+    elif train.warm_start_from:  # every all-reduce worker: variables are not re-synced
         warmstart.warm_start(
-            model, train.checkpoint_path, exclude_scopes=train.checkpoint_exclude_scopes
+            model, train.warm_start_from, exclude_scopes=train.warm_start_exclude_scopes
         )
     return restored

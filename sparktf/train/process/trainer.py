@@ -204,7 +204,7 @@ class Trainer:
         return path
 
     def _write_run_record(
-        self, final_step: int, export_path: str | None, history: list, best_export: str | None
+        self, final_step: int, export_dir: str | None, history: list, best_export: str | None
     ) -> None:
         """The model directory's record of the run (``sparktf_train.json``)."""
         self.model_dir.finish(
@@ -213,8 +213,8 @@ class Trainer:
                 "model_config": self.task.config,
                 "strategy": self.role.strategy,
                 "final_step": final_step,
-                "export": export_path,
-                "checkpoint": self.checkpoint,
+                "export": export_dir,
+                "last_checkpoint": self.checkpoint,
                 "signatures": self.task.signature_info(),
                 "eval": history,
                 "best_export": best_export,
@@ -237,24 +237,24 @@ class Trainer:
         if evaluation is not None:
             evaluation.collect(wait=True)
             evaluation.evaluate(final_step, weights)
-        export_path = None
+        export_dir = None
         if self.role.is_chief and self.plan.run.checkpoint.export:
-            export_path = self.export(weights, final_step)
+            export_dir = self.export(weights, final_step)
         self.reporter.close(final_step, rate)
         history, best_export = [], None
         if evaluation is not None:
             evaluation.close()
             history, best_export = evaluation.history, evaluation.best_export
         if self.role.is_chief:
-            self._write_run_record(final_step, export_path, history, best_export)
+            self._write_run_record(final_step, export_dir, history, best_export)
         gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
         return ProcessResult(
             start_step=self.built.start_step,
             final_step=final_step,
             end_reason=end_reason,
             metrics=self.reporter.metrics,
-            checkpoint=self.checkpoint,
-            export_path=export_path,
+            last_checkpoint=self.checkpoint,
+            export_dir=export_dir,
             examples=self.reporter.meter.examples,
             examples_per_sec=rate,
             first_step_wall=self.reporter.meter.first_step_wall,

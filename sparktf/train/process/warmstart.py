@@ -1,6 +1,6 @@
 """Fine-tuning: start a model from another run's weights, and train only some of its layers.
 
-* :func:`resolve_source` -- what ``--checkpoint-path`` names, without TensorFlow: a
+* :func:`resolve_source` -- what ``--warm-start-from`` names, without TensorFlow: a
   checkpoint prefix (``.../checkpoints/ckpt-N``), a checkpoints directory (its ``checkpoint``
   state file names the latest), a model directory (its latest checkpoint, else its latest
   export), a SavedModel (``export/<step>``) or a directory of exports (``MODEL_DIR/export``:
@@ -79,7 +79,7 @@ class WarmStartError(SparktfError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """A resolved ``--checkpoint-path``: ``kind`` is ``"checkpoint"`` (``path`` is the
+    """A resolved ``--warm-start-from``: ``kind`` is ``"checkpoint"`` (``path`` is the
     checkpoint prefix) or ``"saved_model"`` (``path`` is the SavedModel directory)."""
 
     kind: str
@@ -145,7 +145,7 @@ def resolve_source(path: str) -> Source:
         return Source("checkpoint", path)
     if not storage.isdir(path):
         raise WarmStartError(
-            f"TrainConfig.checkpoint_path {path}: no such checkpoint, model directory or SavedModel"
+            f"TrainConfig.warm_start_from {path}: no such checkpoint, model directory or SavedModel"
         )
     stated = None
     if storage.exists(storage.join(path, STATE_FILE)):  # a checkpoints directory
@@ -155,7 +155,7 @@ def resolve_source(path: str) -> Source:
     if stated is not None:
         if not storage.exists(stated + ".index"):
             raise WarmStartError(
-                f"TrainConfig.checkpoint_path {path}: its checkpoint state names {stated}, "
+                f"TrainConfig.warm_start_from {path}: its checkpoint state names {stated}, "
                 "which has no .index file (an incomplete or deleted checkpoint)"
             )
         return Source("checkpoint", stated)
@@ -164,7 +164,7 @@ def resolve_source(path: str) -> Source:
         if found is not None:
             return Source("saved_model", found)
     raise WarmStartError(
-        f"TrainConfig.checkpoint_path {path} holds no checkpoint (no checkpoint state file, in "
+        f"TrainConfig.warm_start_from {path} holds no checkpoint (no checkpoint state file, in "
         f"it or in {CHECKPOINTS}/) and no SavedModel ({SAVED_MODEL_FILE}, in it, in a numeric "
         f"subdirectory or in {EXPORT}/<step>/)"
     )
@@ -328,7 +328,7 @@ class Matching:
             raise WarmStartError(
                 f"cannot warm-start {what}: {len(self.mismatched)} variable(s) differ in shape: "
                 f"{'; '.join(self.mismatched)}. Leave them out with "
-                "TrainConfig.checkpoint_exclude_scopes "
+                "TrainConfig.warm_start_exclude_scopes "
                 "(e.g. the classifier head when the number of classes changes)"
             )
         if self.ambiguous:
