@@ -13,7 +13,7 @@ job (bench/common.py):
   (one numpy view over the Arrow buffer), calling the SavedModel's ``predict_images``
   ``--batch-size`` rows at a time and collecting classes and probabilities as numpy.
   Start-up (not timed, reported): importing TensorFlow, loading the model, its first call.
-* **sparktf.predict**: ``sparktf.predict(df, model, keep_columns=["id"])`` over the table.
+* **sparktf.predict**: ``sparktf.predict(df, export, keep_columns=["id"])`` over the table.
   Timed: the whole Spark job from submitting it (``write.format("noop")``) to its end:
   reading the Parquet files, the Arrow round trip through the Python workers, decoding,
   the model calls. Start-up (reported): the Spark session, and one warm-up job (TensorFlow

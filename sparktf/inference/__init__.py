@@ -1,6 +1,6 @@
 """Batch inference over Spark DataFrames with an exported SavedModel: :func:`predict`.
 
-``sparktf.predict(df, model, ...)`` (this package's :func:`predict`) applies a SavedModel
+``sparktf.predict(df, export, ...)`` (this package's :func:`predict`) applies a SavedModel
 written by a task's ``export`` (``MODEL_DIR/export/<version>/``) to every row of a
 DataFrame and returns the rows with the predictions added. It runs on the executors over
 Arrow record batches (``DataFrame.mapInArrow``): a batch's column buffers are turned into

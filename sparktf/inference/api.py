@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def predict(
     df: DataFrame,
-    model: str | os.PathLike,
+    export: str | os.PathLike | None = None,
     *,
     input_col: str | None = None,
     output_col: str = "prediction",
@@ -50,14 +50,15 @@ def predict(
     label_col: str = "label",
     keep_columns: Sequence[str] | None = None,
     probabilities_col: str | None = None,
+    model: str | os.PathLike | None = None,
 ) -> DataFrame:
-    """Applies the SavedModel ``model`` to every row of ``df``; returns ``df``'s columns plus
+    """Applies the SavedModel ``export`` to every row of ``df``; returns ``df``'s columns plus
     the predictions (lazily: nothing runs until an action).
 
     Parameters:
 
     * ``df``: the input DataFrame; its columns are described per model kind below.
-    * ``model``: a SavedModel directory (holding ``saved_model.pb``), local, ``file://`` or
+    * ``export``: a SavedModel directory (holding ``saved_model.pb``), local, ``file://`` or
       ``hdfs://``; or ``MODEL_DIR/export`` (or ``MODEL_DIR``), whose highest numbered
       version is used. A local path must be visible to every executor (same machine or a
       shared file system); on a cluster use ``hdfs://``, which each machine copies once
@@ -133,7 +134,7 @@ def predict(
     Raises, before any Spark job starts:
 
     * :class:`~sparktf.inference.model.ModelNotFoundError` (a
-      :class:`~sparktf.storage.PathNotFoundError`) when ``model`` holds no SavedModel;
+      :class:`~sparktf.storage.PathNotFoundError`) when ``export`` holds no SavedModel;
     * :class:`~sparktf.inference.prediction_plan.PredictInputError` when the input column (or a
       conditional generator's label column) is missing or has a Spark type that cannot hold
       the input, an added column already exists in ``df``, or ``keep_columns`` names a
@@ -161,6 +162,15 @@ def predict(
     """
     from pyspark.sql import types as T
 
+    if model is not None:  # the former name of ``export``
+        warnings.warn(
+            "sparktf.predict(model=) is now export= (model names what is trained)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        export = model if export is None else export
+    if export is None:
+        raise SparktfTypeError("sparktf.predict needs export=, the SavedModel to apply")
     if probabilities_col is not None:
         warnings.warn(
             "sparktf.predict(probabilities_col=) is now probability_col= (the column is "
@@ -181,7 +191,7 @@ def predict(
         raise PredictInputError(
             f"keep_columns {unknown} are not columns of the input DataFrame (it has {df.columns})"
         )
-    info = inspect_model(model)
+    info = inspect_model(export)
     sig = choose_signature(info, signature)
     vector_col = None
     col = input_col or ("features" if signature_kind(sig) == "features" else None)
