@@ -122,6 +122,10 @@ def _positive(
 class ScalingConfig:
     """How many TensorFlow processes, in which roles, with which devices.
 
+    ``num_workers`` means one thing under both strategies: the processes that compute
+    training steps. Under all-reduce the chief is one of them; under ps the chief coordinates
+    and computes no step, so it is not counted (as the parameter servers are not).
+
     ``strategy``:
 
     * ``"allreduce"`` -- ``MultiWorkerMirroredStrategy``, synchronous data parallelism
@@ -148,7 +152,8 @@ class ScalingConfig:
     )
     num_workers: int = _setting(
         2,
-        help="allreduce: training processes (the chief included); ps: workers besides the chief",
+        help="processes that compute training steps (allreduce: the chief is one of them; ps: "
+        "the chief only coordinates and is not counted)",
         group="strategy",
     )
     num_ps: int = _setting(
