@@ -430,7 +430,7 @@ def test_convert_train_both_strategies_predict(krb_hdfs, tmp_path):
         summary = json.loads(result.read_text())
         assert summary["final_step"] >= 4
         assert summary["export_dir"].startswith(krb_hdfs.uri), summary
-        assert summary["checkpoint"].startswith(krb_hdfs.uri), summary
+        assert summary["last_checkpoint"].startswith(krb_hdfs.uri), summary
         exports[strategy] = summary["export_dir"]
         assert "delegation token of the run cancelled" in out.stderr
     predictions = krb_hdfs.path("e2e", "predictions")

@@ -766,7 +766,7 @@ def test_job_with_the_books_options_ema_bf16_evaluation_and_export_best(
     model = task.build_model()
     optimizer = task.make_optimizer(12, model)
     tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
-        result["checkpoint"]
+        result["last_checkpoint"]
     ).expect_partial()
     averaged = models.weights_for_export(task, model, optimizer)
     assert any(not np.array_equal(a, w) for a, w in zip(averaged, model.get_weights())), (
