@@ -134,9 +134,9 @@ def test_submit_sizes_a_local_cluster_to_the_run(clean_env, capsys):
 
 
 def test_submit_runs_a_job_by_name_through_a_launcher(clean_env, capsys):
-    argv = dry_run(capsys, "--profile", "yarn", "predict", "--model", "m")
+    argv = dry_run(capsys, "--profile", "yarn", "predict", "--export", "m")
     launcher = next(a for a in argv if a.endswith("sparktf_predict.py"))
-    assert argv[argv.index(launcher) + 1 :] == ["--model", "m"]
+    assert argv[argv.index(launcher) + 1 :] == ["--export", "m"]
     assert "--py-files" in argv  # off the local profile the library travels with the job
     with pytest.raises(cli.UsageError, match="unknown job 'trian_mnist'"):
         submit.main(["trian_mnist"])

@@ -589,7 +589,7 @@ def test_dcgan_generates_images_from_seeds_and_z(spark, tmp_path):
 def test_job_help():
     out = helpers.run_job("predict.py", "--help")
     assert out.returncode == 0
-    for flag in ("--model", "--input", "--output", "--batch-size", "--overwrite"):
+    for flag in ("--export", "--input", "--output", "--batch-size", "--overwrite"):
         assert flag in out.stdout
 
 

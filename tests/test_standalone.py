@@ -409,7 +409,7 @@ def test_allreduce_training_from_files_then_predict_on_the_cluster(
         "--master",
         cluster["SPARK_MASTER_URL"],
         "jobs/predict.py",
-        "--model",
+        "--export",
         export,
         "--input",
         storage.join(mnist_on_cluster["data"], "test"),

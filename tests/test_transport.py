@@ -53,10 +53,10 @@ def test_a_profile_without_them_gets_them_unless_the_user_turns_one_off(clean_en
     bare.write_text("spark.master  yarn\nspark.executor.instances 1\n")
     conf = spark.session_conf(str(bare))
     assert {key: conf[key] for key in PROTECTED} == PROTECTED
-    argv = command_line(tmp_path, str(bare), "predict", "--model", "m")
+    argv = command_line(tmp_path, str(bare), "predict", "--export", "m")
     assert all(f"{key}=true" in argv for key in PROTECTED)
     off = ("--conf", "spark.authenticate=false")
-    argv = command_line(tmp_path, str(bare), *off, "predict", "--model", "m")
+    argv = command_line(tmp_path, str(bare), *off, "predict", "--export", "m")
     assert "spark.authenticate=true" not in argv and "spark.authenticate=false" in argv
     assert "spark.network.crypto.enabled=true" in argv
     assert "--extra-properties-file" not in argv  # YARN makes its secret itself
@@ -79,7 +79,7 @@ def test_standalone_gets_the_cluster_secret_in_a_private_file_never_on_the_comma
     scratch = tmp_path / "scratch"
     scratch.mkdir(mode=0o700)
     argv, _ = submit.build(
-        submit.parse(["--profile", "standalone", "--conf", closed, "predict", "--model", "m"]),
+        submit.parse(["--profile", "standalone", "--conf", closed, "predict", "--export", "m"]),
         scratch,
     )
     assert secret not in " ".join(argv)

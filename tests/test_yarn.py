@@ -181,7 +181,7 @@ def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark
     output = hdfs.fresh("yarn-predictions")
     run, app = yarn.submit(
         "jobs/predict.py",
-        *("--model", model_dir, "--input", storage.join(mnist_hdfs, "test", "parquet")),
+        *("--export", model_dir, "--input", storage.join(mnist_hdfs, "test", "parquet")),
         *("--output", output),
         spark_options=("--num-executors", "1"),
     )
@@ -264,7 +264,7 @@ def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, tmp_pa
     output = hdfs.fresh("yarn-ship-env-predictions")
     run, app = yarn.submit(
         "jobs/predict.py",
-        *("--model", model_dir, "--input", storage.join(mnist_hdfs, "test", "parquet")),
+        *("--export", model_dir, "--input", storage.join(mnist_hdfs, "test", "parquet")),
         *("--output", output),
         spark_options=("--ship-env", "--num-executors", "1"),
     )
