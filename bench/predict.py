@@ -228,7 +228,7 @@ def single_process(model_dir: str, table: str, shape, batch_size: int):
             classes.append(out["classes"].numpy())
             scores.append(out["scores"].numpy())
         _ = root  # keep the variables alive with the function
-        # The same result as the Spark variants: id, prediction, probabilities per row.
+        # The same result as the Spark variants: id, prediction, probability per row.
         result = (ids, np.concatenate(classes), np.concatenate(scores))
         return len(result[1])
 
@@ -257,14 +257,14 @@ def make_batch_udf(model_dir: str, batch_size: int, shape: tuple[int, ...]):
             batch = decode_npy(images.reshape(-1), shape)
             out = fn(images=tf.constant(batch))
             _ = root  # keep the variables alive with the function
-            return {"prediction": out["classes"].numpy(), "probabilities": out["scores"].numpy()}
+            return {"prediction": out["classes"].numpy(), "probability": out["scores"].numpy()}
 
         return predict
 
     return_type = T.StructType(
         [
             T.StructField("prediction", T.LongType()),
-            T.StructField("probabilities", T.ArrayType(T.FloatType())),
+            T.StructField("probability", T.ArrayType(T.FloatType())),
         ]
     )
     return predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size)
