@@ -129,11 +129,7 @@ class BoundedHTTPServer(SelectorServer):
     def _finish(self, sock: socket.socket) -> None:
         with self._busy_lock:
             self._busy.discard(sock)
-        self.table.remove(sock)
-        try:
-            sock.close()
-        except OSError:
-            pass
+        self.close_connection(sock)  # handed over: no longer in the loop's connections
 
     # -- shutting down -------------------------------------------------------------------
 
