@@ -186,6 +186,7 @@ def yarn_site() -> dict[str, str]:
 # ----------------------------------------------------------------------------- work directories
 
 SPARK_HOME_ENV = "SPARK_HOME"
+_LOCAL_HOMES = "spark-home"  # under $SPARKTF_HOME: one local Spark home per real one
 
 
 def installed_spark_home() -> Path:
@@ -208,7 +209,7 @@ def local_spark_home(real: Path | None = None) -> Path:
     :func:`remove_work_dir` removes an application's when it ends."""
     real = (real or installed_spark_home()).resolve()
     digest = hashlib.sha256(str(real).encode()).hexdigest()[:12]
-    home = paths.state_dir("spark-home") / digest
+    home = paths.state_dir(_LOCAL_HOMES) / digest
     home.mkdir(exist_ok=True, mode=0o700)
     (home / "work").mkdir(exist_ok=True, mode=0o700)
     for entry in real.iterdir():
@@ -229,15 +230,15 @@ def use_local_spark_home(master: str, env: MutableMapping[str, str] = os.environ
     if not master.strip().startswith("local-cluster"):
         return
     current = env.get(SPARK_HOME_ENV)
-    if current and not _is_local_spark_home(Path(current)):
-        if Path(current).resolve() != installed_spark_home().resolve():
-            return  # the user's own Spark: left alone
+    theirs = current and not _is_local_spark_home(Path(current))
+    if theirs and Path(current).resolve() != installed_spark_home().resolve():
+        return  # the user's own Spark: left alone
     env[SPARK_HOME_ENV] = str(local_spark_home())
 
 
 def _is_local_spark_home(path: Path) -> bool:
     try:
-        return path.resolve().parent == (paths.home() / "spark-home").resolve()
+        return path.resolve().parent == (paths.home() / _LOCAL_HOMES).resolve()
     except OSError:
         return False
 

@@ -31,16 +31,15 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from sparktf import scratch
 from sparktf.errors import SparktfError
+from sparktf.ports import free_port
 from sparktf.train.feed.chunks import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.main import EXIT_ABORTED
@@ -63,7 +62,7 @@ __all__ = [
 log = logging.getLogger("sparktf.train.process.launcher")
 
 
-QUEUES = ("input", "output", "error")  # each node's manager queues (the spark input mode's)
+QUEUES = ("input",)  # each node's manager queues: the spark input mode's chunks
 
 
 class NodeFailed(SparktfError, RuntimeError):
@@ -123,9 +122,7 @@ def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
     _MANAGER[:] = [TFManager.start(authkey, list(QUEUES), "local")]  # a Unix socket
     mgr = _MANAGER[0]
     mgr.set("state", "running")
-    with socket.socket() as probe:  # the TensorFlow server's port, free now
-        probe.bind(("", 0))
-        port = probe.getsockname()[1]
+    port = free_port("")  # the TensorFlow server's (it listens on every interface)
     node = {
         "executor_id": executor_id,
         "host": util.get_ip_address(),
@@ -160,16 +157,8 @@ def run_node(setup: NodeSetup, executor_ids: Iterator[int]) -> None:
 
     # The task returns and frees the executor's slot for the feeding tasks; the process
     # keeps the node, and a failure is told to the driver by run_child.
-    process = multiprocessing.Process(target=_run_behind, args=(setup, ctx), daemon=False)
+    process = multiprocessing.Process(target=tfos_main, args=(setup, ctx), daemon=False)
     process.start()
-
-
-def _run_behind(setup: NodeSetup, ctx: NodeContext) -> None:
-    try:
-        tfos_main(setup, ctx)
-    except Exception:
-        ctx.mgr.get_queue("error").put(traceback.format_exc())
-        raise
 
 
 def _assign_gpus(num_gpus: int, ctx: NodeContext) -> None:
@@ -186,17 +175,13 @@ def _assign_gpus(num_gpus: int, ctx: NodeContext) -> None:
     elif num_gpus > 0:
         from tensorflowonspark import gpu_info
 
-        mine = f"{_host_of(ctx)}:"
-        peers = [n for n in ctx.cluster_info if f"{n['host']}:" == mine]
-        index = [n["executor_id"] for n in peers].index(ctx.executor_id)
+        host = next(n["host"] for n in ctx.cluster_info if n["executor_id"] == ctx.executor_id)
+        peers = [n["executor_id"] for n in ctx.cluster_info if n["host"] == host]
+        index = peers.index(ctx.executor_id)  # this process's place among its host's
         gpus = gpu_info.get_gpus(num_gpus, index, format=gpu_info.AS_LIST)
         if len(gpus) < num_gpus:
             raise NodeFailed(f"executor {ctx.executor_id}: {num_gpus} GPU(s) asked, {gpus} free")
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-
-
-def _host_of(ctx: NodeContext) -> str:
-    return next(n["host"] for n in ctx.cluster_info if n["executor_id"] == ctx.executor_id)
 
 
 def tfos_main(setup: NodeSetup, ctx: NodeContext) -> None:
