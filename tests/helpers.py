@@ -93,6 +93,15 @@ def remove_local_copy(fingerprint: str) -> None:
         os.remove(copy + ".lock")
 
 
+def listening(pid: int | None = None) -> set:
+    """The addresses (psutil ``laddr``: ``ip``, ``port``) on which process ``pid`` (this one by
+    default) listens."""
+    import psutil
+
+    connections = psutil.Process(pid).net_connections("inet")
+    return {c.laddr for c in connections if c.status == psutil.CONN_LISTEN}
+
+
 def node_processes() -> list[str]:
     """TensorFlow processes of sparktf still running (there must be none after a run)."""
     out = subprocess.run(

@@ -31,6 +31,7 @@ from sparktf.ports import free_port
 from sparktf.security import redact
 from sparktf.train.wire import reservation
 from sparktf.train.wire.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
+from tests import helpers
 
 pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
 
@@ -103,13 +104,7 @@ def refused(addr: tuple[str, int]) -> bool:
 def listens(port: int) -> set[str]:
     """The addresses on which this process listens on ``port`` (its own sockets only: another
     service may hold the same port number on another interface, or take it in the meantime)."""
-    import psutil
-
-    return {
-        c.laddr.ip
-        for c in psutil.Process().net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
-    }
+    return {addr.ip for addr in helpers.listening() if addr.port == port}
 
 
 def rejections(caplog, what: str) -> list[str]:
@@ -278,7 +273,6 @@ def test_a_node_joins_with_the_authenticated_client_and_a_private_manager(
     TensorFlowOnSpark replaced, and no authkey in a log line."""
     import logging
 
-    import psutil
     from tensorflowonspark import TFManager as tfos_manager  # noqa: N813 (a module)
 
     from sparktf.train.process import launcher
@@ -293,11 +287,7 @@ def test_a_node_joins_with_the_authenticated_client_and_a_private_manager(
     )
     srv.start()
 
-    def listening(pid: int) -> set:
-        connections = psutil.Process(pid).net_connections("inet")
-        return {c.laddr for c in connections if c.status == psutil.CONN_LISTEN}
-
-    inherited = listening(os.getpid())  # a forked manager holds this process's sockets too
+    inherited = helpers.listening()  # a forked manager holds this process's sockets too
     try:
         setup = launcher.NodeSetup(
             secret=secret, server_addr=srv.address, template={"chief": [3]}, spec=None
@@ -313,7 +303,7 @@ def test_a_node_joins_with_the_authenticated_client_and_a_private_manager(
         assert (tmp_path / "executor_id").read_text() == "3"
         assert isinstance(ctx.mgr.address, str)  # a Unix socket, in a private directory
         assert os.stat(os.path.dirname(ctx.mgr.address)).st_mode & 0o077 == 0
-        assert listening(ctx.mgr._process.pid) <= inherited  # no listener of its own
+        assert helpers.listening(ctx.mgr._process.pid) <= inherited  # no listener of its own
         assert str(ctx.mgr.get("state")) == "'running'"
         assert (tfos_reservation.Client, tfos_manager.TFManager, tfos_manager.start) == originals
         for form in redact.secret_forms(ctx.authkey) | redact.secret_forms(secret):

@@ -532,9 +532,7 @@ def test_hdfs_with_two_datanodes_spreads_files_and_stops_cleanly(tmp_path, monke
                 break
             time.sleep(0.5)
         assert len(counts) == 2 and min(counts) > 0 and sum(counts) >= len(data), counts
-        listening = {
-            c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"
-        }
+        listening = {addr.ip for addr in helpers.listening(pid)}
         assert listening == {"127.0.0.1"}  # NameNode and both DataNodes: loopback only
     finally:
         helpers.run_command([HDFS_SH, "stop", *args], timeout=120)
