@@ -103,6 +103,10 @@ def test_archive_runs_where_unpacked(venv, tmp_path, fmt):
     (pyspark / "jars").mkdir(parents=True)
     (pyspark / "__init__.py").write_text("")
     (pyspark / "jars" / "spark-core.jar").write_bytes(b"jar")
+    tensorflow = site_packages(venv) / "tensorflow"
+    (tensorflow / "include" / "tensorflow").mkdir(parents=True)
+    (tensorflow / "__init__.py").write_text("")
+    (tensorflow / "include" / "tensorflow" / "op.h").write_text("// header")
     archive = shipenv.pack(tmp_path / "cache", venv, fmt=fmt)
     assert archive.name.endswith(f".{fmt}")
     with tarfile.open(archive) as tar:
@@ -110,6 +114,8 @@ def test_archive_runs_where_unpacked(venv, tmp_path, fmt):
     assert f"lib/{PY}/site-packages/foo/__init__.py" in names
     assert f"lib/{PY}/site-packages/pyspark/__init__.py" in names
     assert not any("pyspark/jars" in n for n in names), "Spark's jars are executor-side"
+    assert f"lib/{PY}/site-packages/tensorflow/__init__.py" in names
+    assert not any("tensorflow/include" in n for n in names), "headers build ops, never run"
 
     # As on an executor: unpacked under ./environment, the original venv gone.
     work = tmp_path / "container"

@@ -262,9 +262,8 @@ def test_cluster_is_private_on_loopback_and_starts_once(cluster):
     jvms = cluster_jvms(directory)
     assert len(jvms) == 4  # master + 3 workers
     for pid in jvms:  # every port the daemons listen on is on loopback
-        for conn in psutil.Process(pid).net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN:
-                assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), conn
+        for addr in helpers.listening(pid):
+            assert addr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), (pid, addr)
 
     # the shared secret: private files only, on no daemon's command line
     secret = (directory / "secret.conf").read_text().split("spark.authenticate.secret")[1]

@@ -130,7 +130,7 @@ def test_start_writes_yarn_site_and_a_second_start_is_harmless(yarn):
         metrics = json.load(r)["clusterMetrics"]
     assert metrics["activeNodes"] == 1 and metrics["totalMB"] >= 8192
     # Every port of the cluster listens on loopback only.
-    ports = [c.laddr for c in psutil.Process(yarn.pid).net_connections() if c.status == "LISTEN"]
+    ports = helpers.listening(yarn.pid)
     assert ports and all(addr.ip == "127.0.0.1" for addr in ports), ports
 
     again = _start(yarn.args)

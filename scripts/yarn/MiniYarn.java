@@ -8,12 +8,23 @@
 // the NodeManager has registered, then runs until killed; a SIGTERM stops the NodeManager
 // (and with it every container) and the ResourceManager.
 import java.io.File;
+import java.io.IOException;
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
+import java.net.URI;
+import java.net.URISyntaxException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.StandardCopyOption;
+import java.nio.file.attribute.PosixFilePermissions;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.ChecksumFs;
+import org.apache.hadoop.fs.DelegateToFileSystem;
+import org.apache.hadoop.fs.FsServerDefaults;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.RawLocalFileSystem;
+import org.apache.hadoop.fs.local.LocalConfigKeys;
+import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.yarn.conf.YarnConfiguration;
 import org.apache.hadoop.yarn.server.MiniYARNCluster;
 import org.apache.hadoop.yarn.server.resourcemanager.ResourceManager;
@@ -58,6 +69,10 @@ public class MiniYarn {
     System.setProperty("test.build.data", base.getPath());
 
     Configuration conf = new YarnConfiguration();
+    // The NodeManager's local file system (FileContext) sets permissions through Java NIO: see
+    // NioLocalFs. The class is looked up by name, so through this program's class loader.
+    conf.setClassLoader(MiniYarn.class.getClassLoader());
+    conf.set("fs.AbstractFileSystem.file.impl", NioLocalFs.class.getName());
     // Our addresses, not the minicluster's "localhost:0" ones; port 0 still means a free port.
     conf.setBoolean(YarnConfiguration.YARN_MINICLUSTER_FIXED_PORTS, true);
     conf.set(YarnConfiguration.RM_HOSTNAME, "127.0.0.1");
@@ -160,5 +175,65 @@ public class MiniYarn {
     Field shared = GuiceFilter.class.getDeclaredField("pipeline");
     shared.setAccessible(true);
     shared.set(null, injected.get(filter));
+  }
+
+  /**
+   * Hadoop's local file system as the NodeManager's FileContext uses it, but setting a
+   * permission with one system call, as Hadoop's native library does on a real cluster. The
+   * Maven jars carry no native library, and without it Hadoop forks {@code chmod} once per
+   * file: a NodeManager localizing a shipped Python environment (44,000 files) spent 160 s
+   * there. Same permissions, same checks; only the fork is gone.
+   */
+  public static final class NioLocalFs extends ChecksumFs {
+    public NioLocalFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
+      super(new NioRawLocalFs(uri, conf));
+    }
+  }
+
+  /** Hadoop's RawLocalFs (whose constructors are package-private) over NioRawLocalFileSystem. */
+  public static final class NioRawLocalFs extends DelegateToFileSystem {
+    public NioRawLocalFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
+      super(uri, new NioRawLocalFileSystem(), conf, "file", false);
+    }
+
+    @Override
+    public int getUriDefaultPort() {
+      return -1;
+    }
+
+    @Override
+    public FsServerDefaults getServerDefaults(Path f) throws IOException {
+      return LocalConfigKeys.getServerDefaults();
+    }
+
+    @Override
+    @Deprecated
+    public FsServerDefaults getServerDefaults() throws IOException {
+      return LocalConfigKeys.getServerDefaults();
+    }
+
+    @Override
+    public boolean isValidName(String src) {
+      return true;
+    }
+  }
+
+  /** RawLocalFileSystem whose setPermission is a chmod system call, not a forked chmod. */
+  public static final class NioRawLocalFileSystem extends RawLocalFileSystem {
+    @Override
+    public void setPermission(Path p, FsPermission permission) throws IOException {
+      String bits = String.format("%03o", permission.toShort() & 0777);
+      if ((permission.toShort() & ~0777) != 0) {  // setuid, setgid, sticky: Hadoop's own way
+        super.setPermission(p, permission);
+        return;
+      }
+      StringBuilder text = new StringBuilder();
+      for (char digit : bits.toCharArray()) {
+        int d = digit - '0';
+        text.append((d & 4) != 0 ? 'r' : '-').append((d & 2) != 0 ? 'w' : '-')
+            .append((d & 1) != 0 ? 'x' : '-');
+      }
+      Files.setPosixFilePermissions(pathToFile(p).toPath(), PosixFilePermissions.fromString(text.toString()));
+    }
   }
 }

@@ -11,9 +11,11 @@ with its interpreter::
 
 What is packed: every file of the prefix but the Spark jars of its ``pyspark``
 (``site-packages/pyspark/jars``, hundreds of MB: executors run Spark's own JVM, with jars from the
-cluster's Spark or ``spark.yarn.jars``, never the Python package's) and venv-pack's own
-exclusions (``activate`` scripts, replaced by relocatable ones). ``__pycache__`` stays: without
-it every Python worker would compile the modules it imports (TensorFlow's thousands) again.
+cluster's Spark or ``spark.yarn.jars``, never the Python package's), TensorFlow's C++ headers
+(``site-packages/tensorflow/include``: for building custom ops, never read by a running
+TensorFlow) and venv-pack's own exclusions (``activate`` scripts, replaced by relocatable
+ones). ``__pycache__`` stays: without it every Python worker would compile the modules it
+imports (TensorFlow's thousands) again.
 
 The archive is built under a temporary name in the cache directory and renamed into place
 when complete, so a killed pack never leaves a partial archive under the final name; one pack
@@ -71,8 +73,13 @@ log = logging.getLogger(__name__)
 FORMATS = ("tar", "tar.gz")
 # "tar.gz": the one format every cluster manager unpacks with its links (see above).
 DEFAULT_FORMAT = "tar.gz"
-# Paths (relative to the prefix, fnmatch patterns) that executors never use.
-EXCLUDES = ("lib/python*/site-packages/pyspark/jars/*",)
+# Paths (relative to the prefix, fnmatch patterns) that executors never use: Spark's jars (the
+# executors' JVM has its own) and TensorFlow's C++ headers (for compiling custom ops: 430 MB,
+# 18,000 of the venv's 44,000 files, each one unpacked and chmod-ed on every node).
+EXCLUDES = (
+    "lib/python*/site-packages/pyspark/jars/*",
+    "lib/python*/site-packages/tensorflow/include/*",
+)
 # gzip level of "tar.gz": 1 packs markedly faster than venv-pack's default 4 for an archive
 # slightly larger (docs/performance.md).
 COMPRESS_LEVEL = 1
