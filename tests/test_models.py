@@ -824,7 +824,10 @@ def check_averages(task, model, optimizer, history, decay):
     assert len(exported) == len(average) == len(model.trainable_weights) == len(model.weights)
     for got, want in zip(exported, average):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert not np.allclose(exported[0], model.get_weights()[0])
+    # the averages are not the last weights (any weight: a layer whose ReLUs are all dead
+    # for the random batches keeps its kernel, and its average equals it)
+    current = model.get_weights()
+    assert not all(np.allclose(e, w) for e, w in zip(exported, current))
 """
 
 _MIRRORED_SCRIPT = (
