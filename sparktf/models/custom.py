@@ -96,6 +96,7 @@ __all__ = [
     "CustomModel",
     "config_from_dataset",
     "custom_model",
+    "dumps_by_value",
     "install_payload",
     "module_task_class",
     "plan_payload",
@@ -625,10 +626,18 @@ def plan_payload(name: str) -> bytes | None:
     spec = _REGISTERED.get(name)
     if spec is None:
         return None
+    return dumps_by_value((name, spec), [spec.build_fn, spec.loss])
+
+
+def dumps_by_value(obj: Any, functions: list[Any]) -> bytes:
+    """``obj`` pickled with cloudpickle, the modules that define ``functions`` pickled by
+    value with it (a user's module, not sparktf's, Keras's or TensorFlow's; ``__main__`` is
+    by value anyway), so a process that has not that module can load it. The modules the
+    functions import still travel by name."""
     import cloudpickle
 
     modules = set()
-    for fn in (spec.build_fn, spec.loss):
+    for fn in functions:
         module = getattr(fn, "__module__", None)
         if (
             callable(fn)
@@ -646,7 +655,7 @@ def plan_payload(name: str) -> bytes | None:
                 added.append(module)
             except ValueError:  # already by value
                 pass
-        return cloudpickle.dumps((name, spec))
+        return cloudpickle.dumps(obj)
     finally:
         for module in added:
             cloudpickle.unregister_pickle_by_value(sys.modules[module])

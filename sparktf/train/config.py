@@ -620,8 +620,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What :func:`sparktf.train.fit` returns. ``elapsed_s`` and ``time_to_first_step_s``
-    (to the end of the chief's first step) count from the call of ``fit``."""
+    """What :func:`sparktf.train.fit` and :func:`sparktf.train.run` return. ``elapsed_s``
+    and ``time_to_first_step_s`` (to the end of the chief's first step) count from the call."""
 
     model_dir: str
     start_step: int
@@ -645,6 +645,10 @@ class TrainResult:
     # spark input mode: rows fed to each training process (by node key), one number per process
     fed_rows: dict[str, int] | None = None
     mlflow_run_id: str | None = None  # TrackingConfig.mlflow_tracking_uri: the MLflow run
+    # sparktf.train.run: what the chief's train_fn returned (JSON data), and the chief's
+    # reports in order ({"n", "step", "metrics", "checkpoint"?}) across restarts
+    value: Any = None
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The result as plain data (JSON-able)."""

@@ -123,6 +123,12 @@ class RunPlan:
     # a model entered by sparktf.models.register in the driver: its registration, pickled
     # by value (sparktf.models.custom.plan_payload); each TensorFlow process installs it
     custom_model: bytes | None = None
+    # sparktf.train.run: the user's (train_fn, config), pickled by value; each training
+    # process runs it instead of the built-in loop (the other fields then describe the run
+    # only: no model of the registry)
+    function: bytes | None = None
+    resume_checkpoint: str | None = None  # run(): the last checkpoint reported, on a restart
+    attempt: int = 0  # run(): 0, then one more after each restart
 
     @property
     def eval_every_steps(self) -> int:

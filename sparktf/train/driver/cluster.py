@@ -73,9 +73,17 @@ class ClusterRun:
     """One run's TensorFlow cluster. Use as a context manager: ``with ClusterRun(...) as c:
     result = c.start().wait()``; leaving the block always takes everything down."""
 
-    def __init__(self, spark, plan: RunPlan, *, bench: BenchOptions | None = None):
+    def __init__(
+        self,
+        spark,
+        plan: RunPlan,
+        *,
+        bench: BenchOptions | None = None,
+        watch_steps: bool = True,
+    ):
         self.spark = spark
         self.plan = plan
+        self.watch_steps = watch_steps  # False: a user's function (see RunMonitor)
         self.bench = bench or BenchOptions()
         self.control: ControlServer | None = None
         self.roles: dict[str, Role] = {}
@@ -159,8 +167,16 @@ class ClusterRun:
             started=self._started,
             first_error=self._first_error,
             checks=checks,
+            watch_steps=self.watch_steps,
         )
         return self
+
+    def chief_reports(self) -> list[dict]:
+        """What the chief's function reported (``sparktf.train.report``), in order."""
+        if self.control is None or not self.roles:
+            return []
+        node = self.control.snapshot().get(roles_lib.chief_key(self.roles))
+        return list(node.reports) if node is not None else []
 
     def _issue_token(self, meta: dict) -> str:
         """The control token of the TensorFlow process of a registering node."""

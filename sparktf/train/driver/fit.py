@@ -24,7 +24,7 @@ from sparktf.train.driver.cluster import ClusterRun
 from sparktf.train.plan import RunPlan, plan_run
 from sparktf.train.result import ProcessResult, ResultRejected
 
-__all__ = ["fit", "gpu_spark_conf"]
+__all__ = ["fit", "gpu_spark_conf", "session_for"]
 
 log = logging.getLogger("sparktf.train")
 
@@ -115,7 +115,7 @@ def _run(
     fit() was called (the result's times count from there)."""
     train, run = plan.train, plan.run
     scratch.sweep()  # scratch of earlier runs' processes on this machine that are gone
-    spark = _session(plan, spark)
+    spark = session_for(plan, spark)
     storage.makedirs(run.model_dir)
     resumed = artifacts.latest_checkpoint_step(run.model_dir)
     log.info(
@@ -161,7 +161,7 @@ def _run(
     return out
 
 
-def _session(plan: RunPlan, spark):
+def session_for(plan: RunPlan, spark):
     """``spark``, or a new session with the GPU settings of the plan; checks its settings."""
     train = plan.train
     if spark is None:

@@ -16,6 +16,8 @@ and evaluations. It fails the run (asks every process to abort, raises
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +71,7 @@ class RunMonitor:
         started: float,
         first_error: FirstError,
         checks: Sequence[Check] = (),
+        watch_steps: bool = True,
     ):
         self.run = run
         self.control = control
@@ -76,6 +79,9 @@ class RunMonitor:
         self.started = started
         self.first_error = first_error
         self.checks = list(checks)
+        # the start-up and stall deadlines read the built-in loop's steps; a user's function
+        # (sparktf.train.run) reports when it likes, so only its heartbeats are watched
+        self.watch_steps = watch_steps
 
     def wait(self, *, all_nodes: bool = False) -> dict:
         """Blocks until the chief is done (returns its result) or the run fails.
@@ -90,7 +96,7 @@ class RunMonitor:
         chief_key = roles_lib.chief_key(self.roles)
         watch = ProgressWatch(self.run, roles_lib.training_keys(self.roles))
         last_log = 0.0
-        logged_evals = 0
+        logged_evals = logged_reports = 0
         while True:
             self.control.wait(0.5)
             now = time.monotonic()
@@ -99,6 +105,11 @@ class RunMonitor:
                 values = ", ".join(f"{k} {v:.4g}" for k, v in evaluation.items() if k != "step")
                 log.info("evaluation at step %d: %s", evaluation["step"], values)
             logged_evals = len(nodes[chief_key].evals)
+            for entry in nodes[chief_key].reports[logged_reports:]:
+                values = ", ".join(f"{k} {v:.4g}" for k, v in entry["metrics"].items())
+                saved = f" (checkpoint {entry['checkpoint']})" if entry.get("checkpoint") else ""
+                log.info("report %d: %s%s", entry["n"], values, saved)
+            logged_reports = len(nodes[chief_key].reports)
             self._check_errors(now)
             if all_nodes:
                 if all(nodes[k].done is not None for k in self.roles if k in nodes):
@@ -106,12 +117,13 @@ class RunMonitor:
             elif nodes[chief_key].done is not None:
                 return nodes[chief_key].done
             self._check_alive(nodes, now)
-            stalled = watch.update(nodes, chief_key, now)
+            stalled = watch.update(nodes, chief_key, now) if self.watch_steps else None
             if stalled:
                 self._fail(stalled)
             progress = nodes[chief_key].progress
             if (
                 progress.get("step") is not None
+                and self.watch_steps
                 and now - last_log >= self.run.tracking.progress_every_s
             ):
                 last_log = now
@@ -159,6 +171,9 @@ class RunMonitor:
         the TensorFlow task names in its message."""
         name = self.roles[key].name if key in self.roles else key
         message = f"{name} ({key}) failed: {err.get('type')}: {err.get('message')}"
+        where = innermost_frame(err.get("traceback") or "")
+        if where:
+            message += f" (at {where})"
         nodes = self.control.snapshot()
         named = []
         for task, task_key in roles_lib.name_tf_tasks(message, self.roles):
@@ -172,6 +187,22 @@ class RunMonitor:
         log.error("%s", message)
         self.control.request_abort(message)
         raise TrainingError(message)
+
+
+_SPARKTF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/"
+
+
+def innermost_frame(traceback_text: str) -> str | None:
+    """``FILE:LINE in FUNCTION`` of the innermost frame of a formatted traceback that is the
+    user's code (not an installed package's, Python's, nor sparktf's own); None when there is
+    none (an error of sparktf or a library names its place in its own message)."""
+    frames = re.findall(r'^\s*File "([^"]+)", line (\d+), in (\S+)', traceback_text, re.M)
+    library = ("site-packages", "dist-packages", "/lib/python", _SPARKTF_DIR)
+    own = [f for f in frames if not any(part in f[0] for part in library)]
+    if not own:
+        return None
+    path, line, function = own[-1]
+    return f"{path}:{line} in {function}"
 
 
 def await_goodbyes(control: ControlServer, keys: Sequence[str], deadline: float) -> None:

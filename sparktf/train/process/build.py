@@ -23,7 +23,7 @@ from sparktf.train.plan import Role, RunPlan
 from sparktf.train.process import warmstart
 from sparktf.train.process.steps import AllReduceStep, ParameterServerStep
 
-__all__ = ["Built", "build_training"]
+__all__ = ["Built", "build_training", "make_strategy"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def build_training(
         # Only intra-op: distributed runtimes need several inter-op threads (a
         # parameter-server step with one inter-op thread deadlocks).
         tf.config.threading.set_intra_op_parallelism_threads(plan.scaling.threads_per_worker)
-    strategy, coordinator = _strategy(tf, plan, role)
+    strategy, coordinator = make_strategy(tf, plan, role)
     with_strategy()
     with strategy.scope():
         with models.precision_policy(task.config["precision"]):
@@ -92,7 +92,7 @@ def build_training(
     return Built(model, optimizer, global_step, stepper, start_step, restored)
 
 
-def _strategy(tf, plan: RunPlan, role: Role):
+def make_strategy(tf, plan: RunPlan, role: Role):
     """The strategy from TF_CONFIG, and the chief's coordinator under ps."""
     if role.strategy == "ps":
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()

@@ -165,6 +165,12 @@ def main(argv: list[str]) -> None:
             preload.join()
         if not role.trains:
             serve(role, control)
+        elif spec.plan.function is not None:  # sparktf.train.run: the user's function
+            from sparktf.train.process.function import run_function
+
+            control.send("done" if role.is_chief else "finished", run_function(spec, role, control))
+            if not role.is_chief:
+                control.wait_for_stop()
         elif spec.consume_only:  # bench/feed.py: the feed without TensorFlow
             control.send("done" if role.is_chief else "finished", consume_feed(spec, role, control))
             control.wait_for_stop()

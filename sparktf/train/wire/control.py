@@ -10,6 +10,8 @@ beat      heartbeat every second with the node's latest progress (step, loss, ..
 peek      a feeding task asks for the flags only (no node state)
 eval      the chief evaluated during training: the step and its metrics (the driver logs
           each one and keeps them for the result's history)
+report    a user's training function called ``sparktf.train.report``: its metrics and,
+          from the chief, the checkpoint it published (kept in order for the result)
 error     the node failed: exception type, message and traceback tail
 done      the chief finished the run: its final result (no other process may send it)
 finished  a process other than the chief finished its part (its own report)
@@ -112,6 +114,7 @@ class NodeState:
     error: dict | None = None
     bye: bool = False
     evals: list = field(default_factory=list)  # the chief's evaluations, in order
+    reports: list = field(default_factory=list)  # sparktf.train.report()s, in order
     pid: int | None = None
     host: str | None = None
 
@@ -294,6 +297,8 @@ class ControlServer:
                     node.progress = data["progress"]
             elif event == "eval":
                 node.evals.append(data)
+            elif event == "report":
+                node.reports.append(data)
             elif event == "bye":
                 node.bye = True
             plan = self.plans.get(key)
@@ -339,7 +344,8 @@ class ControlServer:
     def snapshot(self) -> dict[str, NodeState]:
         with self._lock:
             return {
-                k: NodeState(**{**vars(v), "evals": list(v.evals)}) for k, v in self.nodes.items()
+                k: NodeState(**{**vars(v), "evals": list(v.evals), "reports": list(v.reports)})
+                for k, v in self.nodes.items()
             }
 
     def wait(self, timeout: float) -> None:

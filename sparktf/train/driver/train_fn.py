@@ -1,0 +1,244 @@
+"""Your own training function on the cluster: :func:`run`.
+
+``run(train_fn, scaling, run)`` starts the same gang-scheduled TensorFlow cluster as
+:func:`~sparktf.train.driver.fit.fit` (TensorFlowOnSpark's barrier stage, the authenticated
+control channel, ``TF_CONFIG``, the restarts of ``FailureConfig.max_restarts``, nothing left
+running) and runs ``train_fn(config)`` in every process that trains: every worker under
+all-reduce, the chief (the coordinator) under ps, while the other ps processes serve. The
+function finds its place, strategy and data with :func:`sparktf.train.get_context` and
+reports with :func:`sparktf.train.report` (:mod:`sparktf.train.process.context`).
+
+``train_fn`` and ``config`` travel pickled by value (cloudpickle) inside the run's plan, as a
+registered model does: what they use from their own module goes with them, while the modules
+they import (keras, numpy, your installed packages) must be importable on the executors.
+
+Importing this module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sparktf import paths, scratch, storage
+from sparktf.datasets import formats
+from sparktf.train.config import (
+    ConfigError,
+    RunConfig,
+    ScalingConfig,
+    TrainConfig,
+    TrainingError,
+    TrainResult,
+)
+from sparktf.train.driver import tracking
+from sparktf.train.driver.cluster import ClusterRun
+from sparktf.train.driver.fit import session_for
+from sparktf.train.plan import DataInfo, RunPlan, describe_data
+from sparktf.train.result import within
+
+__all__ = ["run"]
+
+log = logging.getLogger("sparktf.train")
+
+
+def run(
+    train_fn: Callable[..., Any],
+    scaling: ScalingConfig | None = None,
+    run: RunConfig | None = None,
+    *,
+    config: Any = None,
+    data: str | None = None,
+    spark=None,
+) -> TrainResult:
+    """Runs ``train_fn(config)`` (``train_fn()`` when it takes no argument) in every
+    training process of a TensorFlow cluster on Spark's executors; returns when the chief's
+    call has returned.
+
+    Parameters:
+        train_fn: the training function (see :mod:`sparktf.train.process.context` for what
+            it sees); Keras 3 ``model.fit`` works in it under all-reduce
+            (:mod:`sparktf.train.process.keras_fit`).
+        scaling: the strategy and its processes (default ``ScalingConfig()``: all-reduce
+            over two); under ps the chief runs ``train_fn`` with the strategy's coordinator.
+        run: the model directory (``get_context().model_dir``: where reported checkpoints
+            and the TensorBoard events go) and the failure settings: with
+            ``failure.max_restarts`` a failed attempt is run again, its ``train_fn`` given the
+            last checkpoint it reported. Default: a new directory under the scratch space.
+        config: anything picklable, handed to ``train_fn``.
+        data: a dataset directory written by :mod:`sparktf.datasets.conversion` (local or
+            ``hdfs://``) that ``get_context().dataset(split, batch_size=...)`` reads.
+        spark: the SparkSession (default ``sparktf.spark.get_session``); it must have
+            ``scaling.num_executors`` executors.
+
+    Returns:
+        A :class:`~sparktf.train.config.TrainResult` whose ``value`` is what the chief's
+        ``train_fn`` returned (JSON data), ``history`` its reports, ``metrics`` the last
+        report's, ``last_checkpoint`` the last checkpoint reported, ``restarts`` the
+        attempts that failed.
+
+    Raises:
+        ConfigError: settings that cannot work, before anything starts (a ``train_fn`` or
+            ``config`` that cannot be pickled); ``data`` without a manifest raises what
+            :func:`sparktf.datasets.formats.load_manifest` raises.
+        TrainingError: ``train_fn`` raised (the message names the exception, its message and
+            the file and line it came from) or a process failed, after the restarts.
+    """
+    started = (time.time(), time.monotonic())
+    scaling = scaling or ScalingConfig()
+    if run is None:  # a directory of its own, kept: the reports' checkpoints are there
+        name = getattr(train_fn, "__name__", "train_fn").strip("<>") or "train_fn"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run = RunConfig(model_dir=str(paths.state_dir("runs") / f"{name}-{stamp}-{os.getpid()}"))
+    run = dataclasses.replace(run, model_dir=storage.parse(run.model_dir).uri)
+    plan = plan_function(train_fn, scaling, run, config=config, data=data)
+    with tracking.track(plan) as tracker:
+        out = _run(plan, spark, tracker, started)
+        tracker.finish(out)
+    return out
+
+
+def plan_function(
+    train_fn: Callable[..., Any],
+    scaling: ScalingConfig,
+    run: RunConfig,
+    *,
+    config: Any = None,
+    data: str | None = None,
+) -> RunPlan:
+    """The plan of a function run: ``train_fn`` and ``config`` pickled by value, the dataset
+    described when given (see :func:`run` for what it raises)."""
+    from sparktf.models import custom
+
+    if not callable(train_fn):
+        raise ConfigError(f"run() needs a function to run, not {type(train_fn).__name__}")
+    name = getattr(train_fn, "__qualname__", type(train_fn).__name__)
+    try:
+        payload = custom.dumps_by_value((train_fn, config, source_file(train_fn)), [train_fn])
+    except Exception as exc:  # cloudpickle raises whatever the object's reducer raises
+        raise ConfigError(
+            f"run(): {name} or its config cannot be pickled to ship to the executors: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    info = DataInfo(dataset="", kind="function", data="", split="", rows=0, fields=())
+    if data is not None:
+        data = storage.parse(data).uri
+        manifest = formats.load_manifest(data)
+        split = next(iter(manifest["splits"]))
+        info = describe_data(data, split, (), manifest)
+    # what the run's logs and MLflow show; the processes read plan.data, not this
+    train = TrainConfig(model=f"function:{name}", data=data or "(no dataset)", input_mode="files")
+    return RunPlan(
+        train=train,
+        scaling=scaling,
+        run=run,
+        model_config={},
+        data=info,
+        global_batch=1,
+        steps_per_epoch=1,
+        target_steps=0,
+        feed_passes=None,
+        log_level=logging.getLevelName(logging.getLogger().level or logging.INFO),
+        function=payload,
+    )
+
+
+def source_file(fn) -> str | None:
+    """The file that defines ``fn`` (cloudpickle ships code by value under the name
+    ``<dynamic-code>``; the process puts this name back, so that a traceback names it)."""
+    code = getattr(fn, "__code__", None)  # a function (not another callable)
+    return os.path.abspath(code.co_filename) if code is not None else None
+
+
+def _run(plan: RunPlan, spark, tracker, started: tuple[float, float]) -> TrainResult:
+    scratch.sweep()
+    spark = session_for(plan, spark)
+    storage.makedirs(plan.run.model_dir)
+    log.info(
+        "running %s on %d executors (%s), model directory %s",
+        plan.train.model.split(":", 1)[1],
+        plan.scaling.num_executors,
+        plan.scaling.describe(),
+        plan.run.model_dir,
+    )
+    restarts: list[dict] = []
+    history: list[dict] = []
+    attempt_plan = plan
+    while True:
+        try:
+            with ClusterRun(spark, attempt_plan, watch_steps=False) as cluster:
+                cluster.start()
+                with tracker.follow(cluster):
+                    try:
+                        done = cluster.wait()
+                    finally:
+                        history.extend(_checked(cluster.chief_reports(), plan.run.model_dir))
+            break
+        except TrainingError as exc:
+            if len(restarts) >= plan.run.failure.max_restarts:
+                raise
+            resume = _last_checkpoint(history)
+            restarts.append({"cause": str(exc), "resumed_from_checkpoint": resume})
+            tracker.restarted(history[-1]["step"] if history else 0, str(exc))
+            log.warning(
+                "restart %d of %d: train_fn runs again%s after: %s",
+                len(restarts),
+                plan.run.failure.max_restarts,
+                f" from {resume}" if resume else " from the start (no checkpoint reported)",
+                exc,
+            )
+            attempt_plan = dataclasses.replace(
+                plan, resume_checkpoint=resume, attempt=len(restarts)
+            )
+    last = history[-1] if history else {}
+    out = TrainResult(
+        model_dir=plan.run.model_dir,
+        start_step=0,
+        final_step=int(last.get("step", 0)),
+        metrics=dict(last.get("metrics", {})),
+        last_checkpoint=_last_checkpoint(history),
+        export_dir=None,
+        elapsed_s=time.monotonic() - started[1],
+        examples=0,
+        examples_per_sec=0.0,
+        time_to_first_step_s=None,
+        strategy=plan.scaling.strategy,
+        input_mode="function",
+        restarts=restarts,
+        mlflow_run_id=tracker.run_id,
+        value=done.get("value"),
+        history=history,
+    )
+    log.info(
+        "done: %s returned after %.1f s and %d report(s)%s",
+        plan.train.model.split(":", 1)[1],
+        out.elapsed_s,
+        len(history),
+        f"; last: {', '.join(f'{k} {v:.4g}' for k, v in out.metrics.items())}"
+        if out.metrics
+        else "",
+    )
+    return out
+
+
+def _checked(reports: list[dict], model_dir: str) -> list[dict]:
+    """The chief's reports, a checkpoint outside ``model_dir`` dropped (with a warning): a
+    restart copies the last one into every process."""
+    out = []
+    for entry in reports:
+        path = entry.get("checkpoint")
+        if path is not None and not within(path, model_dir):
+            log.warning(
+                "report %s: checkpoint %r is not under %s: ignored", entry.get("n"), path, model_dir
+            )
+            entry = {k: v for k, v in entry.items() if k != "checkpoint"}
+        out.append(entry)
+    return out
+
+
+def _last_checkpoint(history: list[dict]) -> str | None:
+    """The last checkpoint the chief reported (None: none)."""
+    return next((e["checkpoint"] for e in reversed(history) if e.get("checkpoint")), None)

@@ -1,0 +1,144 @@
+"""A user's training function in a TensorFlow process: :func:`run_function`.
+
+The plan carries ``train_fn`` and its ``config`` pickled by value
+(:func:`sparktf.train.driver.train_fn.run`). Here, in every process that trains (the chief and
+the all-reduce workers; under ps the chief is the coordinator and the other processes serve),
+the strategy is made first, Keras's ``fit`` is mended for multi-worker all-reduce
+(:mod:`sparktf.train.process.keras_fit`), the context is installed
+(:mod:`sparktf.train.process.context`), and ``train_fn(config)`` (or ``train_fn()`` when it
+takes no argument) runs. Its return value, on the chief, goes back to the driver as JSON.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from typing import Any
+
+from sparktf import scratch, storage
+from sparktf.errors import SparktfTypeError
+from sparktf.train.plan import ProcessSpec, Role
+from sparktf.train.process import context, keras_fit
+
+__all__ = ["DYNAMIC", "jsonable", "name_code", "run_function", "takes_argument"]
+
+log = logging.getLogger(__name__)
+
+
+def jsonable(value: Any, what: str = "train_fn's return value") -> Any:
+    """``value`` as JSON data (numpy arrays and scalars become lists and numbers);
+    TypeError naming the part that is not."""
+
+    def default(obj):
+        if hasattr(obj, "numpy"):  # a TensorFlow tensor
+            obj = obj.numpy()
+        if hasattr(obj, "tolist"):  # numpy arrays and scalars
+            return obj.tolist()
+        raise SparktfTypeError(
+            f"{what} must be JSON data (dicts, lists, strings, numbers, None; numpy arrays "
+            f"and tensors are converted), not {type(obj).__name__}"
+        )
+
+    return json.loads(json.dumps(value, default=default))
+
+
+def run_function(spec: ProcessSpec, role: Role, control) -> dict:
+    """Runs the plan's training function as ``role``; returns what this process sends with
+    ``done`` (the chief) or ``finished``: ``{"value": ..., "reports": n}``."""
+    import cloudpickle
+    import tensorflow as tf
+
+    from sparktf.train.artifacts import ModelDir
+    from sparktf.train.process.build import make_strategy
+    from sparktf.train.process.summaries import EventWriter
+
+    plan = spec.plan
+    train_fn, config, source = cloudpickle.loads(plan.function)
+    if source:
+        name_code(train_fn, source)
+    strategy, coordinator = make_strategy(tf, plan, role)
+    keras_fit.apply()
+    local_dir = scratch.make_dir("sparktf-modeldir-")
+    checkpoint = None
+    if plan.resume_checkpoint:
+        checkpoint = os.path.join(local_dir, "resume")
+        storage.copy_tree(plan.resume_checkpoint, checkpoint)
+        log.info("%s: resuming from %s", role.name, plan.resume_checkpoint)
+    events = None
+    model_dir = None
+    if role.is_chief:
+        model_dir = ModelDir(
+            plan.run.model_dir, writer=True, sync_every_s=plan.run.tracking.sync_every_s
+        )
+        events = EventWriter(model_dir, enabled=True)
+    ctx = context.TrainContext(
+        rank=role.rank if role.strategy == "allreduce" else 0,
+        world_size=role.num_workers if role.strategy == "allreduce" else 1,
+        role=role.role,
+        is_chief=role.is_chief,
+        strategy=strategy,
+        coordinator=coordinator,
+        model_dir=plan.run.model_dir,
+        local_dir=local_dir,
+        checkpoint=checkpoint,
+        export_dir=storage.join(plan.run.model_dir, "export"),
+        config=config,
+        attempt=plan.attempt,
+        data=plan.data.data or None,
+        channel=control,
+        events=events,
+    )
+    context.install(ctx)
+    log.info(
+        "%s: running %s (rank %d of %d)",
+        role.name,
+        getattr(train_fn, "__qualname__", repr(train_fn)),
+        ctx.rank,
+        ctx.world_size,
+    )
+    try:
+        value = train_fn(config) if takes_argument(train_fn) else train_fn()
+    finally:
+        if events is not None:
+            events.close()
+        if model_dir is not None:
+            model_dir.sync_events(force=True)
+            model_dir.close()
+    return {"value": jsonable(value) if role.is_chief else None, "reports": ctx.reports_sent}
+
+
+DYNAMIC = "<dynamic-code>"  # cloudpickle's file name for code it ships by value
+
+
+def name_code(fn, source: str) -> None:
+    """Gives the code cloudpickle shipped by value (``fn``, the functions of the module it
+    came with, their nested functions) its file name ``source`` back: a traceback then names
+    the user's file and line, as it would on the driver."""
+    import types
+
+    def renamed(code: types.CodeType) -> types.CodeType:
+        consts = tuple(renamed(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+        name = source if code.co_filename == DYNAMIC else code.co_filename
+        return code.replace(co_filename=name, co_consts=consts)
+
+    functions = [fn, *getattr(fn, "__globals__", {}).values()]
+    for f in functions:
+        code = getattr(f, "__code__", None)
+        if isinstance(f, types.FunctionType) and code is not None and code.co_filename == DYNAMIC:
+            f.__code__ = renamed(code)
+
+
+def takes_argument(fn) -> bool:
+    """Whether ``fn`` can be called with one positional argument (the config)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    return bool(positional)
