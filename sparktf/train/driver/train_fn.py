@@ -87,7 +87,7 @@ def run(
         TrainingError: ``train_fn`` raised (the message names the exception, its message and
             the file and line it came from) or a process failed, after the restarts.
     """
-    started = (time.time(), time.monotonic())
+    started = time.monotonic()
     scaling = scaling or ScalingConfig()
     if run is None:  # a directory of its own, kept: the reports' checkpoints are there
         name = getattr(train_fn, "__name__", "train_fn").strip("<>") or "train_fn"
@@ -153,7 +153,8 @@ def source_file(fn) -> str | None:
     return os.path.abspath(code.co_filename) if code is not None else None
 
 
-def _run(plan: RunPlan, spark, tracker, started: tuple[float, float]) -> TrainResult:
+def _run(plan: RunPlan, spark, tracker, started: float) -> TrainResult:
+    """The run of ``plan``; ``started``: ``time.monotonic()`` when run() was called."""
     scratch.sweep()
     spark = session_for(plan, spark)
     storage.makedirs(plan.run.model_dir)
@@ -201,7 +202,7 @@ def _run(plan: RunPlan, spark, tracker, started: tuple[float, float]) -> TrainRe
         metrics=dict(last.get("metrics", {})),
         last_checkpoint=_last_checkpoint(history),
         export_dir=None,
-        elapsed_s=time.monotonic() - started[1],
+        elapsed_s=time.monotonic() - started,
         examples=0,
         examples_per_sec=0.0,
         time_to_first_step_s=None,

@@ -39,17 +39,15 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparktf.errors import SparktfRuntimeError, SparktfValueError
+from sparktf.train.artifacts import CHECKPOINTS
 
 __all__ = ["TrainContext", "get_context", "install", "metric_values", "report"]
 
 log = logging.getLogger(__name__)
-
-REPORTS_DIR = "checkpoints"  # under the model directory: report-<n>, as the chief publishes them
 
 _CURRENT: list[TrainContext] = []
 
@@ -169,8 +167,9 @@ class TrainContext:
 
         if not os.path.exists(local):
             raise SparktfValueError(f"report(checkpoint={local!r}): no such file or directory")
-        target = storage.join(self.model_dir, REPORTS_DIR, f"report-{self.reports_sent:06d}")
-        storage.makedirs(posixpath.dirname(target.rstrip("/")) or target)
+        parent = storage.join(self.model_dir, CHECKPOINTS)  # beside fit()'s checkpoints
+        storage.makedirs(parent)
+        target = storage.join(parent, f"report-{self.reports_sent:06d}")
         with storage.publish(target, overwrite=True) as tmp:
             storage.copy_tree(os.path.abspath(local), tmp)
         log.info("checkpoint of report %d: %s", self.reports_sent, target)
