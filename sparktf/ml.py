@@ -172,6 +172,15 @@ class _TrainParams(_ColumnParams):
         TypeConverters.toString,
     )
     modelConfig = _param("modelConfig", "model config overrides (a dict)", _to_dict)
+    loss = _param(
+        "loss",
+        "a user's model: a Keras loss name (implies the kind: 'mse' regression, "
+        "'binary_crossentropy' binary, ...)",
+        TypeConverters.toString,
+    )
+    metrics = _param(
+        "metrics", "a user's model: metric names (evaluation)", TypeConverters.toListString
+    )
     strategy = _param("strategy", "allreduce or ps", TypeConverters.toString)
     numWorkers = _param("numWorkers", "training processes (ps: workers)", TypeConverters.toInt)
     numPs = _param("numPs", "parameter servers (ps strategy)", TypeConverters.toInt)
@@ -233,7 +242,9 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
       :func:`sparktf.models.register`, or ``"package.module:build"``
       (:mod:`sparktf.models.custom`); ``modelConfig``: its config overrides (a dict). A
       custom model's input shape, dtype and class count come from the data unless
-      ``modelConfig`` sets them.
+      ``modelConfig`` sets them. ``loss`` and ``metrics`` (a user's model only): its
+      ``loss`` and ``metrics`` config keys (:mod:`sparktf.models.custom`), e.g.
+      ``loss="mse"`` for a regression model.
     * ``modelDir`` (required): where checkpoints, events and the export go (local or
       ``hdfs://``). One that already holds a checkpoint is resumed (``steps`` count across
       runs): use a fresh one per ``fit``. ``fitMultiple`` (what ``CrossValidator`` and
@@ -250,9 +261,12 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
       ``{"checkpoint": {"every_steps": 100}, "failure": {"max_restarts": 1}}``); the fit
       does not evaluate during training (``EvalConfig.split`` is ``"none"``).
     * ``inputCol`` (``"features"``): a Spark ML ``Vector``, an ``array`` of numbers or
-      ``numpy.save`` bytes of the model's input size; ``labelCol`` (``"label"``): integer
-      classes in ``[0, num_classes)`` (integral doubles, as ``StringIndexer`` gives, are
-      accepted); ``idCol`` (``"id"``): an integer column that names rows in errors.
+      ``numpy.save`` bytes of the model's input size; ``labelCol`` (``"label"``): for a
+      classifier integer classes in ``[0, num_classes)`` (integral doubles, as
+      ``StringIndexer`` gives, are accepted), for a binary model 0 or 1, for a regression
+      or custom model a number (or a Vector or array of numbers of one size), for a
+      multi-label model a Vector or array of 0/1 values; ``idCol`` (``"id"``): an integer
+      column that names rows in errors.
     * ``predictionCol``, ``probabilityCol``, ``rawPredictionCol``: passed to the
       :class:`TFModel` ``fit`` returns.
 
@@ -272,6 +286,8 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         *,
         model: str | None = None,
         modelConfig: dict | None = None,
+        loss: str | None = None,
+        metrics: list[str] | None = None,
         strategy: str = "allreduce",
         numWorkers: int = 2,
         numPs: int = 1,
@@ -339,14 +355,23 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
                 )
         name = self.getOrDefault(self.model)
         model_config = dict(self.getOrDefault(self.modelConfig))
+        for param, key in ((self.loss, "loss"), (self.metrics, "metrics")):
+            if self.isDefined(param):
+                model_config[key] = self.getOrDefault(param)
         try:
             task = models.get_task(name, **model_config)
-            custom = isinstance(task, models.CustomClassifierTask)
+            custom = isinstance(task, models.CustomTask)
             if custom and model_config.get("feature") is None:
                 model_config["feature"] = FEATURE
                 task = models.get_task(name, **model_config)
         except ValueError as exc:  # an unknown model or config key
             raise ConfigError(f"TFEstimator model {name!r}: {exc}") from None
+        classes = task.kind in ("classifier", "binary")
+        if not classes and not custom:
+            raise ConfigError(
+                f"TFEstimator model {name!r} is a {task.kind}; TFEstimator trains classifiers "
+                "of the registry and a user's models (sparktf.models.register)"
+            )
         scaling, run = self._scaling_and_run()
         data_dir = storage.join(run.model_dir, f"_fit_data-{uuid.uuid4().hex[:12]}")
         try:
@@ -359,9 +384,12 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
                 feature=task.features[0],
                 shape=_model_shape(task, model_config),
                 dtype=_model_dtype(task, model_config),
-                num_classes=model_config.get("num_classes") or _num_classes(task),
+                num_classes=(model_config.get("num_classes") or _num_classes(task))
+                if classes
+                else None,
+                labels="classes" if classes else "values",
             )
-            if custom and model_config.get("num_classes") is None:
+            if task.kind == "classifier" and custom and model_config.get("num_classes") is None:
                 model_config["num_classes"] = written["num_classes"]
             train = TrainConfig(
                 model=name,
@@ -437,7 +465,7 @@ def _model_shape(task: Any, model_config: dict) -> tuple[int, ...] | None:
     """The per-row input shape the model fixes (None: a custom model takes the data's)."""
     from sparktf import models
 
-    if isinstance(task, models.CustomClassifierTask):
+    if isinstance(task, models.CustomTask):
         shape = model_config.get("input_shape")
         return None if shape is None else tuple(int(d) for d in shape)
     shape = getattr(task, "input_shape", None)
@@ -448,7 +476,7 @@ def _model_dtype(task: Any, model_config: dict) -> str | None:
     """The dtype the model reads (None: a custom model's float32 unless the data says)."""
     from sparktf import models
 
-    if isinstance(task, models.CustomClassifierTask):
+    if isinstance(task, models.CustomTask):
         return model_config.get("input_dtype")
     return "uint8" if task.kind == "classifier" else None
 

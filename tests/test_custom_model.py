@@ -120,8 +120,12 @@ def test_clear_errors_for_names_and_builders(user_module):
         models.get_task("byo_models:build", num_classes=3).build_model()
     with pytest.raises(TypeError, match="not a keras.Model"):
         models.get_task("byo_models:not_a_model", input_shape=[3], num_classes=2).build_model()
-    with pytest.raises(ValueError, match="loss must be"):
-        models.register("byo_bad_loss", user_module.build, loss="hinge")
+    with pytest.raises(ValueError, match="loss must be a Keras loss name"):
+        models.register("byo_bad_loss", user_module.build, loss="no_such_loss")
+    with pytest.raises(ValueError, match="a classifier trains on"):
+        models.register("byo_bad_loss", user_module.build, kind="classifier", loss="mse")
+    with pytest.raises(ValueError, match="kind 'ranking' is not supported"):
+        models.register("byo_bad_kind", user_module.build, kind="ranking")
     with pytest.raises(ValueError, match="metrics"):
         models.register("byo_bad_metric", user_module.build, metrics=["auc"])
 
@@ -164,3 +168,92 @@ def test_registration_travels_by_value_to_a_process_without_the_module(user_modu
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     # 3*8+8 hidden + 8*2+2 logits
     assert done.stdout.decode().split() == ["byo_travels", "callable", "50", "True"]
+
+
+def _dense(input_shape, num_outputs, hidden_units=8):
+    import keras
+
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Dense(hidden_units, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(num_outputs)(x))
+
+
+@pytest.mark.parametrize(
+    ("options", "kind", "outputs"),
+    [
+        ({"loss": "mse"}, "regression", {"predictions": (16,)}),
+        ({"loss": "huber", "metrics": ["mae"]}, "regression", {"predictions": (16,)}),
+        ({"kind": "binary"}, "binary", {"classes": (16,), "scores": (16, 2)}),
+        ({"kind": "multilabel", "num_classes": 2}, "multilabel", {"predictions": (16, 2)}),
+        ({"loss": "log_cosh", "kind": "custom", "label_shape": [2]}, "custom", None),
+    ],
+    ids=["mse", "huber", "binary", "multilabel", "custom"],
+)
+def test_each_kind_trains_evaluates_and_exports(options, kind, outputs, tmp_path):
+    """Labels of the kind's shape and dtype: a few steps lower the loss, evaluation reports
+    the kind's metrics over every row, and the export gives the kind's outputs."""
+    import tensorflow as tf
+
+    name = models.register(f"kind_{kind}", _dense, input_shape=(3,), learning_rate=0.05, **options)
+    task = models.get_task(name)
+    assert task.kind == kind
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 3)).astype(np.float32)
+    target = x @ np.array([1.0, -2.0, 0.5], np.float32)
+    y = {
+        "regression": target,
+        "binary": (target > 0).astype(np.int64),  # integer 0/1 labels, as a dataset holds them
+        "multilabel": np.stack([x[:, 0] > 0, x[:, 1] > 0], 1).astype(np.float32),
+        "custom": np.stack([target, -target], 1),
+    }[kind]
+    model = task.build_model()
+    optimizer = task.make_optimizer(10, model)
+    batch = {"features": tf.constant(x), "label": tf.constant(y)}
+    first = task.train_step(model, optimizer, batch, 64)
+    for _ in range(40):
+        last = task.train_step(model, optimizer, batch, 64)
+    assert float(last["loss"]) < 0.5 * float(first["loss"]), (first, last)
+    metrics = task.evaluation_metrics()
+    task.update_evaluation(metrics, model, batch)
+    results = {k: float(m.result()) for k, m in metrics.items()}
+    expected = {"loss", *task.metric_names}
+    assert set(results) == expected
+    assert results["loss"] == pytest.approx(float(task.eval_step(model, batch, 64)["loss"]))
+    if kind in ("binary", "multilabel"):
+        assert results["auc"] > 0.95 and results["accuracy"] > 0.9, results
+    if kind == "regression" and "rmse" in results:
+        assert results["rmse"] == pytest.approx(float(np.sqrt(results["loss"])), rel=1e-4)
+
+    export = task.export(model, str(tmp_path / "export"))
+    served = helpers.call(export, "predict_features", features=x[:16])
+    if outputs is None:  # custom: the outputs in the label's shape
+        outputs = {"predictions": (16, 2)}
+    assert {k: v.shape for k, v in served.items()} == outputs
+    direct = model(x[:16]).numpy()
+    if kind == "regression":
+        np.testing.assert_allclose(served["predictions"], direct[:, 0], rtol=1e-5, atol=1e-5)
+    if kind == "binary":
+        p = 1.0 / (1.0 + np.exp(-direct[:, 0]))
+        np.testing.assert_allclose(served["scores"][:, 1], p, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(served["classes"], (p > 0.5).astype(np.int64))
+
+
+def test_label_shapes_and_counts_come_from_the_dataset():
+    fields = [Field("features", "float32", (3,)), Field("label", "float32", (2,))]
+    manifest = {"dataset": "dataframe"}
+    models.register("kind_vector_regression", _dense, loss="mse")
+    task = models.get_task("kind_vector_regression")
+    assert task.data_overrides(fields, manifest) == {
+        "feature": "features",
+        "input_dtype": "float32",
+        "input_shape": [3],
+        "label_shape": [2],
+    }
+    models.register("kind_tags", _dense, kind="multilabel")
+    assert models.get_task("kind_tags").data_overrides(fields, manifest)["num_classes"] == 2
+    with pytest.raises(ValueError, match=r"expects label_shape \(3,\).*shape \(2,\)"):
+        models.get_task("kind_vector_regression", label_shape=[3]).data_overrides(fields, manifest)
+    # A build function whose outputs do not match the label fails naming both.
+    models.register("kind_three_outputs", lambda shape, n: _dense(shape, 3), loss="mse")
+    with pytest.raises(ValueError, match=r"\(None, 3\); expected outputs \[B, 2\]"):
+        models.get_task("kind_three_outputs", input_shape=[3], label_shape=[2]).build_model()

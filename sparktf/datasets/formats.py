@@ -101,6 +101,7 @@ __all__ = [
     "read_npy_header",
     "schema_fields",
     "schema_metadata",
+    "spark_type",
     "split_files",
     "split_id",
     "table_manifest",
@@ -200,13 +201,18 @@ def feature_spec(kind: str = "image", *, seq_len: int | None = None) -> dict:
 
 def arrow_schema(fields: Sequence[Field]):
     """The Arrow schema of the Parquet files of ``fields``: ndarray fields ``binary`` (the
-    ``numpy.save`` bytes), scalars ``int64``, none nullable (as Spark writes a petastorm
-    Unischema's columns), with sparktf's schema as metadata (``schema_metadata``)."""
+    ``numpy.save`` bytes), scalars of their dtype (``int64``, a ``float32`` label), none
+    nullable (as Spark writes a petastorm Unischema's columns), with sparktf's schema as
+    metadata (``schema_metadata``)."""
     import pyarrow as pa
 
     return pa.schema(
         [
-            pa.field(f.name, pa.int64() if f.shape is None else pa.binary(), nullable=False)
+            pa.field(
+                f.name,
+                pa.from_numpy_dtype(np.dtype(f.dtype)) if f.shape is None else pa.binary(),
+                nullable=False,
+            )
             for f in fields
         ],
         metadata=schema_metadata(fields),
@@ -308,9 +314,18 @@ def read_common_metadata(path: str) -> dict[bytes, bytes]:
 # ----------------------------------------------------------------------------- Parquet
 
 
+def spark_type(field: Field) -> str:
+    """The Spark SQL type of a column of ``field`` in the Parquet files: ``binary`` for an
+    ndarray, else ``bigint``, ``float`` or ``double``."""
+    if field.shape is not None:
+        return "binary"
+    return {"int64": "bigint", "float32": "float", "float64": "double"}[field.dtype]
+
+
 @dataclass(frozen=True)
 class Field:
-    """One column of a dataset: an int64 scalar (``shape`` None) or an ndarray of one fixed
+    """One column of a dataset: a scalar (``shape`` None; int64, or a float32 label of a
+    regression dataset) or an ndarray of one fixed
     ``dtype`` and ``shape`` stored as ``numpy.save`` bytes (petastorm's NdarrayCodec).
 
     The Parquet files, the training feed (``sparktf.train.feed.chunks``) and the readers describe

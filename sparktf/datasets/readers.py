@@ -458,7 +458,7 @@ class _ParquetBatches:
                         column, field.dtype, field.shape
                     )
                 else:
-                    out[field.name] = np.array(column.to_numpy(), dtype=np.int64)  # a copy
+                    out[field.name] = np.array(column.to_numpy(), dtype=field.dtype)  # a copy
             except ValueError as exc:
                 raise SparktfValueError(f"{path}, row group {group}: {exc}") from exc
         if self.by_records:

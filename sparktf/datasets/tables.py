@@ -56,6 +56,7 @@ def write_table(
     shape: tuple[int, ...] | None = None,
     dtype: str | None = None,
     num_classes: int | None = None,
+    labels: str = "classes",
 ) -> dict[str, Any]:
     """Writes ``df``'s feature, label and id columns as a ``table`` dataset (one ``train``
     split) in ``data_dir``.
@@ -75,9 +76,14 @@ def write_table(
         dtype: the dtype vectors and arrays are stored as (default ``float32``; ``uint8``
             values must be integers in [0, 255]); ``numpy.save`` bytes keep their own.
         num_classes: the number of classes (default: the largest label + 1, at least 2).
+        labels: ``"classes"`` (integer classes, written as int64) or ``"values"`` (float
+            targets: a number per row, written as float32, or a Vector or array of numbers of
+            the same size in every row, written as ``numpy.save`` float32 bytes).
 
     Returns:
-        ``{"rows", "shape", "dtype", "num_classes"}`` of what was written.
+        ``{"rows", "shape", "dtype", "num_classes", "label_shape"}`` of what was written
+        (``num_classes`` is None and ``label_shape`` the per-row shape for ``"values"``;
+        ``label_shape`` is ``()`` for classes).
 
     Raises:
         TableInputError: (a ``ValueError``) naming the column and the row (by ``id_col``
@@ -87,13 +93,24 @@ def write_table(
             found while encoding on the executors (a ``uint8`` value outside [0, 255]) fails
             the Spark job with that message in its text.
     """
-    rows, where = _select_rows(df, input_col, label_col, id_col)
-    rows, classes = _check_labels(rows, label_col, where, num_classes)
+    if labels not in ("classes", "values"):
+        raise ValueError(f"labels must be 'classes' or 'values', got {labels!r}")
+    rows, where = _select_rows(df, input_col, label_col, id_col, labels)
+    if labels == "classes":
+        rows, classes = _check_labels(rows, label_col, where, num_classes)
+        label_field, label_type = formats.Field("label", "int64"), "bigint"
+    else:
+        rows, label_shape = _value_labels(rows, df.schema[label_col].dataType, label_col, where)
+        classes = None
+        label_field = formats.Field("label", "float32", label_shape or None)
+        label_type = "binary" if label_shape else "float"
     encoded, encoder, dtype, out_shape = _plan_features(
         rows, df.schema[input_col].dataType, input_col, feature, shape, dtype, where
     )
+    if label_field.shape:
+        encoder = _with_label_arrays(encoder, label_field.shape)
     parquet = storage.join(data_dir, "train", "parquet")
-    out_schema = f"`{feature}` binary, label bigint, id bigint"
+    out_schema = f"`{feature}` binary, label {label_type}, id bigint"
     encoded.mapInArrow(encoder, out_schema).write.parquet(storage.spark_uri(parquet))
     files, records = _parquet_records(df.sparkSession, parquet)
     total = sum(records)
@@ -101,7 +118,7 @@ def write_table(
         raise TableInputError("the DataFrame is empty: nothing to train on")
     fields = [
         formats.Field(feature, dtype, out_shape),
-        formats.Field("label", "int64"),
+        label_field,
         formats.Field("id", "int64"),
     ]
     split = {
@@ -112,18 +129,24 @@ def write_table(
     manifest = formats.table_manifest("dataframe", fields, {"train": split}, num_classes=classes)
     storage.write_text(formats.manifest_path(data_dir), json.dumps(manifest, indent=1))
     log.info(
-        "wrote %d rows (%s %s features, %d classes) to %s",
+        "wrote %d rows (%s %s features, %s) to %s",
         total,
         dtype,
         out_shape,
-        classes,
+        f"{classes} classes" if classes else f"float32 {tuple(label_field.shape or ())} labels",
         data_dir,
     )
-    return {"rows": total, "shape": out_shape, "dtype": dtype, "num_classes": classes}
+    return {
+        "rows": total,
+        "shape": out_shape,
+        "dtype": dtype,
+        "num_classes": classes,
+        "label_shape": tuple(label_field.shape or ()),
+    }
 
 
 def _select_rows(
-    df: DataFrame, input_col: str, label_col: str, id_col: str
+    df: DataFrame, input_col: str, label_col: str, id_col: str, labels: str = "classes"
 ) -> tuple[DataFrame, Callable[[Row], str]]:
     """``df`` as columns ``x`` (feature), ``y`` (label) and ``id``, and the function that
     names one of its rows in a message."""
@@ -143,10 +166,16 @@ def _select_rows(
         schema[id_col].dataType, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
     )
     label_type = schema[label_col].dataType
-    if not isinstance(label_type, T.NumericType):
+    if labels == "values" and (is_vector(label_type) or isinstance(label_type, T.ArrayType)):
+        pass  # a vector target: checked by _value_labels
+    elif not isinstance(label_type, T.NumericType):
         raise TableInputError(
             f"label column {label_col!r} has Spark type {label_type.simpleString()}: expected "
-            "integer class labels (index strings with StringIndexer first)"
+            + (
+                "integer class labels (index strings with StringIndexer first)"
+                if labels == "classes"
+                else "numbers, or a Vector or array of numbers per row"
+            )
         )
     ids = F.col(id_col).cast("long") if has_id else F.monotonically_increasing_id()
     rows = df.select(F.col(input_col).alias("x"), F.col(label_col).alias("y"), ids.alias("id"))
@@ -185,6 +214,55 @@ def _check_labels(
             f"in [0, {classes})"
         )
     return rows, classes
+
+
+def _value_labels(
+    rows: DataFrame, ltype: DataType, label_col: str, where: Callable[[Row], str]
+) -> tuple[DataFrame, tuple[int, ...]]:
+    """The rows with float labels (a float, or ``array<float>`` of one size in every row),
+    and the per-row label shape; a NaN or a row of another size fails naming the row."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(ltype, T.NumericType):
+        rows = rows.withColumn("y", F.col("y").cast("float"))
+        bad = rows.where(F.isnan("y")).first()
+        if bad is not None:
+            raise TableInputError(f"label column {label_col!r}: {where(bad)} has label NaN")
+        return rows, ()
+    rows = rows.withColumn("y", _float_array(F.col("y"), ltype, label_col))
+    first = rows.select(F.size("y").alias("n")).first()
+    if first is None:
+        raise TableInputError("the DataFrame is empty: nothing to train on")
+    size = int(first["n"])
+    bad = rows.where(F.size("y") != size).first()
+    if bad is not None:
+        raise TableInputError(
+            f"label column {label_col!r}: {where(bad)} has {len(bad['y'])} values; the first "
+            f"row has {size}"
+        )
+    return rows, (size,)
+
+
+def _with_label_arrays(
+    encoder: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    shape: tuple[int, ...],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``encoder``, whose ``array<float>`` label column is then written as ``numpy.save``
+    float32 bytes of ``shape`` per row."""
+
+    def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import numpy as np
+        import pyarrow as pa
+
+        for batch in encoder(batches):
+            values = batch.column(1).flatten().to_numpy(zero_copy_only=False)
+            y = np.asarray(values, dtype=np.float32).reshape(batch.num_rows, *shape)
+            columns = list(batch.columns)
+            columns[1] = formats.encode_ndarray_column(y)
+            yield pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+    return encode
 
 
 def _plan_features(

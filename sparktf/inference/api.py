@@ -106,6 +106,11 @@ def predict(
       to ``shape``), a Spark ML ``Vector`` (dense or sparse, e.g. ``VectorAssembler``'s
       output; it is read through ``vector_to_array`` and kept in the result) or ``np.save``
       bytes. Same added columns as the image classifier.
+    * **Regression or multi-label model on float features**, float32 ``[B, *shape]`` ->
+      ``predictions`` (``predict_features`` of a user's model of kind ``regression``,
+      ``multilabel`` or ``custom``). ``input_col`` as for the classifier on float features.
+      Adds ``output_col``: a ``double`` when the model gives one value per row, else
+      ``array<float>`` (a multi-label model's probability of each label).
     * **Classifier on serialized examples**, ``string [B]`` (``serving_default`` of a
       classifier, chosen with ``signature="serving_default"``): ``input_col`` (default
       ``"example"``) is ``binary`` holding a serialized ``tf.train.Example`` per row, passed
@@ -194,7 +199,7 @@ def predict(
     info = inspect_model(export)
     sig = choose_signature(info, signature)
     vector_col = None
-    col = input_col or ("features" if signature_kind(sig) == "features" else None)
+    col = input_col or ("features" if signature_kind(sig) in ("features", "values") else None)
     if col is not None and col in df.schema.names and is_vector(df.schema[col].dataType):
         # A Spark ML Vector (VectorAssembler): fed as array<float> under the column's own
         # name (so errors name it); the Vector itself comes back in the result.

@@ -339,7 +339,7 @@ def decode(plan: Plan, chunk: pa.RecordBatch) -> dict[str, Any]:
     contract = plan.contract()
     if plan.kind == "images":
         return {plan.input_key: _decode_images(plan, chunk, row, contract)}
-    if plan.kind == "features":
+    if plan.kind in ("features", "values"):
         return {plan.input_key: _decode_features(plan, chunk, row, contract)}
     if plan.kind == "examples":
         arr = chunk.column(chunk.schema.get_field_index(plan.input_col))

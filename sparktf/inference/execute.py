@@ -94,6 +94,11 @@ def _run(plan: Plan, model: LoadedSignature, inputs: dict[str, Any], n: int) -> 
                 _list_array(np.take_along_axis(scores, best, axis=1)),
             ]
         return columns
+    if plan.kind == "values":
+        values = np.asarray(model(**inputs)["predictions"])
+        if values.ndim == 1:
+            return [pa.array(values.astype(np.float64))]
+        return [_list_array(values.reshape(n, -1).astype(np.float32, copy=False))]
     if plan.kind == "tokens":
         if plan.lm_output == "perplexity":
             perplexity = np.empty(n, np.float64)

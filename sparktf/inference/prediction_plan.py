@@ -49,7 +49,7 @@ class PredictInputError(SparktfError, ValueError):
 class Plan:
     """Everything an executor needs, decided on the driver (pickled into the task)."""
 
-    kind: str  # "images", "features", "examples", "tokens" or "generator"
+    kind: str  # "images", "features", "examples", "values", "tokens" or "generator"
     model_uri: str
     fingerprint: str
     signature: str
@@ -74,7 +74,7 @@ class Plan:
                 f"petastorm's NdarrayCodec writes), {h * w * c} raw bytes, or an array of "
                 f"{h * w * c} integers in [0, 255]"
             )
-        if self.kind == "features":
+        if self.kind in ("features", "values"):
             size = math.prod(self.shape)
             return (
                 f"a float vector of shape {self.shape} per row: an array of {size} numbers "
@@ -128,8 +128,9 @@ def _fixed_rank(spec: TensorSpec, rank: int | None = None, least: int | None = N
 
 def signature_kind(sig: Signature) -> str:
     """What a signature serves, from its inputs and outputs: ``images``, ``features`` or
-    ``examples`` (classifiers), ``tokens`` (a language model) or ``generator``; ValueError
-    for any other signature."""
+    ``examples`` (classifiers), ``values`` (float features -> float ``predictions``: a
+    regression or multi-label model), ``tokens`` (a language model) or ``generator``;
+    ValueError for any other signature."""
     ins, outs = sig.inputs, sig.outputs
     one = next(iter(ins.values())) if len(ins) == 1 else None
     if {"classes", "scores"} <= set(outs) and one is not None:
@@ -139,6 +140,16 @@ def signature_kind(sig: Signature) -> str:
             return "features"
         if one.dtype == "string" and one.shape is not None and len(one.shape) == 1:
             return "examples"
+    if (
+        set(outs) == {"predictions"}
+        and one is not None
+        and one.dtype in ("float32", "float64")
+        and _fixed_rank(one, least=2)
+        and outs["predictions"].dtype in ("float32", "float64")
+        and _fixed_rank(outs["predictions"], least=1)
+        and len(outs["predictions"].shape) <= 2
+    ):
+        return "values"
     if (
         "log_probs" in outs
         and one is not None
@@ -160,7 +171,7 @@ def signature_kind(sig: Signature) -> str:
     raise SparktfValueError(
         f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
         "classifiers (uint8 images, float features or serialized Examples -> classes, "
-        "scores), language "
+        "scores), float features -> predictions (regression, multi-label), language "
         "models (int64 tokens -> log_probs) and generators (float32 z [+ int64 label] -> "
         "images)"
     )
@@ -217,6 +228,19 @@ def _classifier_layout(
         default_col={"images": "image", "features": "features"}.get(kind, "example"),
         accepts=accepts,
         fields=fields,
+    )
+
+
+def _values_layout(sig: Signature, spec: TensorSpec, output_col: str) -> _Layout:
+    """Float features -> ``predictions``: a double per row, or ``array<float>`` per row."""
+    T = spark_types()
+    scalar = len(sig.outputs["predictions"].shape) == 1
+    dtype = T.DoubleType() if scalar else T.ArrayType(T.FloatType(), False)
+    return _Layout(
+        shape=tuple(spec.shape[1:]),
+        default_col="features",
+        accepts=lambda t: _is_binary(t) or is_numeric_array(t),
+        fields=[T.StructField(output_col, dtype, False)],
     )
 
 
@@ -315,6 +339,8 @@ def make_plan(
     key, spec = next((k, v) for k, v in sig.inputs.items() if k != "label")
     if kind in CLASSIFIER_KINDS:
         layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
+    elif kind == "values":
+        layout = _values_layout(sig, spec, output_col)
     elif kind == "tokens":
         layout = _language_model_layout(sig, output_col, log_probabilities_col, lm_output)
     else:

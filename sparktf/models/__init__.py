@@ -28,7 +28,7 @@ from __future__ import annotations
 from sparktf.models.alexnet import AlexNetV2Task
 from sparktf.models.augment import AugmentMixin, augment_images, augment_seed
 from sparktf.models.classifier import ClassifierTask
-from sparktf.models.custom import CustomClassifierTask, CustomModel, custom_model, register
+from sparktf.models.custom import CustomModel, CustomTask, custom_model, register
 from sparktf.models.dcgan import DCGAN, DCGANTask
 from sparktf.models.layers import ScaleImage, count_params
 from sparktf.models.linear import (
@@ -61,7 +61,7 @@ __all__ = [
     "AlexNetV2Task",
     "AugmentMixin",
     "ClassifierTask",
-    "CustomClassifierTask",
+    "CustomTask",
     "CustomModel",
     "DCGANTask",
     "LinearRegressionTask",

@@ -7,13 +7,16 @@ A *build function* makes the network::
         x = keras.layers.Dense(hidden_units, activation="relu")(inputs)
         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))   # logits
 
-It takes the per-row input shape (a tuple), the number of classes and its own keyword
+It takes the per-row input shape (a tuple), the number of outputs and its own keyword
 arguments, and returns a :class:`keras.Model` from float32 inputs ``[B, *input_shape]`` to
-logits ``[B, num_classes]``. Every keyword parameter with a default becomes a config key of
-the model (``--model-config`` / ``TrainConfig.model_config`` / ``TFEstimator.modelConfig``
-override it). sparktf wraps it in a classifier task (:class:`CustomClassifierTask`): the
-same training loop, checkpoints, moving averages, precision policies, evaluation and
-SavedModel export as the registry's classifiers, and ``sparktf.predict`` serves the export.
+outputs ``[B, num_outputs]`` (a scalar regression or binary model may return ``[B]``): for
+a classifier ``num_classes`` logits, for a binary model one logit, for a multi-label model
+one logit per label, for a regression model the label's size (1 for a scalar label). Every
+keyword parameter with a default becomes a config key of the model (``--model-config`` /
+``TrainConfig.model_config`` / ``TFEstimator.modelConfig`` override it). sparktf wraps it in
+a task (:class:`CustomTask`): the same training loop, checkpoints, moving averages,
+precision policies, evaluation and SavedModel export as the registry's models, and
+``sparktf.predict`` serves the export.
 
 Two ways to name it, anywhere a registry name goes (``TrainConfig.model``, the jobs'
 ``--model``, ``TFEstimator(model=...)``):
@@ -31,30 +34,49 @@ Two ways to name it, anywhere a registry name goes (``TrainConfig.model``, the j
 Options (:func:`register` / :func:`custom_model` keyword arguments; all but ``build_fn``,
 ``loss`` and ``config`` are also config keys):
 
-* ``kind``: ``"classifier"`` (the only kind so far);
+* ``kind`` (default: implied by ``loss``; ``"classifier"`` when neither is given):
+
+  - ``"classifier"``: integer class labels ``[0, num_classes)``, ``num_classes`` logits;
+  - ``"binary"``: labels 0 or 1 (integer or float), one logit;
+  - ``"multilabel"``: a vector of ``num_classes`` 0/1 labels per row, a logit per label;
+  - ``"regression"``: float labels (a scalar or a fixed-shape vector per row), outputs of
+    the label's size;
+  - ``"custom"``: a loss given by name or function and nothing else assumed (float labels,
+    outputs as the regression's);
 * ``input_shape``, ``input_dtype``, ``num_classes``, ``feature``: the input column
   (default: ``image`` for ``uint8``, else ``features``), its per-row shape, ``"float32"``
   (a feature vector or tensor, fed as it is) or ``"uint8"`` (images, scaled by
   :class:`~sparktf.models.layers.ScaleImage` with ``scaling`` first). ``None`` (the
   default): taken from the dataset when a run is planned (the dataset's only ndarray
   column, its dtype and shape, and its label's ``num_classes``);
-* ``loss``: ``"sparse_categorical_crossentropy"`` (on logits; the default) or a function
-  ``loss(labels [B] int64, logits [B, K] float32) -> per-example losses [B]`` (register
-  only: it travels with the plan); ``label_smoothing`` and ``weight_decay`` as the
-  registry's classifiers;
-* ``metrics``: reported per training step besides ``loss``: ``"accuracy"``,
-  ``"top5_accuracy"`` (evaluation always reports loss, accuracy and top-5 accuracy);
+* ``loss``: the kind's own by default: ``"sparse_categorical_crossentropy"`` (classifier,
+  on logits), ``"binary_crossentropy"`` (binary and multilabel, on logits), ``"mse"``
+  (regression). Any Keras loss name (``"huber"``, ``"mae"``, ``"log_cosh"``, ...) applies
+  to ``(labels, outputs)`` as Keras applies it; a regression name (:data:`REGRESSION_LOSSES`)
+  implies ``kind="regression"``, another name ``kind="custom"``. Or a function
+  ``loss(labels, outputs) -> per-example losses [B]`` (register only: it travels with the
+  plan). ``label_smoothing`` (classifier) and ``weight_decay`` as the registry's
+  classifiers;
+* ``metrics``: names reported per training step besides ``loss`` and by evaluation
+  (:data:`STEP_METRICS` of the kind); evaluation also computes any other Keras metric name
+  (``"auc"`` for a binary model, ``"mean_absolute_percentage_error"``, ...). A classifier's
+  evaluation always reports loss, accuracy and top-5 accuracy; a regression model's
+  defaults are ``mae`` and ``rmse``, a binary or multi-label model's ``accuracy`` and
+  ``auc``;
 * ``optimizer`` (a name of :data:`sparktf.models.optim.OPTIMIZERS` or ``{"name": ...,
   **keras_kwargs}``), ``learning_rate``, ``batch_size``, ``epochs``, ``max_steps`` and the
   schedule keys every task has;
 * ``config``: more defaults for the build function's keyword arguments (needed for those
   without a default, or with ``**kwargs``).
 
-Exports: a ``uint8`` input of rank 3 gets exactly the image classifier's signatures
-(``serving_default`` on serialized ``tf.train.Example`` with raw ``image`` bytes,
-``predict_images``); any other input gets ``serving_default`` (a ``tf.train.Example`` with
-a float list under the feature's name) and ``predict_features`` (``float32[B, *shape]``),
-both giving ``classes`` and ``scores``.
+Exports: a classifier with a ``uint8`` input of rank 3 gets exactly the image classifier's
+signatures (``serving_default`` on serialized ``tf.train.Example`` with raw ``image`` bytes,
+``predict_images``); any other model gets ``serving_default`` (a ``tf.train.Example`` with a
+float list under the feature's name) and ``predict_features`` (``float32[B, *shape]``).
+Classifiers and binary models give ``classes`` (int64) and ``scores`` (the probability of
+each class; a binary model's ``[1 - p, p]``); multi-label models give ``predictions``, the
+probability of each label; regression and custom models give ``predictions``, the outputs
+as they are (``[B]`` for a scalar label).
 """
 
 from __future__ import annotations
@@ -76,6 +98,18 @@ import tensorflow as tf
 from sparktf.errors import SparktfTypeError, SparktfValueError
 from sparktf.models.classifier import ClassifierTask, check_regularisation
 from sparktf.models.export import Endpoint
+from sparktf.models.kinds import (
+    CALLABLE_LOSS,
+    DEFAULT_METRICS,
+    KINDS,
+    LOSSES,
+    REGRESSION_LOSSES,
+    STEP_METRICS,
+    KindMixin,
+    check_kind_and_loss,
+    check_metrics,
+    kind_of,
+)
 from sparktf.models.layers import ScaleImage, count_params
 from sparktf.models.task import (
     Batch,
@@ -91,9 +125,10 @@ __all__ = [
     "INPUT_DTYPES",
     "KINDS",
     "LOSSES",
-    "TRAIN_METRICS",
-    "CustomClassifierTask",
+    "REGRESSION_LOSSES",
+    "STEP_METRICS",
     "CustomModel",
+    "CustomTask",
     "config_from_dataset",
     "custom_model",
     "dumps_by_value",
@@ -106,11 +141,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("classifier",)
 INPUT_DTYPES = ("float32", "uint8")
-LOSSES = ("sparse_categorical_crossentropy",)
-CALLABLE_LOSS = "callable"  # the config's ``loss`` when a loss function was registered
-TRAIN_METRICS = ("accuracy", "top5_accuracy")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
@@ -120,14 +151,15 @@ class CustomModel:
     :func:`custom_model`, entered by :func:`register`."""
 
     build_fn: Callable[..., keras.Model]
-    kind: str = "classifier"
-    loss: str | Callable[..., Any] = "sparse_categorical_crossentropy"
-    metrics: tuple[str, ...] = ("accuracy",)
+    kind: str | None = None
+    loss: str | Callable[..., Any] | None = None
+    metrics: tuple[str, ...] | None = None
     optimizer: str | Mapping[str, Any] = "adam"
     learning_rate: float = 1e-3
     input_shape: tuple[int, ...] | None = None
     input_dtype: str | None = None
     num_classes: int | None = None
+    label_shape: tuple[int, ...] | None = None
     feature: str | None = None
     scaling: str = "unit"
     batch_size: int = 32
@@ -139,15 +171,7 @@ class CustomModel:
     def __post_init__(self) -> None:
         if not callable(self.build_fn):
             raise SparktfTypeError(f"build_fn must be callable, got {self.build_fn!r}")
-        if self.kind not in KINDS:
-            raise SparktfValueError(
-                f"kind {self.kind!r} is not supported; custom models are {KINDS}"
-            )
-        if not callable(self.loss) and self.loss not in LOSSES:
-            raise SparktfValueError(
-                f"loss must be one of {LOSSES} or a function (labels, logits) -> per-example "
-                f"losses, got {self.loss!r}"
-            )
+        check_kind_and_loss(self.kind, self.loss)
 
     def defaults(self) -> dict[str, Any]:
         """The task config this model starts from."""
@@ -166,13 +190,15 @@ class CustomModel:
             )
         out.update(
             {
+                "kind": self.kind,
                 "input_shape": None if self.input_shape is None else list(self.input_shape),
                 "input_dtype": self.input_dtype,
                 "num_classes": self.num_classes,
+                "label_shape": None if self.label_shape is None else list(self.label_shape),
                 "feature": self.feature,
                 "scaling": self.scaling,
                 "loss": CALLABLE_LOSS if callable(self.loss) else self.loss,
-                "metrics": list(self.metrics),
+                "metrics": None if self.metrics is None else list(self.metrics),
                 "optimizer": optimizer,
                 "learning_rate": self.learning_rate,
                 "batch_size": self.batch_size,
@@ -187,18 +213,21 @@ class CustomModel:
 def custom_model(build_fn: Callable[..., keras.Model], **options: Any) -> CustomModel:
     """A :class:`CustomModel` (the options of :func:`register`), for a module's
     ``"my_pkg.module:NAME"`` entry."""
-    if "metrics" in options:
+    if options.get("metrics") is not None:
         options["metrics"] = tuple(options["metrics"])
-    if options.get("input_shape") is not None:
-        options["input_shape"] = tuple(int(d) for d in options["input_shape"])
+    for key in ("input_shape", "label_shape"):
+        if options.get(key) is not None:
+            options[key] = tuple(int(d) for d in options[key])
     return CustomModel(build_fn, **options)
 
 
 # The config keys of the task (a build function's own keyword arguments must not reuse one).
 _TASK_KEYS = (
+    "kind",
     "input_shape",
     "input_dtype",
     "num_classes",
+    "label_shape",
     "feature",
     "scaling",
     "loss",
@@ -255,15 +284,30 @@ def _build_defaults(fn: Callable) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the task
 
 
-class CustomClassifierTask(ClassifierTask):
-    """A classifier whose network comes from a user's build function (one subclass per
-    registered name; see the module docstring)."""
+class CustomTask(KindMixin, ClassifierTask):
+    """A model whose network comes from a user's build function (one subclass per
+    registered name; see the module docstring). A classifier behaves exactly as the
+    registry's classifiers; the other kinds get their own loss, metrics and signatures."""
 
     description: ClassVar[str] = "a user's Keras model (sparktf.models.register)"
     spec: ClassVar[CustomModel | None] = None
     defaults: ClassVar[Mapping[str, Any]] = {}
 
     # -- config ---------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return kind_of(self.config["kind"], self.config["loss"])
+
+    @property
+    def loss_name(self) -> str:
+        """The loss by name (``"callable"`` for a function)."""
+        return self.config["loss"] or LOSSES[self.kind]
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        metrics = self.config["metrics"]
+        return DEFAULT_METRICS[self.kind] if metrics is None else tuple(metrics)
 
     @property
     def input_dtype(self) -> str:
@@ -298,17 +342,38 @@ class CustomClassifierTask(ClassifierTask):
 
     @property
     def num_classes(self) -> int:
+        if self.kind == "binary":
+            return 2
         if self.config["num_classes"] is None:
+            what = "labels" if self.kind == "multilabel" else "classes"
             raise SparktfValueError(
-                f"model {self.name!r}: num_classes is not known: set it or train on a dataset "
-                "whose label records num_classes"
+                f"model {self.name!r}: num_classes (the number of {what}) is not known: set it "
+                "or train on a dataset that records it"
             )
         return int(self.config["num_classes"])
 
     @property
+    def label_shape(self) -> tuple[int, ...]:
+        """The per-row shape of a label: () for a class, a binary or a scalar target."""
+        if self.kind == "multilabel":
+            return (self.num_classes,)
+        if self.kind in ("classifier", "binary"):
+            return ()
+        return tuple(int(d) for d in self.config["label_shape"] or ())
+
+    @property
+    def num_outputs(self) -> int:
+        """The second argument of the build function: classes, labels or the label's size."""
+        if self.kind == "classifier":
+            return self.num_classes
+        return math.prod(self.label_shape)
+
+    @property
     def serves_images(self) -> bool:
-        """A uint8 image input: the registry classifiers' signatures."""
-        return self.input_dtype == "uint8" and len(self.input_shape) == 3
+        """A classifier on uint8 images: the registry classifiers' signatures."""
+        return (
+            self.kind == "classifier" and self.input_dtype == "uint8" and len(self.input_shape) == 3
+        )
 
     @property
     def build_config(self) -> dict[str, Any]:
@@ -322,36 +387,33 @@ class CustomClassifierTask(ClassifierTask):
 
     def validate(self) -> None:
         c = self.config
-        shape = c["input_shape"]
-        if shape is not None and (
-            not isinstance(shape, list)
-            or not shape
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
-        ):
-            raise SparktfValueError(
-                f"input_shape must be a list of positive integers, got {shape!r}"
-            )
+        check_kind_and_loss(c["kind"], c["loss"])
+        for key in ("input_shape", "label_shape"):
+            shape = c[key]
+            if shape is not None and (
+                not isinstance(shape, list)
+                or (key == "input_shape" and not shape)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+            ):
+                raise SparktfValueError(f"{key} must be a list of positive integers, got {shape!r}")
         if c["input_dtype"] not in (None, *INPUT_DTYPES):
             raise SparktfValueError(
                 f"input_dtype must be one of {INPUT_DTYPES}, got {c['input_dtype']!r}"
             )
+        least = 1 if self.kind == "multilabel" else 2
         if c["num_classes"] is not None and (
-            not isinstance(c["num_classes"], int) or c["num_classes"] < 2
+            not isinstance(c["num_classes"], int) or c["num_classes"] < least
         ):
             raise SparktfValueError(
-                f"num_classes must be an integer >= 2, got {c['num_classes']!r}"
+                f"num_classes must be an integer >= {least}, got {c['num_classes']!r}"
             )
         if c["scaling"] not in ScaleImage.MODES:
             raise SparktfValueError(
                 f"scaling must be one of {ScaleImage.MODES}, got {c['scaling']!r}"
             )
-        if c["loss"] not in (*LOSSES, CALLABLE_LOSS) or (
-            c["loss"] == CALLABLE_LOSS and not callable(type(self).spec.loss)
-        ):
-            raise SparktfValueError(f"loss must be one of {LOSSES}, got {c['loss']!r}")
-        unknown = sorted(set(c["metrics"]) - set(TRAIN_METRICS))
-        if unknown:
-            raise SparktfValueError(f"metrics {unknown} are not known; choose from {TRAIN_METRICS}")
+        if c["loss"] == CALLABLE_LOSS and not callable(type(self).spec.loss):
+            raise SparktfValueError("loss 'callable' names a function, but none was registered")
+        check_metrics(self.kind, self.metric_names)
         check_regularisation(c)
         params, _ = _build_parameters(type(self).spec.build_fn)
         missing = [p.name for p in params if p.name not in c]
@@ -362,51 +424,52 @@ class CustomClassifierTask(ClassifierTask):
             )
 
     def data_overrides(self, fields: Sequence[Any], manifest: Mapping[str, Any]) -> dict:
-        """Config entries left ``None`` (input column, shape, dtype, classes), read from a
-        dataset's columns (``formats.Field``) and manifest (:func:`config_from_dataset`)."""
+        """Config entries left ``None`` (input column, shape, dtype, classes, label shape),
+        read from a dataset's columns (``formats.Field``) and manifest
+        (:func:`config_from_dataset`)."""
         return config_from_dataset(self, fields, manifest)
 
     # -- model ------------------------------------------------------------------------------
 
     def build_model(self) -> keras.Model:
-        shape, num_classes = self.input_shape, self.num_classes
+        shape = self.input_shape
+        num_outputs = self.num_outputs
         inputs = keras.Input(shape, dtype=self.input_dtype, name=self.feature)
         x = inputs
         if self.input_dtype == "uint8":
             x = ScaleImage(self.config["scaling"], dtype="float32", name="scale_image")(inputs)
         fn = type(self).spec.build_fn
-        network = fn(tuple(shape), num_classes, **self.build_config)
+        network = fn(tuple(shape), num_outputs, **self.build_config)
         if not isinstance(network, keras.Model):
             raise SparktfTypeError(
                 f"build function {_describe(fn)} returned {type(network).__name__}, "
                 "not a keras.Model"
             )
-        logits = network(x)
-        if tuple(logits.shape[1:]) != (num_classes,):
+        outputs = network(x)
+        got = tuple(outputs.shape[1:])
+        scalar = self.kind in ("binary", "regression", "custom") and num_outputs == 1
+        if got != (num_outputs,) and not (scalar and got == ()):
+            what = {"classifier": "logits", "binary": "one logit", "multilabel": "logits"}
             raise SparktfValueError(
                 f"build function {_describe(fn)} returns outputs of shape "
-                f"{tuple(logits.shape)}; expected logits [B, {num_classes}]"
+                f"{tuple(outputs.shape)}; expected {what.get(self.kind, 'outputs')} "
+                f"[B, {num_outputs}]" + (" or [B]" if scalar else "")
             )
         safe = re.sub(r"[^A-Za-z0-9_]", "_", self.name)
-        model = RegistryModel(inputs, logits, self.name, self.config, name=safe)
+        model = RegistryModel(inputs, outputs, self.name, self.config, name=safe)
         logger.info(
-            "built %s: %d trainable parameters", self.name, count_params(model.trainable_weights)
+            "built %s (%s): %d trainable parameters",
+            self.name,
+            self.kind,
+            count_params(model.trainable_weights),
         )
         return model
 
-    def per_example_loss(
-        self, labels: tf.Tensor, logits: tf.Tensor, label_smoothing: float = 0.0
-    ) -> tf.Tensor:
-        loss_fn = type(self).spec.loss
-        if callable(loss_fn):  # the user's loss(labels, logits) -> per-example losses
-            return tf.reshape(tf.cast(loss_fn(labels, logits), tf.float32), [-1])
-        return super().per_example_loss(labels, logits, label_smoothing)
-
     def step_metrics(self, batch: Batch, logits: tf.Tensor, correct: tf.Tensor) -> Metrics:
         out = {}
-        if "accuracy" in self.config["metrics"]:
+        if "accuracy" in self.metric_names:
             out["accuracy"] = tf.reduce_mean(correct)
-        if "top5_accuracy" in self.config["metrics"]:
+        if "top5_accuracy" in self.metric_names:
             labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
             k = min(5, self.num_classes)
             out["top5_accuracy"] = tf.reduce_mean(
@@ -420,26 +483,22 @@ class CustomClassifierTask(ClassifierTask):
         if self.serves_images:
             return super().serving_endpoints(model)
         shape, feature = list(self.input_shape), self.feature
-
-        def outputs(values: tf.Tensor) -> dict[str, tf.Tensor]:
-            logits = tf.cast(model(values, training=False), tf.float32)
-            scores = tf.nn.softmax(logits, axis=-1)
-            return {"classes": tf.argmax(scores, axis=-1), "scores": scores}
+        dtype = tf.as_dtype(self.input_dtype)
 
         def classify(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
             parsed = tf.io.parse_example(
                 inputs, {feature: tf.io.FixedLenFeature(shape, tf.float32)}
             )
-            return outputs(parsed[feature])
+            return self.predictions(model, tf.cast(parsed[feature], dtype))
 
         def predict_features(features: tf.Tensor) -> dict[str, tf.Tensor]:
-            return outputs(features)
+            return self.predictions(model, features)
 
         return {
             "serving_default": (classify, [tf.TensorSpec([None], tf.string, name="inputs")]),
             "predict_features": (
                 predict_features,
-                [tf.TensorSpec([None, *shape], tf.float32, name="features")],
+                [tf.TensorSpec([None, *shape], dtype, name="features")],
             ),
         }
 
@@ -447,8 +506,11 @@ class CustomClassifierTask(ClassifierTask):
         if self.serves_images:
             return super().signature_info()
         dims = ",".join(str(d) for d in self.input_shape)
-        k = self.num_classes
-        outputs = {"classes": "int64[B]", "scores": f"float32[B,{k}]"}
+        if self.kind in ("classifier", "binary"):
+            outputs = {"classes": "int64[B]", "scores": f"float32[B,{self.num_classes}]"}
+        else:
+            label = "".join(f",{d}" for d in self.label_shape)
+            outputs = {"predictions": f"float32[B{label}]"}
         return {
             "serving_default": {
                 "inputs": {
@@ -457,21 +519,10 @@ class CustomClassifierTask(ClassifierTask):
                 },
                 "outputs": outputs,
             },
-            "predict_features": {"inputs": {"features": f"float32[B,{dims}]"}, "outputs": outputs},
-        }
-
-    def example_batch(self, batch_size: int, seed: int = 0) -> dict[str, tf.Tensor]:
-        rng = np.random.default_rng(seed)
-        if self.input_dtype == "uint8":
-            values = rng.integers(0, 256, size=(batch_size, *self.input_shape), dtype=np.uint8)
-        else:
-            values = rng.standard_normal((batch_size, *self.input_shape)).astype(np.float32)
-        labels = rng.integers(0, self.num_classes, size=(batch_size,), dtype=np.int64)
-        ids = np.arange(batch_size, dtype=np.int64)
-        return {
-            self.feature: tf.constant(values),
-            "label": tf.constant(labels),
-            "id": tf.constant(ids),
+            "predict_features": {
+                "inputs": {"features": f"{self.input_dtype}[B,{dims}]"},
+                "outputs": outputs,
+            },
         }
 
 
@@ -479,10 +530,10 @@ class CustomClassifierTask(ClassifierTask):
 
 
 def config_from_dataset(
-    task: CustomClassifierTask, fields: Sequence[Any], manifest: Mapping[str, Any]
+    task: CustomTask, fields: Sequence[Any], manifest: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The config entries ``task`` leaves ``None`` (input column, shape, dtype, classes), read
-    from a dataset's columns (``formats.Field``) and manifest.
+    """The config entries ``task`` leaves ``None`` (input column, shape, dtype, classes, label
+    shape), read from a dataset's columns (``formats.Field``) and manifest.
 
     Raises ``ValueError`` when the dataset cannot feed the model: several ndarray columns and
     no ``feature``, a dtype custom models do not read, or a dtype or shape other than the
@@ -528,11 +579,44 @@ def config_from_dataset(
             f"model {task.name!r} expects input_shape {tuple(c['input_shape'])} but column "
             f"{column.name!r} of {where} holds {dtype} of shape {tuple(shape)}"
         )
-    if c["num_classes"] is None:
-        label = (manifest.get("schema") or {}).get("label") or {}
-        if label.get("num_classes"):
-            out["num_classes"] = int(label["num_classes"])
+    out.update(_label_config(task, fields, manifest, where))
     return out
+
+
+def _label_config(
+    task: CustomTask, fields: Sequence[Any], manifest: Mapping[str, Any], where: str
+) -> dict[str, Any]:
+    """``num_classes`` (a classifier's, from the manifest; a multi-label model's, the label
+    vector's size) or ``label_shape`` (regression, custom), when the config leaves them
+    ``None``."""
+    c, kind = task.config, task.kind
+    label = next((f for f in fields if f.name == "label"), None)
+    shape = list(label.shape or ()) if label is not None else None
+    if kind == "classifier" and c["num_classes"] is None:
+        schema = (manifest.get("schema") or {}).get("label") or {}
+        return {"num_classes": int(schema["num_classes"])} if schema.get("num_classes") else {}
+    if kind == "multilabel" and shape is not None:
+        if len(shape) != 1:
+            raise SparktfValueError(
+                f"model {task.name!r} (multilabel) reads a vector of 0/1 labels, but the label "
+                f"column of {where} has shape {tuple(shape)}"
+            )
+        if c["num_classes"] is None:
+            return {"num_classes": int(shape[0])}
+        if int(c["num_classes"]) != shape[0]:
+            raise SparktfValueError(
+                f"model {task.name!r} has num_classes={c['num_classes']} labels but the label "
+                f"column of {where} holds {shape[0]}"
+            )
+    if kind in ("regression", "custom") and shape is not None:
+        if c["label_shape"] is None:
+            return {"label_shape": shape}
+        if list(c["label_shape"]) != shape:
+            raise SparktfValueError(
+                f"model {task.name!r} expects label_shape {tuple(c['label_shape'])} but the "
+                f"label column of {where} has shape {tuple(shape)}"
+            )
+    return {}
 
 
 # ----------------------------------------------------------------------------- the names
@@ -541,22 +625,22 @@ def config_from_dataset(
 _REGISTERED: dict[str, CustomModel] = {}
 
 
-def _task_class_for(name: str, spec: CustomModel) -> type[CustomClassifierTask]:
-    """A CustomClassifierTask subclass for ``name`` (entered into the name table)."""
+def _task_class_for(name: str, spec: CustomModel) -> type[CustomTask]:
+    """A CustomTask subclass for ``name`` (entered into the name table)."""
     attrs = {
         "family": name,
         "spec": spec,
         "defaults": spec.defaults(),
         "description": spec.description or f"custom model {_describe(spec.build_fn)}",
         "__module__": __name__,
-        "__qualname__": f"CustomClassifierTask[{name}]",
+        "__qualname__": f"CustomTask[{name}]",
     }
-    return type(f"CustomClassifierTask[{name}]", (CustomClassifierTask,), attrs)
+    return type(f"CustomTask[{name}]", (CustomTask,), attrs)
 
 
 def _is_custom(name: str) -> bool:
     try:
-        return issubclass(task_class(name), CustomClassifierTask)
+        return issubclass(task_class(name), CustomTask)
     except ValueError:
         return False
 
@@ -564,7 +648,7 @@ def _is_custom(name: str) -> bool:
 def register(name: str, build_fn: Callable[..., keras.Model], **options: Any) -> str:
     """Makes ``build_fn`` trainable under ``name`` (see the module docstring for the build
     function and ``options``: kind, loss, metrics, optimizer, learning_rate, input_shape,
-    input_dtype, num_classes, feature, scaling, batch_size, epochs, max_steps, config,
+    input_dtype, num_classes, label_shape, feature, scaling, batch_size, epochs, max_steps, config,
     description). Registering a name again replaces it; the registry's own names cannot be
     taken. Returns ``name``."""
     if not isinstance(name, str) or not _NAME.match(name):
@@ -580,7 +664,7 @@ def register(name: str, build_fn: Callable[..., keras.Model], **options: Any) ->
     return name
 
 
-def module_task_class(name: str) -> type[CustomClassifierTask]:
+def module_task_class(name: str) -> type[CustomTask]:
     """The task class of a ``"package.module:attr"`` name (imported, then entered into the
     name table); a ValueError naming what is missing."""
     module_name, _, attr = name.partition(":")
@@ -612,7 +696,7 @@ def module_task_class(name: str) -> type[CustomClassifierTask]:
     return _task_class_for(name, spec)
 
 
-def _resolve(name: str) -> type[CustomClassifierTask] | None:
+def _resolve(name: str) -> type[CustomTask] | None:
     return module_task_class(name) if isinstance(name, str) and ":" in name else None
 
 

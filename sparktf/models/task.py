@@ -54,7 +54,7 @@ __all__ = [
     "to_jsonable",
 ]
 
-KINDS = ("classifier", "language_model", "gan", "regression")
+KINDS = ("classifier", "language_model", "gan", "regression", "binary", "multilabel", "custom")
 
 Metrics = dict[str, tf.Tensor]
 Batch = Mapping[str, tf.Tensor]

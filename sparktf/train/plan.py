@@ -32,6 +32,7 @@ from sparktf.train.config import (
 
 __all__ = [
     "EVAL_METRICS",
+    "eval_metrics",
     "ROLES",
     "DataInfo",
     "ProcessSpec",
@@ -158,7 +159,7 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
         task = models.get_task(train.model, **overrides)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if task.kind == "regression":
+    if isinstance(task, models.LinearRegressionTask):
         raise ConfigError(
             f"{train.model} trains on its built-in data, not on a converted "
             "dataset: it has no distributed training job"
@@ -216,6 +217,15 @@ EVAL_METRICS = {
     "language_model": {"loss": False, "perplexity": False},
     "gan": {"d_loss": False, "g_loss": False},
 }
+# Metric names of a user's model for which higher is better (any other: lower).
+_HIGHER_IS_BETTER = ("accuracy", "binary_accuracy", "auc", "precision", "recall", "r2_score")
+
+
+def eval_metrics(task) -> dict[str, bool]:
+    """The metrics evaluation reports for ``task``, and whether higher is better."""
+    if task.kind in EVAL_METRICS:
+        return EVAL_METRICS[task.kind]
+    return {"loss": False, **{m: m in _HIGHER_IS_BETTER for m in task.metric_names}}
 
 
 def _eval_data(train: TrainConfig, run: RunConfig, task, manifest: dict) -> DataInfo | None:
@@ -235,7 +245,7 @@ def _eval_data(train: TrainConfig, run: RunConfig, task, manifest: dict) -> Data
     else:
         split = evaluation.split
     if evaluation.export_best:
-        metrics = EVAL_METRICS.get(task.kind, {})
+        metrics = eval_metrics(task)
         if split is None:
             raise ConfigError("EvalConfig.export_best needs an evaluation split (EvalConfig.split)")
         if evaluation.export_best not in metrics:

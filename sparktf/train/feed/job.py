@@ -21,6 +21,7 @@ from collections import Counter
 
 from sparktf import spark as spark_lib
 from sparktf import storage
+from sparktf.datasets import formats
 from sparktf.remote import is_connect
 from sparktf.train.feed import chunks
 from sparktf.train.plan import RunPlan
@@ -133,9 +134,7 @@ class FeedJob:
 
     def _read_split(self, parts: int):
         data = self.plan.data
-        schema = ", ".join(
-            f"`{f.name}` {'bigint' if f.shape is None else 'binary'}" for f in data.fields
-        )
+        schema = ", ".join(f"`{f.name}` {formats.spark_type(f)}" for f in data.fields)
         reader = self.spark.read.schema(schema)
         df = reader.parquet(storage.spark_uri(data.parquet))
         count = _partitions(df)

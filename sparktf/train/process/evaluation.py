@@ -16,7 +16,9 @@ and makes one pass over the evaluation split (``files`` readers, whatever the in
   = exp(loss), token-weighted over the whole split, read in the book's stream layout (the
   LSTM state is carried from batch to batch, reset at the start) -- the book's 11.2
   valid/test perplexity;
-* DCGAN: the discriminator and generator losses of ``eval_step`` on the real images.
+* DCGAN: the discriminator and generator losses of ``eval_step`` on the real images;
+* a user's model of another kind (:class:`sparktf.models.CustomTask`): ``loss`` and its
+  ``metrics`` (Keras metrics, e.g. ``rmse``, ``auc``) accumulated over every row.
 
 Other processes do not evaluate: under all-reduce they wait for the chief at their next
 step (the evaluation counts towards ``FailureConfig.stall_timeout_s``); under ps they go on
@@ -82,14 +84,21 @@ class Evaluator:
         self.model.set_weights(weights)
         sums: dict[str, float] = {}
         rows = 0
+        # A user's model of another kind than classifier: Keras metrics over every row.
+        stateful = getattr(self.task, "evaluation_metrics", lambda: None)()
         for batch, n in self._batches():
-            for name, value in self._batch_sums(batch, n).items():
-                sums[name] = sums.get(name, 0.0) + value
+            if stateful is not None:
+                self.task.update_evaluation(stateful, self.model, batch)
+            else:
+                for name, value in self._batch_sums(batch, n).items():
+                    sums[name] = sums.get(name, 0.0) + value
             rows += n
         if rows == 0:
             split = self.data.split
             raise ValueError(f"the evaluation split {split!r} of {self.data.data} is empty")
         metrics = {name: value / rows for name, value in sums.items()}
+        if stateful is not None:
+            metrics = {name: float(m.result()) for name, m in stateful.items()}
         if self.task.kind == "language_model":
             metrics["perplexity"] = math.exp(metrics["loss"])
         log.info(

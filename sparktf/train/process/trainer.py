@@ -31,7 +31,7 @@ import numpy as np
 
 from sparktf.train.artifacts import ModelDir, latest_checkpoint
 from sparktf.train.config import TrainingError
-from sparktf.train.plan import EVAL_METRICS, ProcessSpec, Role
+from sparktf.train.plan import ProcessSpec, Role, eval_metrics
 from sparktf.train.process import inputs
 from sparktf.train.process.build import Built, build_training
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker, Evaluator
@@ -138,7 +138,7 @@ class Trainer:
         best = None
         if run.evaluation.export_best and run.checkpoint.export:
             best = BestMetric(
-                run.evaluation.export_best, EVAL_METRICS[self.task.kind][run.evaluation.export_best]
+                run.evaluation.export_best, eval_metrics(self.task)[run.evaluation.export_best]
             )
         return EvaluationTracker(
             Evaluator(self.task, plan.eval_data, plan.train.file_format),
