@@ -263,7 +263,13 @@ def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, 
         shape=(2, 2, 1),
         num_classes=3,
     )
-    assert out == {"rows": 4, "shape": (2, 2, 1), "dtype": "uint8", "num_classes": 3}
+    assert out == {
+        "rows": 4,
+        "shape": (2, 2, 1),
+        "dtype": "uint8",
+        "num_classes": 3,
+        "label_shape": (),
+    }
     manifest = formats.load_manifest(str(target))
     assert formats.manifest_fields(manifest) == [
         formats.Field("image", "uint8", (2, 2, 1)),
@@ -276,6 +282,28 @@ def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, 
     decoded = formats.decode_ndarray_column(table["image"], "uint8", (2, 2, 1))
     np.testing.assert_array_equal(decoded[order], images)
     np.testing.assert_array_equal(table["label"].to_numpy()[order], [0, 1, 2, 0])
+
+    # Float targets (a regression model's): a number per row as float32, a vector per row
+    # as numpy.save float32 bytes.
+    targets = spark.createDataFrame(
+        [(1, [1.0, 2.0], 0.5, [0.0, 1.0]), (2, [3.0, 4.0], -1.25, [1.0, 1.0])],
+        ["id", "features", "y", "tags"],
+    ).coalesce(1)
+    for col, shape in (("y", ()), ("tags", (2,))):
+        target = tmp_path / f"values-{col}"
+        out = write_table(
+            targets, str(target), input_col="features", label_col=col, id_col="id", labels="values"
+        )
+        assert out["num_classes"] is None and out["label_shape"] == shape
+        label = formats.manifest_fields(formats.load_manifest(str(target)))[1]
+        assert label == formats.Field("label", "float32", shape or None)
+        table = pq.read_table(target / "train" / "parquet").sort_by("id")
+        got = (
+            formats.decode_ndarray_column(table["label"], "float32", shape)
+            if shape
+            else table["label"].to_numpy()
+        )
+        np.testing.assert_array_equal(got, [0.5, -1.25] if col == "y" else [[0, 1], [1, 1]])
 
     numbers = spark.createDataFrame(
         [(1, [0.0, 1.0, 2.0, 3.0], 0), (2, [0.0, 1.0, 2.5, 300.0], 1)],
