@@ -396,6 +396,61 @@ def test_multiclass_evaluator_scores_the_fitted_pipeline(tabular):
     assert math.isfinite(log_loss) and log_loss < 1.0  # read from the probability Vectors
 
 
+REGRESSION_EXAMPLE = REPO / "examples" / "regression_pipeline.py"
+
+
+@pytest.fixture(scope="module")
+def regression_example():
+    spec = importlib.util.spec_from_file_location("regression_example", REGRESSION_EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_regression_example_tunes_a_learning_rate_and_reaches_the_noise(
+    spark, regression_example, tmp_path
+):
+    """A user's linear model with loss="mse" on y = w.x + 1 + noise: CrossValidator over two
+    learning rates (2 folds each, then the best on all rows), RegressionEvaluator on the
+    TFModel's double prediction; the held-out RMSE comes within 10% of the noise's std."""
+    from pyspark.sql import types as T
+
+    from sparktf import cli, storage
+
+    args = cli.parse(
+        regression_example.parser(),
+        [
+            "--demo-rows",
+            "1200",  # few passes of many rows: a feed pass is a Spark job
+            "--epochs",
+            "8",
+            "--csv",
+            str(tmp_path / "data.csv"),
+            "--model-dir",
+            str(tmp_path / "model"),
+            "--output",
+            str(tmp_path / "predictions"),
+        ],
+    )
+    out = regression_example.run(args, spark)
+    summary = out["summary"]
+    assert summary["features"] == ["x1", "x2", "x3", "x4"]
+    assert len(summary["cv_rmse"]) == 2
+    # The slow rate (0.0005) cannot fit in 8 epochs: the cross-validation picks the other.
+    assert summary["best_learning_rate"] == 0.05, summary
+    assert summary["cv_rmse"][0] < summary["cv_rmse"][1]
+    assert summary["test_rmse"] < 1.1 * summary["noise_std"], summary
+    scored = spark.read.parquet(storage.spark_uri(summary["predictions"]))
+    assert isinstance(scored.schema["prediction"].dataType, T.DoubleType)
+    assert scored.count() == summary["test_rows"] > 200
+    # Each fold and rate trained in a directory of its own; no temporary dataset is left.
+    assert len(list((tmp_path / "model").glob("fits-*/*"))) == 2 * 2
+    assert not list((tmp_path / "model").rglob("_fit_data-*"))
+    assert_nothing_left()
+
+
 def _blobs(spark, rows: int, seed: int):
     """Two separable classes in 3-D: label 1 around (1.5, 1.5, 1.5), 0 around its opposite."""
     from pyspark.ml.linalg import Vectors

@@ -2,7 +2,7 @@
 
 A :class:`FeedJob` runs on a thread of the driver: it reads the split's Parquet (or a
 DataFrame it is given), waits until every feeding process has said hello, then runs
-``feed_passes`` passes of ``DataFrame.mapInArrow`` with
+``feed_passes`` passes (two at a time: :meth:`FeedJob._passes`) of ``DataFrame.mapInArrow`` with
 :func:`sparktf.train.feed.chunks.make_feeder`
 (``None``: until the run stops) and counts what each process received. When the passes are
 done it publishes those counts (the readers end on them). Its Spark jobs carry a job tag of
@@ -27,13 +27,15 @@ from sparktf.train.feed import chunks
 from sparktf.train.plan import RunPlan
 from sparktf.train.wire.control import ControlServer
 
-__all__ = ["FeedJob"]
+__all__ = ["PASSES_IN_FLIGHT", "FeedJob"]
 
 log = logging.getLogger(__name__)
 
 # A split of at most this many Parquet files that Spark packs into too few partitions is
 # read file by file (a union of one scan per file) instead of being shuffled.
 MAX_FILES_READ_APART = 64
+# Feed passes submitted at once (see FeedJob._passes).
+PASSES_IN_FLIGHT = 2
 
 
 class FeedJob:
@@ -162,19 +164,11 @@ class FeedJob:
                 feed_timeout_s=self.plan.run.failure.feed_timeout_s,
             )
             fed = df.mapInArrow(feeder, chunks.SUMMARY_SCHEMA)  # one plan for every pass
-            done_passes = 0
             self._await_hello(keys)
             self.started_wall = time.time()
-            passes = self.plan.feed_passes
-            while passes is None or done_passes < passes:
-                if self.control.stop:
-                    return
-                for row in fed.collect():
-                    self.chunks[row.executor] += row.chunks
-                    self.rows_by[row.executor] += row.rows
-                    self.rows += row.rows
-                done_passes += 1
-                log.debug("fed pass %d: %d rows so far", done_passes, self.rows)
+            done_passes = self._passes(fed, self.plan.feed_passes)
+            if done_passes is None:  # the run stopped
+                return
             self.control.set_feed_end({key: self.chunks.get(key, 0) for key in keys})
             log.info("feed complete: %d passes, %d rows", done_passes, self.rows)
         except BaseException as exc:
@@ -185,6 +179,47 @@ class FeedJob:
                 self.spark.removeTag(self.group)
             except Exception as exc:  # the session is gone
                 log.debug("removing the feed's job tag: %s", exc)
+
+    def _passes(self, fed, passes: int | None) -> int | None:
+        """Runs ``passes`` passes of ``fed`` (None: until the run stops), up to
+        ``PASSES_IN_FLIGHT`` at once; returns how many ran, or None when the run stopped.
+
+        Why more than one at once: Spark places a pass's tasks on whichever executors are
+        free, and a task feeds the process of the executor it runs on, so one pass may give
+        one process all its rows and another none. Under all-reduce a process that has rows
+        waits at its next step for one that has none; its queue fills and its feeding task
+        waits for room, so the pass never ends. With the next pass already submitted, its
+        tasks run on the free executors and feed the process that waits."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        pool = ThreadPoolExecutor(PASSES_IN_FLIGHT, thread_name_prefix="sparktf-feed-pass")
+        pending: set = set()
+        submitted = done = 0
+        try:
+            while True:
+                if self.control.stop:  # the passes in flight end as their processes stop
+                    wait(pending)
+                    return None
+                while len(pending) < PASSES_IN_FLIGHT and (passes is None or submitted < passes):
+                    pending.add(pool.submit(self._one_pass, fed))
+                    submitted += 1
+                if not pending:
+                    return done
+                finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    for row in future.result():  # a failed pass raises here
+                        self.chunks[row.executor] += row.chunks
+                        self.rows_by[row.executor] += row.rows
+                        self.rows += row.rows
+                    done += 1
+                    log.debug("fed pass %d: %d rows so far", done, self.rows)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _one_pass(self, fed) -> list:
+        # Job tags belong to the thread that starts the job: each pass's thread sets it.
+        self.spark.addTag(self.group)
+        return fed.collect()
 
 
 def _partitions(df) -> int | None:
