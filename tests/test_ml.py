@@ -40,14 +40,19 @@ def build(input_shape, num_classes, hidden_units=16):
 """
 
 
-@pytest.fixture(scope="module")
-def example():
-    spec = importlib.util.spec_from_file_location("tabular_pipeline_example", EXAMPLE)
+def _imported(path: Path, name: str):
+    """An example script imported as the module ``name`` (removed again after the tests)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     yield module
     sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def example():
+    yield from _imported(EXAMPLE, "tabular_pipeline_example")
 
 
 @pytest.fixture(scope="module")
@@ -401,12 +406,7 @@ REGRESSION_EXAMPLE = REPO / "examples" / "regression_pipeline.py"
 
 @pytest.fixture(scope="module")
 def regression_example():
-    spec = importlib.util.spec_from_file_location("regression_example", REGRESSION_EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield from _imported(REGRESSION_EXAMPLE, "regression_example")
 
 
 def test_regression_example_tunes_a_learning_rate_and_reaches_the_noise(

@@ -107,9 +107,11 @@ class ClassifierTask(ModelTask):
             return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
 
-    def _forward(
+    def forward(
         self, model: keras.Model, batch: Batch, training: bool, label_smoothing: float = 0.0
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """One batch through the model: the logits, the per-example losses, and what
+        :meth:`step_metrics` reads beside them (here whether each row was right)."""
         labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
         logits = tf.cast(model(batch[self.features[0]], training=training), tf.float32)
         per_example = self.per_example_loss(labels, logits, label_smoothing)
@@ -124,7 +126,7 @@ class ClassifierTask(ModelTask):
         self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
     ) -> Metrics:
         with tf.GradientTape() as tape:
-            logits, per_example, correct = self._forward(
+            logits, per_example, correct = self.forward(
                 model, batch, training=True, label_smoothing=float(self.config["label_smoothing"])
             )
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
@@ -142,7 +144,7 @@ class ClassifierTask(ModelTask):
         }
 
     def eval_step(self, model: keras.Model, batch: Batch, global_batch_size: int) -> Metrics:
-        _, per_example, correct = self._forward(model, batch, training=False)
+        _, per_example, correct = self.forward(model, batch, training=False)
         return {"loss": tf.reduce_mean(per_example), "accuracy": tf.reduce_mean(correct)}
 
     def serving_endpoints(self, model: keras.Model) -> dict[str, Endpoint]:

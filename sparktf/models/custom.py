@@ -466,6 +466,8 @@ class CustomTask(KindMixin, ClassifierTask):
         return model
 
     def step_metrics(self, batch: Batch, logits: tf.Tensor, correct: tf.Tensor) -> Metrics:
+        if self.kind != "classifier":  # ``correct`` holds the labels (KindMixin.forward)
+            return self.value_metrics(logits, correct)
         out = {}
         if "accuracy" in self.metric_names:
             out["accuracy"] = tf.reduce_mean(correct)

@@ -23,7 +23,6 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import SparktfValueError
-from sparktf.models.optim import apply_gradients, current_learning_rate, regularization_loss
 from sparktf.models.task import Batch, Metrics
 
 __all__ = [
@@ -176,7 +175,7 @@ class KindMixin:
             return tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
         return tf.reshape(tf.cast(batch["label"], tf.float32), [-1, *self.label_shape])
 
-    def _values(self, batch: Batch, outputs: tf.Tensor, labels: tf.Tensor) -> Metrics:
+    def value_metrics(self, outputs: tf.Tensor, labels: tf.Tensor) -> Metrics:
         """The step metrics of a kind other than classifier, from one batch."""
         out: Metrics = {}
         names = self.metric_names
@@ -194,28 +193,16 @@ class KindMixin:
                 out["rmse"] = tf.sqrt(mse)
         return out
 
-    def train_step(
-        self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
-    ) -> Metrics:
+    def forward(
+        self, model: keras.Model, batch: Batch, training: bool, label_smoothing: float = 0.0
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The base's step reads this: a classifier's logits, losses and hits, else the
+        outputs in the label's shape, the losses and the labels (for the step metrics)."""
         if self.kind == "classifier":
-            return super().train_step(model, optimizer, batch, global_batch_size)
+            return super().forward(model, batch, training, label_smoothing)
         labels = self._labels(batch)
-        with tf.GradientTape() as tape:
-            outputs = self.outputs(model, batch[self.feature], training=True)
-            per_example = self.per_example_loss(labels, outputs)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-            reg = regularization_loss(model)
-            total = loss + reg
-        apply_gradients(
-            optimizer, total, tape, model.trainable_variables, self.config.get("clip_norm")
-        )
-        num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        return {
-            "loss": tf.reduce_mean(per_example),
-            **self._values(batch, outputs, labels),
-            "regularization_loss": reg * num_replicas,
-            "learning_rate": current_learning_rate(optimizer),
-        }
+        outputs = self.outputs(model, batch[self.feature], training=training)
+        return outputs, self.per_example_loss(labels, outputs), labels
 
     def eval_step(self, model: keras.Model, batch: Batch, global_batch_size: int) -> Metrics:
         if self.kind == "classifier":
@@ -223,7 +210,7 @@ class KindMixin:
         labels = self._labels(batch)
         outputs = self.outputs(model, batch[self.feature], training=False)
         per_example = self.per_example_loss(labels, outputs)
-        return {"loss": tf.reduce_mean(per_example), **self._values(batch, outputs, labels)}
+        return {"loss": tf.reduce_mean(per_example), **self.value_metrics(outputs, labels)}
 
     # -- evaluation -------------------------------------------------------------------------
 
