@@ -252,14 +252,11 @@ def _with_label_arrays(
     float32 bytes of ``shape`` per row."""
 
     def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import numpy as np
         import pyarrow as pa
 
         for batch in encoder(batches):
-            values = batch.column(1).flatten().to_numpy(zero_copy_only=False)
-            y = np.asarray(values, dtype=np.float32).reshape(batch.num_rows, *shape)
             columns = list(batch.columns)
-            columns[1] = formats.encode_ndarray_column(y)
+            columns[1] = formats.encode_ndarray_column(_float_rows(batch.column(1), shape))
             yield pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
     return encode
@@ -368,6 +365,14 @@ def _binary_layout(rows: DataFrame, input_col: str) -> tuple[str, tuple[int, ...
     return str(head.dtype), tuple(head.shape)
 
 
+def _float_rows(column: pa.Array, shape: tuple[int, ...]):
+    """An ``array<float>`` column as float32 ``[rows, *shape]``."""
+    import numpy as np
+
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.float32).reshape(len(column), *shape)
+
+
 def _list_encoder(
     feature: str, input_col: str, shape: tuple[int, ...], dtype: str
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -378,8 +383,7 @@ def _list_encoder(
         import pyarrow as pa
 
         for batch in batches:
-            values = batch.column(0).flatten().to_numpy(zero_copy_only=False)
-            x = np.asarray(values, dtype=np.float32).reshape(batch.num_rows, *shape)
+            x = _float_rows(batch.column(0), shape)
             if dtype == "uint8":  # images given as numbers: integers in [0, 255]
                 flat = x.reshape(len(x), -1)
                 bad = ((flat < 0) | (flat > 255) | (flat != np.floor(flat))).any(axis=1)

@@ -171,8 +171,7 @@ class KindMixin:
         return per_example(tf.cast(per_value, tf.float32))
 
     def _labels(self, batch: Batch) -> tf.Tensor:
-        if self.kind == "classifier":
-            return tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
+        """Another kind's labels: float32 ``[B, *label_shape]``."""
         return tf.reshape(tf.cast(batch["label"], tf.float32), [-1, *self.label_shape])
 
     def value_metrics(self, outputs: tf.Tensor, labels: tf.Tensor) -> Metrics:
@@ -207,9 +206,7 @@ class KindMixin:
     def eval_step(self, model: keras.Model, batch: Batch, global_batch_size: int) -> Metrics:
         if self.kind == "classifier":
             return super().eval_step(model, batch, global_batch_size)
-        labels = self._labels(batch)
-        outputs = self.outputs(model, batch[self.feature], training=False)
-        per_example = self.per_example_loss(labels, outputs)
+        outputs, per_example, labels = self.forward(model, batch, training=False)
         return {"loss": tf.reduce_mean(per_example), **self.value_metrics(outputs, labels)}
 
     # -- evaluation -------------------------------------------------------------------------
@@ -230,13 +227,9 @@ class KindMixin:
                     multi_label=self.kind == "multilabel",
                     num_labels=self.num_classes if self.kind == "multilabel" else None,
                 )
-            elif name == "rmse":
+            elif name == "rmse":  # not a name Keras knows
                 metrics[name] = keras.metrics.RootMeanSquaredError(name=name)
-            elif name == "mse":
-                metrics[name] = keras.metrics.MeanSquaredError(name=name)
-            elif name == "mae":
-                metrics[name] = keras.metrics.MeanAbsoluteError(name=name)
-            else:
+            else:  # a fresh metric object ("mae" and "mse" included)
                 metrics[name] = keras.metrics.get(name)
         return metrics
 
@@ -245,9 +238,8 @@ class KindMixin:
     ) -> None:
         """Adds one batch to :meth:`evaluation_metrics`' metrics (binary and multi-label
         metrics see probabilities, the others the outputs as they are)."""
-        labels = self._labels(batch)
-        outputs = self.outputs(model, batch[self.feature], training=False)
-        metrics["loss"].update_state(self.per_example_loss(labels, outputs))
+        outputs, per_example, labels = self.forward(model, batch, training=False)
+        metrics["loss"].update_state(per_example)
         if self.kind in ("binary", "multilabel"):
             outputs = tf.sigmoid(outputs)
         shaped = (
