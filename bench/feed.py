@@ -148,7 +148,7 @@ def sparktf_feed(spark, df, rows: int, batch_size: int, model_dir: str, passes: 
         ),
     )
     submitted = time.time()
-    with ClusterRun(spark, plan, bench=BenchOptions(feed_df=df, consume_only=True)) as cluster:
+    with ClusterRun(spark, plan, frame=df, bench=BenchOptions(consume_only=True)) as cluster:
         cluster.start()
         done = cluster.wait(all_nodes=True)
         feed_started = cluster.feed.started_wall

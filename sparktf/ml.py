@@ -14,10 +14,12 @@
 >>> fitted.stages[-1].summary.final_step       # the fit's TrainResult, saved with the model
 >>> fitted.save("hdfs://nn:8020/pipelines/mlp"); PipelineModel.load(...)
 
-``TFEstimator.fit(df)`` writes the DataFrame's feature, label and id columns as a ``table``
-dataset (:func:`sparktf.datasets.tables.write_table`) under ``modelDir/_fit_data-<random>``,
-trains on it with the ``spark`` input mode (Spark tasks feed its rows to the TensorFlow
-processes), removes it, and returns a :class:`TFModel` of the run's export. ``TFModel``
+``TFEstimator.fit(df)`` checks the DataFrame's feature, label and id columns in one Spark
+job (:func:`sparktf.datasets.tables.check_table`: a bad row fails naming its column and id,
+before TensorFlow starts), then feeds them to the TensorFlow processes as they are (the
+``spark`` input mode, :func:`sparktf.train.fit` with the DataFrame as ``TrainConfig.data``:
+no copy is written; each epoch runs the DataFrame's plan again, so cache a costly one), and
+returns a :class:`TFModel` of the run's export. ``TFModel``
 adds the columns of a Spark ML classifier (``prediction`` double, ``probability`` Vector;
 and ``rawPrediction``, a Vector, when ``rawPredictionCol`` is set), so Spark's evaluators,
 ``CrossValidator`` and ``TrainValidationSplit`` work on it unchanged. Both stages save and
@@ -366,47 +368,25 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
                 task = models.get_task(name, **model_config)
         except ValueError as exc:  # an unknown model or config key
             raise ConfigError(f"TFEstimator model {name!r}: {exc}") from None
-        classes = task.kind in ("classifier", "binary")
-        if not classes and not custom:
+        if task.kind not in ("classifier", "binary") and not custom:
             raise ConfigError(
                 f"TFEstimator model {name!r} is a {task.kind}; TFEstimator trains classifiers "
                 "of the registry and a user's models (sparktf.models.register)"
             )
         scaling, run = self._scaling_and_run()
-        data_dir = storage.join(run.model_dir, f"_fit_data-{uuid.uuid4().hex[:12]}")
-        try:
-            written = write_table(
-                dataset,
-                data_dir,
-                input_col=self.getInputCol(),
-                label_col=self.getLabelCol(),
-                id_col=self.getIdCol(),
-                feature=task.features[0],
-                shape=_model_shape(task, model_config),
-                dtype=_model_dtype(task, model_config),
-                num_classes=(model_config.get("num_classes") or _num_classes(task))
-                if classes
-                else None,
-                labels="classes" if classes else "values",
-            )
-            if task.kind == "classifier" and custom and model_config.get("num_classes") is None:
-                model_config["num_classes"] = written["num_classes"]
-            train = TrainConfig(
-                model=name,
-                data=data_dir,
-                model_config=model_config,
-                input_mode="spark",
-                epochs=self._maybe(self.epochs),
-                steps=self._maybe(self.steps),
-                batch_size=self._maybe(self.batchSize),
-                seed=self.getOrDefault(self.seed),
-            )
-            result = fit(train, scaling, run, spark=dataset.sparkSession)
-        finally:
-            try:
-                storage.delete(data_dir)
-            except Exception as exc:  # the run's error matters more
-                log.warning("could not remove %s: %s", data_dir, exc)
+        train = TrainConfig(
+            model=name,
+            data=dataset,
+            model_config=model_config,
+            input_mode="spark",
+            epochs=self._maybe(self.epochs),
+            steps=self._maybe(self.steps),
+            batch_size=self._maybe(self.batchSize),
+            seed=self.getOrDefault(self.seed),
+        )
+        columns = {"features": self.getInputCol(), "label": self.getLabelCol()}
+        columns["id"] = self.getIdCol()
+        result = fit(train, scaling, run, spark=dataset.sparkSession, columns=columns)
         if not result.export_dir:
             raise TrainingError(
                 f"training {name} wrote no export (CheckpointConfig.export is off?)"
@@ -459,33 +439,6 @@ class _FitIterator:
                 raise StopIteration
             self._next += 1
         return index, self._fit_one(index)
-
-
-def _model_shape(task: Any, model_config: dict) -> tuple[int, ...] | None:
-    """The per-row input shape the model fixes (None: a custom model takes the data's)."""
-    from sparktf import models
-
-    if isinstance(task, models.CustomTask):
-        shape = model_config.get("input_shape")
-        return None if shape is None else tuple(int(d) for d in shape)
-    shape = getattr(task, "input_shape", None)
-    return None if shape is None else tuple(int(d) for d in shape)
-
-
-def _model_dtype(task: Any, model_config: dict) -> str | None:
-    """The dtype the model reads (None: a custom model's float32 unless the data says)."""
-    from sparktf import models
-
-    if isinstance(task, models.CustomTask):
-        return model_config.get("input_dtype")
-    return "uint8" if task.kind == "classifier" else None
-
-
-def _num_classes(task: Any) -> int | None:
-    try:
-        return int(task.num_classes)
-    except (AttributeError, ValueError, KeyError):
-        return None
 
 
 # ----------------------------------------------------------------------------- TFModel

@@ -257,3 +257,77 @@ def test_label_shapes_and_counts_come_from_the_dataset():
     models.register("kind_three_outputs", lambda shape, n: _dense(shape, 3), loss="mse")
     with pytest.raises(ValueError, match=r"\(None, 3\); expected outputs \[B, 2\]"):
         models.get_task("kind_three_outputs", input_shape=[3], label_shape=[2]).build_model()
+
+
+def _wide_and_deep(inputs, num_outputs, embed_dim=2):
+    import keras
+
+    city = keras.layers.StringLookup(vocabulary=["rome", "oslo"])(inputs["city"])
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(3, embed_dim)(city))
+    count = keras.layers.Reshape((1,))(keras.ops.cast(inputs["count"], "float32"))
+    x = keras.layers.Concatenate()([inputs["num"], embedded, count])
+    return keras.Model(inputs, keras.layers.Dense(num_outputs)(x))
+
+
+def test_named_inputs_take_their_specs_from_the_data_train_and_export_by_name(tmp_path):
+    """A model of several named inputs (a vector, a string, an integer): their dtypes and
+    shapes come from the dataset's columns, a batch is a dict by name, and the export's
+    ``serving_default`` takes each input by its name (a StringLookup's table included)."""
+    import tensorflow as tf
+
+    from sparktf.inference.model import inspect_model
+    from sparktf.inference.prediction_plan import signature_kind
+
+    models.register(
+        "named_regression",
+        _wide_and_deep,
+        inputs=["num", "city", "count"],
+        loss="mse",
+        learning_rate=0.05,
+    )
+    task = models.get_task("named_regression")
+    assert task.kind == "regression" and task.features == ("num", "city", "count", "label")
+    fields = [
+        Field("num", "float32", (2,)),
+        Field("city", "string"),
+        Field("count", "int64"),
+        Field("label", "float32"),
+    ]
+    filled = task.data_overrides(fields, {"dataset": "the DataFrame"})
+    assert filled["inputs"] == {
+        "num": {"dtype": "float32", "shape": [2]},
+        "city": {"dtype": "string", "shape": []},
+        "count": {"dtype": "int64", "shape": []},
+    }
+    task = models.get_task("named_regression", **filled)
+    rng = np.random.default_rng(0)
+    num = rng.normal(size=(64, 2)).astype(np.float32)
+    city = rng.choice(np.array(["rome", "oslo", "paris"], dtype=object), 64)
+    count = rng.integers(0, 3, 64)
+    y = num[:, 0] - num[:, 1] + np.where(city == "rome", 1.0, -1.0) + count
+    batch = {
+        "num": tf.constant(num),
+        "city": tf.constant(city),
+        "count": tf.constant(count),
+        "label": tf.constant(y.astype(np.float32)),
+    }
+    model = task.build_model()
+    optimizer = task.make_optimizer(10, model)
+    first = task.train_step(model, optimizer, batch, 64)
+    for _ in range(60):
+        last = task.train_step(model, optimizer, batch, 64)
+    assert float(last["loss"]) < 0.5 * float(first["loss"]), (first, last)
+
+    export = task.export(model, str(tmp_path / "export"))
+    assert set(task.signature_info()) == {"serving_default"}
+    served = helpers.call(export, "serving_default", num=num[:8], city=city[:8], count=count[:8])
+    direct = model({k: v[:8] for k, v in batch.items() if k != "label"})
+    np.testing.assert_allclose(served["predictions"], direct.numpy()[:, 0], rtol=1e-5, atol=1e-5)
+    assert signature_kind(inspect_model(export).signatures["serving_default"]) == "named"
+
+    with pytest.raises(ValueError, match="named inputs read"):
+        task.data_overrides([Field("num", "uint8", (2,)), *fields[1:]], {"dataset": "d"})
+    with pytest.raises(ValueError, match="inputs names a column twice"):
+        models.get_task("named_regression", inputs=["num", "num"])
+    with pytest.raises(ValueError, match="are not known"):
+        models.get_task("named_regression").build_model()

@@ -108,6 +108,35 @@ def test_feed_reads_number_columns_of_any_chunking_and_names_bad_ones():
         decode_table(pa.table({"label": pa.array(["a", "b"])}), [label])
 
 
+def test_feed_reads_a_dataframes_lists_and_strings_and_names_bad_rows():
+    """A DataFrame fed as it is: Vectors and arrays arrive as Arrow lists (one size per row),
+    strings as strings."""
+    import pyarrow as pa
+
+    from sparktf.datasets.formats import Field
+    from sparktf.train.feed.chunks import FeedError, decode_table
+
+    num = Field("num", "float32", (2,))
+    table = pa.table(
+        {
+            "num": pa.array([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]], pa.list_(pa.float32())),
+            "city": pa.array(["rome", "oslo", "paris"]),
+        }
+    )
+    decoded = decode_table(table.slice(1), [num, Field("city", "string")])
+    np.testing.assert_array_equal(decoded["num"], np.array([[2, 3], [4, 5]], np.float32))
+    assert decoded["num"].dtype == np.float32
+    assert list(decoded["city"]) == ["oslo", "paris"]
+    ragged = pa.table({"num": pa.array([[0.0, 1.0], [2.0]], pa.list_(pa.float64()))})
+    with pytest.raises(FeedError, match=r"column 'num': row 1 of a chunk has 1 values; expected"):
+        decode_table(ragged, [num])
+    pixels = pa.table({"px": pa.array([[0.0, 255.0], [1.5, 2.0]], pa.list_(pa.float32()))})
+    with pytest.raises(FeedError, match="not integers in \\[0, 255\\]"):
+        decode_table(pixels, [Field("px", "uint8", (2,))])
+    with pytest.raises(FeedError, match="column 'city' has Arrow type int64, expected strings"):
+        decode_table(pa.table({"city": pa.array([1, 2])}), [Field("city", "string")])
+
+
 def test_control_channel_plans_progress_and_abort():
     from sparktf.train.wire.control import ControlClient, ControlServer
 

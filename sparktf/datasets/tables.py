@@ -20,11 +20,12 @@ import logging
 import math
 import posixpath
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparktf import storage
 from sparktf.datasets import formats
-from sparktf.datasets.columns import is_vector, leaf_type
+from sparktf.datasets.columns import is_integral, is_vector, leaf_type, spark_types
 from sparktf.errors import SparktfError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -32,7 +33,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import DataFrame, Row
     from pyspark.sql.types import DataType
 
-__all__ = ["FEATURE", "TableInputError", "write_table"]
+__all__ = [
+    "FEATURE",
+    "TableInputError",
+    "TableRows",
+    "check_inputs",
+    "check_table",
+    "write_table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,171 @@ _OUT_COLUMNS = ("label", "id")  # written after the feature column, in this orde
 class TableInputError(SparktfError, ValueError):
     """A DataFrame that cannot be written as a ``table`` dataset: a missing column, a null,
     a label that is not a class, a row of the wrong size or type."""
+
+
+@dataclass(frozen=True)
+class TableRows:
+    """A DataFrame's rows once checked for training (:func:`check_table`): what
+    :func:`write_table` writes and what a run fed straight from the DataFrame reads.
+
+    ``rows`` has the columns ``feature`` (``array<float>``, or the input's ``numpy.save``
+    bytes), ``label`` (``bigint`` classes, ``float`` values or ``array<float>``) and ``id``;
+    ``fields`` describe the feature and label as the model reads them."""
+
+    rows: DataFrame
+    fields: tuple[formats.Field, ...]  # the inputs, then the label
+    count: int
+    num_classes: int | None  # classes; None for values
+    # one input: its rows as numpy.save bytes (write_table); None for several inputs
+    encoder: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None
+    binary: bool  # the feature column holds numpy.save bytes (else array<float>)
+
+    @property
+    def feature(self) -> formats.Field:
+        return self.fields[0]
+
+    @property
+    def label(self) -> formats.Field:
+        return self.fields[-1]
+
+
+def check_table(
+    df: DataFrame,
+    *,
+    input_col: str,
+    label_col: str,
+    id_col: str,
+    feature: str = FEATURE,
+    shape: tuple[int, ...] | None = None,
+    dtype: str | None = None,
+    num_classes: int | None = None,
+    labels: str = "classes",
+) -> TableRows:
+    """Checks ``df``'s feature, label and id columns for training (the arguments of
+    :func:`write_table`), in one Spark job over the rows (a second names a bad row), and
+    returns them as :class:`TableRows`. Raises what :func:`write_table` raises."""
+    return _check(df, {feature: input_col}, label_col, id_col, labels, num_classes, shape, dtype)
+
+
+def check_inputs(
+    df: DataFrame,
+    inputs: dict[str, str],
+    *,
+    label_col: str,
+    id_col: str,
+    num_classes: int | None = None,
+    labels: str = "classes",
+) -> TableRows:
+    """Checks the columns of a model with several named inputs (``inputs``: input name ->
+    column of ``df``) as :func:`check_table` checks one. An input may be a number (``float``
+    or ``double``: float32; an integer type: int64), a string, or a Vector or array of
+    numbers of one size in every row (float32). ``TableRows.encoder`` is None: such rows
+    are fed as they are, not written."""
+    return _check(df, dict(inputs), label_col, id_col, labels, num_classes, None, None)
+
+
+def _check(
+    df: DataFrame,
+    inputs: dict[str, str],
+    label_col: str,
+    id_col: str,
+    labels: str,
+    num_classes: int | None,
+    shape: tuple[int, ...] | None,
+    dtype: str | None,
+) -> TableRows:
+    from pyspark.sql import functions as F
+
+    if labels not in ("classes", "values"):
+        raise ValueError(f"labels must be 'classes' or 'values', got {labels!r}")
+    rows, where = _select_rows(df, inputs, label_col, id_col, labels)
+    kinds = {}  # x<i> -> binary | array | float | int | string
+    for i, col in enumerate(inputs.values()):
+        x, ftype = f"x{i}", df.schema[col].dataType
+        kinds[x] = _input_kind(ftype, col, len(inputs))
+        if kinds[x] == "array":
+            rows = rows.withColumn(x, _float_array(F.col(x), ftype, col))
+        elif kinds[x] in ("float", "int"):
+            rows = rows.withColumn(x, F.col(x).cast("float" if kinds[x] == "float" else "long"))
+    ltype = df.schema[label_col].dataType
+    vector_label = labels == "values" and not isinstance(ltype, spark_types().NumericType)
+    if vector_label:
+        rows = rows.withColumn("y", _float_array(F.col("y"), ltype, label_col))
+    elif labels == "values":
+        rows = rows.withColumn("y", F.col("y").cast("float"))
+    arrays = [x for x, kind in kinds.items() if kind == "array"]
+    profile = _profile(rows, list(kinds), arrays, labels, vector_label)
+    if not profile["n"]:
+        raise TableInputError("the DataFrame is empty: nothing to train on")
+    for col, name in (*zip(kinds, inputs.values()), ("y", label_col)):
+        if profile[f"{col}_null"]:
+            bad = rows.where(F.col(col).isNull()).first()
+            raise TableInputError(f"column {name!r}: {where(bad)} is null")
+    if labels == "classes":
+        rows, classes = _check_labels(rows, profile, label_col, where, num_classes)
+        label_field = formats.Field("label", "int64")
+    else:
+        classes = None
+        label_shape = _value_label_shape(rows, profile, label_col, where) if vector_label else ()
+        if not vector_label and profile["y_nan"]:
+            bad = rows.where(F.isnan("y")).first()
+            raise TableInputError(f"label column {label_col!r}: {where(bad)} has label NaN")
+        label_field = formats.Field("label", "float32", label_shape or None)
+    fields, encoder = [], None
+    for (x, kind), (name, col) in zip(kinds.items(), inputs.items()):
+        if kind == "binary":
+            dtype, row_shape = _binary_layout(rows, col)
+            if shape is not None and math.prod(shape) != math.prod(row_shape):
+                raise TableInputError(
+                    f"column {col!r} holds numpy.save bytes of {dtype} {row_shape}; the "
+                    f"model expects shape {shape}"
+                )
+            out_shape = tuple(shape or row_shape)
+            encoder = _binary_encoder(name, col, dtype, row_shape, out_shape)
+            fields.append(formats.Field(name, dtype, out_shape))
+        elif kind == "array":
+            out_shape = _feature_shape(rows, profile, x, col, shape, where)
+            fields.append(formats.Field(name, dtype or "float32", out_shape))
+            if len(inputs) == 1:
+                encoder = _list_encoder(name, col, out_shape, dtype or "float32")
+        else:
+            fields.append(formats.Field(name, {"float": "float32", "int": "int64"}.get(kind, kind)))
+    if label_field.shape and encoder is not None:
+        encoder = _with_label_arrays(encoder, label_field.shape)
+    names = [F.col(x).alias(name) for x, name in zip(kinds, inputs)]
+    return TableRows(
+        rows=rows.select(*names, F.col("y").alias("label"), "id"),
+        fields=(*fields, label_field),
+        count=int(profile["n"]),
+        num_classes=classes,
+        encoder=encoder,
+        binary="binary" in kinds.values(),
+    )
+
+
+def _input_kind(ftype: DataType, col: str, count: int) -> str:
+    """How an input column of Spark type ``ftype`` is fed: ``binary`` (numpy.save bytes,
+    the only input), ``array`` (a Vector or numbers), or a number or string of a model with
+    several inputs (``float``, ``int``, ``string``)."""
+    T = spark_types()
+    if isinstance(ftype, T.BinaryType):
+        if count > 1:
+            raise TableInputError(
+                f"column {col!r} holds bytes: numpy.save bytes feed a model's only input"
+            )
+        return "binary"
+    if count == 1 or is_vector(ftype) or isinstance(ftype, T.ArrayType):
+        return "array"  # _float_array names any other type
+    if is_integral(ftype):
+        return "int"
+    if isinstance(ftype, (T.FloatType, T.DoubleType, T.DecimalType)):
+        return "float"
+    if isinstance(ftype, T.StringType):
+        return "string"
+    raise TableInputError(
+        f"column {col!r} has Spark type {ftype.simpleString()}: an input is a number, a "
+        "string, a Vector or an array of numbers"
+    )
 
 
 def write_table(
@@ -93,81 +266,71 @@ def write_table(
             found while encoding on the executors (a ``uint8`` value outside [0, 255]) fails
             the Spark job with that message in its text.
     """
-    if labels not in ("classes", "values"):
-        raise ValueError(f"labels must be 'classes' or 'values', got {labels!r}")
-    rows, where = _select_rows(df, input_col, label_col, id_col, labels)
-    if labels == "classes":
-        rows, classes = _check_labels(rows, label_col, where, num_classes)
-        label_field, label_type = formats.Field("label", "int64"), "bigint"
-    else:
-        rows, label_shape = _value_labels(rows, df.schema[label_col].dataType, label_col, where)
-        classes = None
-        label_field = formats.Field("label", "float32", label_shape or None)
-        label_type = "binary" if label_shape else "float"
-    encoded, encoder, dtype, out_shape = _plan_features(
-        rows, df.schema[input_col].dataType, input_col, feature, shape, dtype, where
+    table = check_table(
+        df,
+        input_col=input_col,
+        label_col=label_col,
+        id_col=id_col,
+        feature=feature,
+        shape=shape,
+        dtype=dtype,
+        num_classes=num_classes,
+        labels=labels,
     )
-    if label_field.shape:
-        encoder = _with_label_arrays(encoder, label_field.shape)
+    label_field = table.label
+    label_type = "binary" if label_field.shape else formats.spark_type(label_field)
     parquet = storage.join(data_dir, "train", "parquet")
     out_schema = f"`{feature}` binary, label {label_type}, id bigint"
-    encoded.mapInArrow(encoder, out_schema).write.parquet(storage.spark_uri(parquet))
+    table.rows.mapInArrow(table.encoder, out_schema).write.parquet(storage.spark_uri(parquet))
     files, records = _parquet_records(df.sparkSession, parquet)
     total = sum(records)
-    if total == 0:
-        raise TableInputError("the DataFrame is empty: nothing to train on")
-    fields = [
-        formats.Field(feature, dtype, out_shape),
-        label_field,
-        formats.Field("id", "int64"),
-    ]
+    fields = [*table.fields, formats.Field("id", "int64")]
     split = {
         "records": total,
         "files": [f"train/parquet/{name}" for name in files],
         "file_records": records,
     }
+    classes = table.num_classes
     manifest = formats.table_manifest("dataframe", fields, {"train": split}, num_classes=classes)
     storage.write_text(formats.manifest_path(data_dir), json.dumps(manifest, indent=1))
+    feature_field = table.feature
     log.info(
         "wrote %d rows (%s %s features, %s) to %s",
         total,
-        dtype,
-        out_shape,
+        feature_field.dtype,
+        feature_field.shape,
         f"{classes} classes" if classes else f"float32 {tuple(label_field.shape or ())} labels",
         data_dir,
     )
     return {
         "rows": total,
-        "shape": out_shape,
-        "dtype": dtype,
+        "shape": feature_field.shape,
+        "dtype": feature_field.dtype,
         "num_classes": classes,
         "label_shape": tuple(label_field.shape or ()),
     }
 
 
 def _select_rows(
-    df: DataFrame, input_col: str, label_col: str, id_col: str, labels: str = "classes"
+    df: DataFrame, inputs: dict[str, str], label_col: str, id_col: str, labels: str
 ) -> tuple[DataFrame, Callable[[Row], str]]:
-    """``df`` as columns ``x`` (feature), ``y`` (label) and ``id``, and the function that
-    names one of its rows in a message."""
+    """``df`` as columns ``x0``, ``x1``... (the inputs), ``y`` (label) and ``id``, and the
+    function that names one of its rows in a message."""
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
+    T = spark_types()
     schema = df.schema
-    for col, what, param in (
-        (input_col, "feature", "input_col"),
-        (label_col, "label", "label_col"),
-    ):
+    param = "input_col" if len(inputs) == 1 else "inputs"
+    wanted = [(col, "feature", param) for col in inputs.values()]
+    for col, what, name in (*wanted, (label_col, "label", "label_col")):
         if col not in schema.names:
             raise TableInputError(
-                f"the DataFrame has no {what} column {col!r} ({param}); it has {schema.names}"
+                f"the DataFrame has no {what} column {col!r} ({name}); it has {schema.names}"
             )
-    has_id = id_col in schema.names and isinstance(
-        schema[id_col].dataType, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-    )
+    has_id = id_col in schema.names and is_integral(schema[id_col].dataType)
     label_type = schema[label_col].dataType
     if labels == "values" and (is_vector(label_type) or isinstance(label_type, T.ArrayType)):
-        pass  # a vector target: checked by _value_labels
+        pass  # a vector target: checked by _value_label_shape
     elif not isinstance(label_type, T.NumericType):
         raise TableInputError(
             f"label column {label_col!r} has Spark type {label_type.simpleString()}: expected "
@@ -178,34 +341,64 @@ def _select_rows(
             )
         )
     ids = F.col(id_col).cast("long") if has_id else F.monotonically_increasing_id()
-    rows = df.select(F.col(input_col).alias("x"), F.col(label_col).alias("y"), ids.alias("id"))
+    xs = [F.col(col).alias(f"x{i}") for i, col in enumerate(inputs.values())]
+    rows = df.select(*xs, F.col(label_col).alias("y"), ids.alias("id"))
 
     def where(row: Row) -> str:
         return f"the row with {id_col}={row['id']}" if has_id else f"a row (label {row['y']})"
 
-    bad = rows.where(F.col("x").isNull() | F.col("y").isNull()).first()
-    if bad is not None:
-        col = input_col if bad["x"] is None else label_col
-        raise TableInputError(f"column {col!r}: {where(bad)} is null")
     return rows, where
 
 
-def _check_labels(
-    rows: DataFrame, label_col: str, where: Callable[[Row], str], num_classes: int | None
-) -> tuple[DataFrame, int]:
-    """The rows with int64 labels, and the number of classes, once every label is known to
-    be an integer class."""
+def _profile(
+    rows: DataFrame, inputs: list[str], arrays: list[str], labels: str, vector_label: bool
+) -> dict[str, Any]:
+    """One Spark job over ``rows``: the row count, the nulls of each input and of ``y``,
+    the labels' range (classes), NaNs (float labels) and the smallest and largest size of
+    each array."""
     from pyspark.sql import functions as F
 
-    bad = rows.where(F.col("y") != F.floor(F.col("y"))).first()
-    if bad is not None:
+    def nulls(col: str) -> Any:
+        return F.sum(F.col(col).isNull().cast("long")).alias(f"{col}_null")
+
+    def sizes(col: str) -> list[Any]:
+        return [
+            F.min(F.size(col)).alias(f"{col}_size_min"),
+            F.max(F.size(col)).alias(f"{col}_size_max"),
+        ]
+
+    aggs = [F.count(F.lit(1)).alias("n"), *map(nulls, inputs), nulls("y")]
+    if labels == "classes":
+        fraction = (F.col("y") != F.floor(F.col("y"))).cast("long")
+        aggs += [F.sum(fraction).alias("y_frac"), F.min("y").alias("y_min")]
+        aggs.append(F.max("y").alias("y_max"))
+    elif vector_label:
+        aggs += sizes("y")
+    else:
+        aggs.append(F.sum(F.isnan("y").cast("long")).alias("y_nan"))
+    for col in arrays:
+        aggs += sizes(col)
+    return rows.agg(*aggs).first().asDict()
+
+
+def _check_labels(
+    rows: DataFrame,
+    profile: dict[str, Any],
+    label_col: str,
+    where: Callable[[Row], str],
+    num_classes: int | None,
+) -> tuple[DataFrame, int]:
+    """The rows with int64 labels, and the number of classes, once the profile shows every
+    label is an integer class (else the first bad row, named)."""
+    from pyspark.sql import functions as F
+
+    if profile["y_frac"]:
+        bad = rows.where(F.col("y") != F.floor(F.col("y"))).first()
         raise TableInputError(
             f"label column {label_col!r}: {where(bad)} has label {bad['y']}; expected integers"
         )
     rows = rows.withColumn("y", F.col("y").cast("long"))
-    low, high = rows.agg(F.min("y"), F.max("y")).first()
-    if high is None:
-        raise TableInputError("the DataFrame is empty: nothing to train on")
+    low, high = profile["y_min"], profile["y_max"]
     classes = int(num_classes) if num_classes else max(2, int(high) + 1)
     if low < 0 or high >= classes:
         bad = rows.where((F.col("y") < 0) | (F.col("y") >= classes)).first()
@@ -216,32 +409,48 @@ def _check_labels(
     return rows, classes
 
 
-def _value_labels(
-    rows: DataFrame, ltype: DataType, label_col: str, where: Callable[[Row], str]
-) -> tuple[DataFrame, tuple[int, ...]]:
-    """The rows with float labels (a float, or ``array<float>`` of one size in every row),
-    and the per-row label shape; a NaN or a row of another size fails naming the row."""
+def _value_label_shape(
+    rows: DataFrame, profile: dict[str, Any], label_col: str, where: Callable[[Row], str]
+) -> tuple[int, ...]:
+    """The per-row shape of ``array<float>`` labels of one size in every row; a row of
+    another size than the first fails naming the row."""
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
-    if isinstance(ltype, T.NumericType):
-        rows = rows.withColumn("y", F.col("y").cast("float"))
-        bad = rows.where(F.isnan("y")).first()
-        if bad is not None:
-            raise TableInputError(f"label column {label_col!r}: {where(bad)} has label NaN")
-        return rows, ()
-    rows = rows.withColumn("y", _float_array(F.col("y"), ltype, label_col))
-    first = rows.select(F.size("y").alias("n")).first()
-    if first is None:
-        raise TableInputError("the DataFrame is empty: nothing to train on")
-    size = int(first["n"])
+    if profile["y_size_min"] == profile["y_size_max"]:
+        return (int(profile["y_size_min"]),)
+    size = int(rows.select(F.size("y").alias("n")).first()["n"])
     bad = rows.where(F.size("y") != size).first()
-    if bad is not None:
-        raise TableInputError(
-            f"label column {label_col!r}: {where(bad)} has {len(bad['y'])} values; the first "
-            f"row has {size}"
-        )
-    return rows, (size,)
+    raise TableInputError(
+        f"label column {label_col!r}: {where(bad)} has {len(bad['y'])} values; the first "
+        f"row has {size}"
+    )
+
+
+def _feature_shape(
+    rows: DataFrame,
+    profile: dict[str, Any],
+    x: str,
+    input_col: str,
+    shape: tuple[int, ...] | None,
+    where: Callable[[Row], str],
+) -> tuple[int, ...]:
+    """The per-row shape of the array column ``x``: ``shape``, else the size every row has;
+    a row of another size (than ``shape``, else than the first row's) fails naming the row."""
+    from pyspark.sql import functions as F
+
+    low, high = profile[f"{x}_size_min"], profile[f"{x}_size_max"]
+    if shape is None:
+        if low == high:
+            return (int(low),)
+        shape = (int(rows.select(F.size(x).alias("n")).first()["n"]),)
+    size = math.prod(shape)
+    if low == high == size:
+        return tuple(shape)
+    bad = rows.where(F.size(x) != size).select("id", "y", F.size(x).alias("n")).first()
+    raise TableInputError(
+        f"column {input_col!r}: {where(bad)} has {bad['n']} values; expected shape "
+        f"{tuple(shape)} ({size} values) for the model"
+    )
 
 
 def _with_label_arrays(
@@ -260,51 +469,6 @@ def _with_label_arrays(
             yield pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
     return encode
-
-
-def _plan_features(
-    rows: DataFrame,
-    ftype: DataType,
-    input_col: str,
-    feature: str,
-    shape: tuple[int, ...] | None,
-    dtype: str | None,
-    where: Callable[[Row], str],
-) -> tuple[DataFrame, Callable, str, tuple[int, ...]]:
-    """The rows to encode (``feature``, ``label``, ``id``), the executors' Arrow encoder, and
-    the dtype and shape the feature is written with."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    def columns(frame: DataFrame) -> DataFrame:
-        return frame.select(F.col("x").alias(feature), F.col("y").alias("label"), "id")
-
-    if isinstance(ftype, T.BinaryType):
-        dtype, row_shape = _binary_layout(rows, input_col)
-        if shape is not None and math.prod(shape) != math.prod(row_shape):
-            raise TableInputError(
-                f"column {input_col!r} holds numpy.save bytes of {dtype} {row_shape}; the model "
-                f"expects shape {shape}"
-            )
-        out_shape = tuple(shape or row_shape)
-        encoder = _binary_encoder(feature, input_col, dtype, row_shape, out_shape)
-        return columns(rows), encoder, dtype, out_shape
-    rows = rows.withColumn("x", _float_array(F.col("x"), ftype, input_col))
-    dtype = dtype or "float32"
-    if shape is None:
-        first = rows.select(F.size("x").alias("n")).first()
-        if first is None:
-            raise TableInputError("the DataFrame is empty: nothing to train on")
-        shape = (int(first["n"]),)
-    size = math.prod(shape)
-    bad = rows.where(F.size("x") != size).select("id", "y", F.size("x").alias("n")).first()
-    if bad is not None:
-        raise TableInputError(
-            f"column {input_col!r}: {where(bad)} has {bad['n']} values; expected shape "
-            f"{tuple(shape)} ({size} values) for the model"
-        )
-    out_shape = tuple(shape)
-    return columns(rows), _list_encoder(feature, input_col, out_shape, dtype), dtype, out_shape
 
 
 def _float_array(x: Any, ftype: DataType, input_col: str) -> Any:
@@ -352,12 +516,12 @@ def _parquet_records(spark: Any, parquet: str) -> tuple[list[str], list[int]]:
 
 
 def _binary_layout(rows: DataFrame, input_col: str) -> tuple[str, tuple[int, ...]]:
-    """The dtype and shape of the first row's ``numpy.save`` bytes."""
-    first = rows.select("x").first()
+    """The dtype and shape of the first row's ``numpy.save`` bytes (column ``x0``)."""
+    first = rows.select("x0").first()
     if first is None:
         raise TableInputError("the DataFrame is empty: nothing to train on")
     try:
-        head = formats.read_npy_header(bytes(first["x"]))
+        head = formats.read_npy_header(bytes(first["x0"]))
     except ValueError as exc:
         raise TableInputError(
             f"column {input_col!r}: the first row is not numpy.save bytes: {exc}"

@@ -111,6 +111,13 @@ def predict(
       ``multilabel`` or ``custom``). ``input_col`` as for the classifier on float features.
       Adds ``output_col``: a ``double`` when the model gives one value per row, else
       ``array<float>`` (a multi-label model's probability of each label).
+    * **Several named inputs** -> ``classes``, ``scores`` or ``predictions``
+      (``serving_default`` of a user's model with ``inputs=``, or any signature of two
+      inputs or more, each a number, a string or a fixed-size array): each input is fed
+      from the column of its name (``input_col`` does not apply): a ``string`` input from a
+      string column, a number from a numeric column, an array from an array of numbers, a
+      Spark ML ``Vector`` or ``np.save`` bytes. Adds the classifier's columns, or the
+      regression model's ``output_col``.
     * **Classifier on serialized examples**, ``string [B]`` (``serving_default`` of a
       classifier, chosen with ``signature="serving_default"``): ``input_col`` (default
       ``"example"``) is ``binary`` holding a serialized ``tf.train.Example`` per row, passed
@@ -198,18 +205,11 @@ def predict(
         )
     info = inspect_model(export)
     sig = choose_signature(info, signature)
-    vector_col = None
-    col = input_col or ("features" if signature_kind(sig) in ("features", "values") else None)
-    if col is not None and col in df.schema.names and is_vector(df.schema[col].dataType):
-        # A Spark ML Vector (VectorAssembler): fed as array<float> under the column's own
-        # name (so errors name it); the Vector itself comes back in the result.
-        from pyspark.ml.functions import vector_to_array
-        from pyspark.sql import functions as F
-
-        vector_col = f"__sparktf_vector_{col}"
-        df = df.withColumnRenamed(col, vector_col).withColumn(
-            col, vector_to_array(F.col(vector_col), "float32")
-        )
+    kind = signature_kind(sig)
+    cols = [input_col or ("features" if kind in ("features", "values") else None)]
+    if kind == "named":
+        cols = list(sig.inputs)
+    df, vectors = _vectors_as_arrays(df, cols)
     plan, fields = make_plan(
         df.schema,
         info,
@@ -233,17 +233,36 @@ def predict(
     )
     # Only what the model reads, what names rows in errors and what is kept goes to Python;
     # only the kept columns and the predictions come back.
-    keep = [vector_col if c == col and vector_col is not None else c for c in kept]
-    needed = [plan.input_col, plan.label_col, plan.id_col, *keep]
+    keep = [vectors.get(c, c) for c in kept]
+    inputs = [name for name, *_ in plan.named] or [plan.input_col]
+    needed = [*inputs, plan.label_col, plan.id_col, *keep]
     sent = df.select(*(_column(c) for c in dict.fromkeys(c for c in needed if c is not None)))
     plan = dataclasses.replace(plan, keep=tuple(keep))
     schema = T.StructType([sent.schema[c] for c in keep] + fields)
     out = sent.mapInArrow(functools.partial(predict_partition, plan), schema)
-    if vector_col is not None and vector_col in keep:
-        out = out.withColumnRenamed(vector_col, col)
+    for col, vector_col in vectors.items():
+        if vector_col in keep:
+            out = out.withColumnRenamed(vector_col, col)
     if keep != kept:
         out = out.select(*(_column(c) for c in [*kept, *(f.name for f in fields)]))
     return out
+
+
+def _vectors_as_arrays(df: DataFrame, cols: list[str | None]) -> tuple[DataFrame, dict]:
+    """``df`` with each Spark ML Vector column of ``cols`` (VectorAssembler's) as
+    ``array<float>`` under the column's own name (so errors name it), and for each the name
+    the Vector itself travels under (it comes back in the result)."""
+    vectors = {}
+    for col in cols:
+        if col is not None and col in df.schema.names and is_vector(df.schema[col].dataType):
+            from pyspark.ml.functions import vector_to_array
+            from pyspark.sql import functions as F
+
+            vectors[col] = f"__sparktf_vector_{col}"
+            df = df.withColumnRenamed(col, vectors[col]).withColumn(
+                col, vector_to_array(F.col(vectors[col]), "float32")
+            )
+    return df, vectors
 
 
 def _column(name: str) -> Any:

@@ -347,4 +347,27 @@ def decode(plan: Plan, chunk: pa.RecordBatch) -> dict[str, Any]:
         return {plan.input_key: np.asarray(arr.to_pylist(), dtype=object)}
     if plan.kind == "tokens":
         return {"groups": _decode_tokens(plan, chunk, row, contract)}
+    if plan.kind == "named":
+        return {name: _decode_named(plan, chunk, row, name, *spec) for name, *spec in plan.named}
     return _decode_generator(plan, chunk, row, contract)
+
+
+def _decode_named(
+    plan: Plan, chunk: pa.RecordBatch, row: _Rows, col: str, dtype: str, shape: tuple[int, ...]
+) -> np.ndarray:
+    """The column ``col`` as the named input of ``dtype`` and per-row ``shape``."""
+    contract = plan.named_contract(dtype, shape)
+    if dtype == "string" or not shape:
+        arr = chunk.column(chunk.schema.get_field_index(col))
+        _check_nulls(arr, col, contract, row)
+        if dtype == "string":
+            return np.asarray(arr.to_pylist(), dtype=object)
+        values = arr.to_numpy(zero_copy_only=False)
+    else:
+        values = _stack(_column_rows(chunk, col, contract, row), shape, col, contract, row)
+    kinds = "iub" if dtype.startswith("int") else "fiub"
+    if values.dtype.kind not in kinds:
+        raise PredictInputError(
+            f"column {col!r}: {row(0)} has dtype {values.dtype}; expected {contract}"
+        )
+    return values.astype(dtype, copy=False)

@@ -79,12 +79,26 @@ def _list_array(matrix: np.ndarray) -> pa.Array:
     )
 
 
+def _values_columns(predictions: Any, n: int) -> list[pa.Array]:
+    """A model's float ``predictions``: a double per row, or ``array<float>`` per row."""
+    import pyarrow as pa
+
+    values = np.asarray(predictions)
+    if values.ndim == 1:
+        return [pa.array(values.astype(np.float64))]
+    return [_list_array(values.reshape(n, -1).astype(np.float32, copy=False))]
+
+
 def _run(plan: Plan, model: LoadedSignature, inputs: dict[str, Any], n: int) -> list[pa.Array]:
     """The added columns of one chunk of ``n`` rows: the model run on the decoded inputs."""
     import pyarrow as pa
 
-    if plan.kind in CLASSIFIER_KINDS:
+    if plan.kind == "named":
         out = model(**inputs)
+        if "scores" not in out:
+            return _values_columns(out["predictions"], n)
+    if plan.kind in CLASSIFIER_KINDS or plan.kind == "named":
+        out = out if plan.kind == "named" else model(**inputs)
         scores = out["scores"].astype(np.float32, copy=False)
         columns = [pa.array(out["classes"].astype(np.int64, copy=False)), _list_array(scores)]
         if plan.top_k is not None:
@@ -95,10 +109,7 @@ def _run(plan: Plan, model: LoadedSignature, inputs: dict[str, Any], n: int) -> 
             ]
         return columns
     if plan.kind == "values":
-        values = np.asarray(model(**inputs)["predictions"])
-        if values.ndim == 1:
-            return [pa.array(values.astype(np.float64))]
-        return [_list_array(values.reshape(n, -1).astype(np.float32, copy=False))]
+        return _values_columns(model(**inputs)["predictions"], n)
     if plan.kind == "tokens":
         if plan.lm_output == "perplexity":
             perplexity = np.empty(n, np.float64)

@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 LM_OUTPUTS = ("perplexity", "next_word")
+# The dtypes of a named input (a signature of several inputs, each fed from its column).
+NAMED_DTYPES = ("float32", "float64", "int32", "int64", "string")
 # The kinds of signature that map an input to ``classes`` and ``scores``.
 CLASSIFIER_KINDS = ("images", "features", "examples")
 
@@ -49,7 +51,7 @@ class PredictInputError(SparktfError, ValueError):
 class Plan:
     """Everything an executor needs, decided on the driver (pickled into the task)."""
 
-    kind: str  # "images", "features", "examples", "values", "tokens" or "generator"
+    kind: str  # "images", "features", "examples", "values", "tokens", "generator", "named"
     model_uri: str
     fingerprint: str
     signature: str
@@ -64,9 +66,27 @@ class Plan:
     label_col: str | None = None  # conditional generator
     id_col: str | None = None  # used to name rows in error messages
     keep: tuple[str, ...] | None = None  # input columns returned beside the outputs (None: all)
+    # "named": each input of the signature (name, dtype, per-row shape), fed from the column
+    # of the same name
+    named: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+
+    def named_contract(self, dtype: str, shape: tuple[int, ...]) -> str:
+        """What the column of a named input of ``dtype`` and ``shape`` must hold."""
+        if dtype == "string":
+            return "a string per row"
+        what = "an integer" if dtype.startswith("int") else "a number"
+        if not shape:
+            return f"{what} per row ({dtype})"
+        size = math.prod(shape)
+        return (
+            f"{size} {dtype} values of shape {shape} per row: an array of numbers (flat or "
+            "nested), a Spark ML Vector or np.save bytes"
+        )
 
     def contract(self) -> str:
         """What the input column must hold, for error messages."""
+        if self.kind == "named":
+            return self.named_contract(*self.named[0][1:])
         if self.kind == "images":
             h, w, c = self.shape
             return (
@@ -141,13 +161,10 @@ def signature_kind(sig: Signature) -> str:
         if one.dtype == "string" and one.shape is not None and len(one.shape) == 1:
             return "examples"
     if (
-        set(outs) == {"predictions"}
-        and one is not None
+        one is not None
         and one.dtype in ("float32", "float64")
         and _fixed_rank(one, least=2)
-        and outs["predictions"].dtype in ("float32", "float64")
-        and _fixed_rank(outs["predictions"], least=1)
-        and len(outs["predictions"].shape) <= 2
+        and _values_output(outs)
     ):
         return "values"
     if (
@@ -168,12 +185,39 @@ def signature_kind(sig: Signature) -> str:
         and set(ins) <= {"z", "label"}
     ):
         return "generator"
+    if (
+        len(ins) > 1
+        and all(map(_named_input, ins.values()))
+        and ({"classes", "scores"} <= set(outs) or _values_output(outs))
+    ):
+        return "named"
     raise SparktfValueError(
         f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
         "classifiers (uint8 images, float features or serialized Examples -> classes, "
         "scores), float features -> predictions (regression, multi-label), language "
-        "models (int64 tokens -> log_probs) and generators (float32 z [+ int64 label] -> "
-        "images)"
+        "models (int64 tokens -> log_probs), generators (float32 z [+ int64 label] -> "
+        "images) and models of several named inputs (numbers, strings, fixed-size arrays) "
+        "-> classes and scores, or predictions"
+    )
+
+
+def _named_input(spec: TensorSpec) -> bool:
+    """An input a column can feed by name: a number, a string or a fixed-size array."""
+    return (
+        spec.dtype in NAMED_DTYPES
+        and _fixed_rank(spec)
+        and (spec.dtype != "string" or len(spec.shape) == 1)
+    )
+
+
+def _values_output(outs: dict[str, TensorSpec]) -> bool:
+    """Float ``predictions`` of one value or one vector per row."""
+    predictions = outs.get("predictions")
+    return (
+        set(outs) == {"predictions"}
+        and predictions.dtype in ("float32", "float64")
+        and _fixed_rank(predictions, least=1)
+        and len(predictions.shape) <= 2
     )
 
 
@@ -242,6 +286,18 @@ def _values_layout(sig: Signature, spec: TensorSpec, output_col: str) -> _Layout
         accepts=lambda t: _is_binary(t) or is_numeric_array(t),
         fields=[T.StructField(output_col, dtype, False)],
     )
+
+
+def _named_accepts(spec: TensorSpec) -> Callable[[Any], bool]:
+    """The Spark types that can feed a named input of ``spec``."""
+    T = spark_types()
+    if spec.dtype == "string":
+        return lambda t: isinstance(t, T.StringType)
+    if len(spec.shape) > 1:
+        return lambda t: _is_binary(t) or is_numeric_array(t)
+    if spec.dtype.startswith("int"):
+        return is_integral
+    return lambda t: isinstance(t, T.NumericType)
 
 
 def _language_model_layout(
@@ -337,7 +393,15 @@ def make_plan(
     range (``top_k``, ``lm_output``)."""
     kind = signature_kind(sig)
     key, spec = next((k, v) for k, v in sig.inputs.items() if k != "label")
-    if kind in CLASSIFIER_KINDS:
+    named: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    if kind == "named":
+        named = tuple((k, v.dtype, tuple(v.shape[1:])) for k, v in sig.inputs.items())
+        if "scores" in sig.outputs:
+            layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
+        else:
+            layout = _values_layout(sig, spec, output_col)
+        layout = dataclasses.replace(layout, default_col=key, accepts=_named_accepts(spec))
+    elif kind in CLASSIFIER_KINDS:
         layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
     elif kind == "values":
         layout = _values_layout(sig, spec, output_col)
@@ -345,7 +409,7 @@ def make_plan(
         layout = _language_model_layout(sig, output_col, log_probabilities_col, lm_output)
     else:
         layout = _generator_layout(sig, spec, output_col, label_col)
-    if top_k is not None and kind not in CLASSIFIER_KINDS:
+    if top_k is not None and kind not in CLASSIFIER_KINDS and "scores" not in sig.outputs:
         raise SparktfValueError(f"top_k applies to classifiers; {sig.describe()} is not one")
     plan = Plan(
         kind=kind,
@@ -362,6 +426,19 @@ def make_plan(
         vocab_size=layout.vocab_size,
         label_col=layout.label_col,
         id_col="id" if "id" in schema.names else None,
+        named=named,
     )
+    if kind == "named" and input_col is not None:
+        raise SparktfValueError(
+            f"signature {sig.describe()} reads several inputs, each from the column of its "
+            "name: rename the columns instead of passing input_col"
+        )
     _check_schema(schema, plan, layout)
+    for name, tensor in list(sig.inputs.items())[1:] if kind == "named" else ():
+        _check_column(
+            schema,
+            name,
+            plan.named_contract(tensor.dtype, tuple(tensor.shape[1:])),
+            _named_accepts(tensor),
+        )
     return plan, layout.fields

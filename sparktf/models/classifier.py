@@ -97,6 +97,10 @@ class ClassifierTask(ModelTask):
         )
         return model
 
+    def model_inputs(self, batch: Batch) -> Any:
+        """What the model is called on: the batch's input column."""
+        return batch[self.features[0]]
+
     def per_example_loss(
         self, labels: tf.Tensor, logits: tf.Tensor, label_smoothing: float = 0.0
     ) -> tf.Tensor:
@@ -113,7 +117,7 @@ class ClassifierTask(ModelTask):
         """One batch through the model: the logits, the per-example losses, and what
         :meth:`step_metrics` reads beside them (here whether each row was right)."""
         labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
-        logits = tf.cast(model(batch[self.features[0]], training=training), tf.float32)
+        logits = tf.cast(model(self.model_inputs(batch), training=training), tf.float32)
         per_example = self.per_example_loss(labels, logits, label_smoothing)
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
         return logits, per_example, correct

@@ -49,6 +49,13 @@ Options (:func:`register` / :func:`custom_model` keyword arguments; all but ``bu
   :class:`~sparktf.models.layers.ScaleImage` with ``scaling`` first). ``None`` (the
   default): taken from the dataset when a run is planned (the dataset's only ndarray
   column, its dtype and shape, and its label's ``num_classes``);
+* ``inputs``: several named inputs instead of one (:mod:`sparktf.models.named`): a list of
+  column names, whose dtypes (``float32``, ``int64`` or ``string``) and shapes are read
+  from the data, or ``{name: {"dtype": ..., "shape": [...]}}``. The build function then
+  takes ``{name: keras.Input}`` (instead of the input shape) and the number of outputs, and
+  returns a ``keras.Model`` of that dict: a wide-and-deep model with ``StringLookup`` and
+  ``Embedding`` layers inside, for instance. Its export's ``serving_default`` takes each
+  input by name;
 * ``loss``: the kind's own by default: ``"sparse_categorical_crossentropy"`` (classifier,
   on logits), ``"binary_crossentropy"`` (binary and multilabel, on logits), ``"mse"``
   (regression). Any Keras loss name (``"huber"``, ``"mae"``, ``"log_cosh"``, ...) applies
@@ -92,12 +99,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import SparktfTypeError, SparktfValueError
 from sparktf.models.classifier import ClassifierTask, check_regularisation
 from sparktf.models.export import Endpoint
+from sparktf.models.from_data import INPUT_DTYPES, config_from_dataset
 from sparktf.models.kinds import (
     CALLABLE_LOSS,
     DEFAULT_METRICS,
@@ -111,6 +118,7 @@ from sparktf.models.kinds import (
     kind_of,
 )
 from sparktf.models.layers import ScaleImage, count_params
+from sparktf.models.named import NAMED_INPUT_DTYPES, NamedInputs, check_inputs
 from sparktf.models.task import (
     Batch,
     Metrics,
@@ -123,6 +131,7 @@ from sparktf.models.task import (
 __all__ = [
     "CALLABLE_LOSS",
     "INPUT_DTYPES",
+    "NAMED_INPUT_DTYPES",
     "KINDS",
     "LOSSES",
     "REGRESSION_LOSSES",
@@ -141,7 +150,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INPUT_DTYPES = ("float32", "uint8")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
@@ -161,6 +169,7 @@ class CustomModel:
     num_classes: int | None = None
     label_shape: tuple[int, ...] | None = None
     feature: str | None = None
+    inputs: tuple[str, ...] | Mapping[str, Any] | None = None
     scaling: str = "unit"
     batch_size: int = 32
     epochs: int | None = 1
@@ -196,6 +205,7 @@ class CustomModel:
                 "num_classes": self.num_classes,
                 "label_shape": None if self.label_shape is None else list(self.label_shape),
                 "feature": self.feature,
+                "inputs": _inputs_config(self.inputs),
                 "scaling": self.scaling,
                 "loss": CALLABLE_LOSS if callable(self.loss) else self.loss,
                 "metrics": None if self.metrics is None else list(self.metrics),
@@ -218,7 +228,18 @@ def custom_model(build_fn: Callable[..., keras.Model], **options: Any) -> Custom
     for key in ("input_shape", "label_shape"):
         if options.get(key) is not None:
             options[key] = tuple(int(d) for d in options[key])
+    if options.get("inputs") is not None and not isinstance(options["inputs"], Mapping):
+        options["inputs"] = tuple(options["inputs"])
     return CustomModel(build_fn, **options)
+
+
+def _inputs_config(inputs: Sequence[str] | Mapping[str, Any] | None) -> Any:
+    """``inputs`` as a config value: a list of names, or ``{name: {"dtype", "shape"}}``."""
+    if inputs is None:
+        return None
+    if isinstance(inputs, Mapping):
+        return {str(k): {"dtype": v["dtype"], "shape": list(v["shape"])} for k, v in inputs.items()}
+    return [str(name) for name in inputs]
 
 
 # The config keys of the task (a build function's own keyword arguments must not reuse one).
@@ -229,6 +250,7 @@ _TASK_KEYS = (
     "num_classes",
     "label_shape",
     "feature",
+    "inputs",
     "scaling",
     "loss",
     "metrics",
@@ -284,7 +306,7 @@ def _build_defaults(fn: Callable) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the task
 
 
-class CustomTask(KindMixin, ClassifierTask):
+class CustomTask(KindMixin, NamedInputs, ClassifierTask):
     """A model whose network comes from a user's build function (one subclass per
     registered name; see the module docstring). A classifier behaves exactly as the
     registry's classifiers; the other kinds get their own loss, metrics and signatures."""
@@ -319,7 +341,7 @@ class CustomTask(KindMixin, ClassifierTask):
 
     @property
     def features(self) -> tuple[str, ...]:
-        return (self.feature, "label")
+        return (*(self.input_names or (self.feature,)), "label")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -372,7 +394,10 @@ class CustomTask(KindMixin, ClassifierTask):
     def serves_images(self) -> bool:
         """A classifier on uint8 images: the registry classifiers' signatures."""
         return (
-            self.kind == "classifier" and self.input_dtype == "uint8" and len(self.input_shape) == 3
+            self.input_names is None
+            and self.kind == "classifier"
+            and self.input_dtype == "uint8"
+            and len(self.input_shape) == 3
         )
 
     @property
@@ -388,18 +413,7 @@ class CustomTask(KindMixin, ClassifierTask):
     def validate(self) -> None:
         c = self.config
         check_kind_and_loss(c["kind"], c["loss"])
-        for key in ("input_shape", "label_shape"):
-            shape = c[key]
-            if shape is not None and (
-                not isinstance(shape, list)
-                or (key == "input_shape" and not shape)
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
-            ):
-                raise SparktfValueError(f"{key} must be a list of positive integers, got {shape!r}")
-        if c["input_dtype"] not in (None, *INPUT_DTYPES):
-            raise SparktfValueError(
-                f"input_dtype must be one of {INPUT_DTYPES}, got {c['input_dtype']!r}"
-            )
+        _check_input(c)
         least = 1 if self.kind == "multilabel" else 2
         if c["num_classes"] is not None and (
             not isinstance(c["num_classes"], int) or c["num_classes"] < least
@@ -432,14 +446,22 @@ class CustomTask(KindMixin, ClassifierTask):
     # -- model ------------------------------------------------------------------------------
 
     def build_model(self) -> keras.Model:
-        shape = self.input_shape
         num_outputs = self.num_outputs
-        inputs = keras.Input(shape, dtype=self.input_dtype, name=self.feature)
-        x = inputs
-        if self.input_dtype == "uint8":
-            x = ScaleImage(self.config["scaling"], dtype="float32", name="scale_image")(inputs)
         fn = type(self).spec.build_fn
-        network = fn(tuple(shape), num_outputs, **self.build_config)
+        if self.input_names is not None:  # several named inputs: the build function gets them
+            inputs = {
+                name: keras.Input(shape, dtype=dtype, name=name)
+                for name, (dtype, shape) in self.input_specs.items()
+            }
+            network = fn(dict(inputs), num_outputs, **self.build_config)
+            x = inputs
+        else:
+            shape = self.input_shape
+            inputs = keras.Input(shape, dtype=self.input_dtype, name=self.feature)
+            x = inputs
+            if self.input_dtype == "uint8":
+                x = ScaleImage(self.config["scaling"], dtype="float32", name="scale_image")(inputs)
+            network = fn(tuple(shape), num_outputs, **self.build_config)
         if not isinstance(network, keras.Model):
             raise SparktfTypeError(
                 f"build function {_describe(fn)} returned {type(network).__name__}, "
@@ -484,6 +506,8 @@ class CustomTask(KindMixin, ClassifierTask):
     def serving_endpoints(self, model: keras.Model) -> dict[str, Endpoint]:
         if self.serves_images:
             return super().serving_endpoints(model)
+        if self.input_names is not None:
+            return self.named_endpoints(model)
         shape, feature = list(self.input_shape), self.feature
         dtype = tf.as_dtype(self.input_dtype)
 
@@ -507,12 +531,14 @@ class CustomTask(KindMixin, ClassifierTask):
     def signature_info(self) -> dict[str, dict[str, dict[str, str]]]:
         if self.serves_images:
             return super().signature_info()
-        dims = ",".join(str(d) for d in self.input_shape)
         if self.kind in ("classifier", "binary"):
             outputs = {"classes": "int64[B]", "scores": f"float32[B,{self.num_classes}]"}
         else:
             label = "".join(f",{d}" for d in self.label_shape)
             outputs = {"predictions": f"float32[B{label}]"}
+        if self.input_names is not None:
+            return {"serving_default": {"inputs": self.named_info(), "outputs": outputs}}
+        dims = ",".join(str(d) for d in self.input_shape)
         return {
             "serving_default": {
                 "inputs": {
@@ -528,97 +554,21 @@ class CustomTask(KindMixin, ClassifierTask):
         }
 
 
-# ----------------------------------------------------------------------------- from the data
-
-
-def config_from_dataset(
-    task: CustomTask, fields: Sequence[Any], manifest: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The config entries ``task`` leaves ``None`` (input column, shape, dtype, classes, label
-    shape), read from a dataset's columns (``formats.Field``) and manifest.
-
-    Raises ``ValueError`` when the dataset cannot feed the model: several ndarray columns and
-    no ``feature``, a dtype custom models do not read, or a dtype or shape other than the
-    config's.
-    """
-    c = task.config
-    where = f"dataset {manifest.get('dataset', '?')}"
-    arrays = [f for f in fields if f.shape is not None and f.name != "label"]
-    if c["feature"] is not None:
-        column = next((f for f in fields if f.name == c["feature"]), None)
-    elif c["input_dtype"] is not None and any(f.name == task.feature for f in arrays):
-        column = next(f for f in arrays if f.name == task.feature)
-    elif len(arrays) == 1:
-        column = arrays[0]
-    else:
+def _check_input(c: Mapping[str, Any]) -> None:
+    """The shapes and the dtype of a model's input and label in its config."""
+    for key in ("input_shape", "label_shape"):
+        shape = c[key]
+        if shape is not None and (
+            not isinstance(shape, list)
+            or (key == "input_shape" and not shape)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+        ):
+            raise SparktfValueError(f"{key} must be a list of positive integers, got {shape!r}")
+    if c["input_dtype"] not in (None, *INPUT_DTYPES):
         raise SparktfValueError(
-            f"model {task.name!r}: {where} has ndarray columns "
-            f"{[f.name for f in arrays]}: set feature= to the one it reads"
+            f"input_dtype must be one of {INPUT_DTYPES}, got {c['input_dtype']!r}"
         )
-    if column is None or column.shape is None:
-        return {}  # describe_data names the missing column
-    out: dict[str, Any] = {}
-    if c["feature"] is None:
-        out["feature"] = column.name
-    dtype = str(np.dtype(column.dtype))
-    if c["input_dtype"] is None:
-        if dtype not in INPUT_DTYPES:
-            raise SparktfValueError(
-                f"model {task.name!r}: column {column.name!r} of {where} holds {dtype}; "
-                f"custom models read {INPUT_DTYPES}"
-            )
-        out["input_dtype"] = dtype
-    elif c["input_dtype"] != dtype:
-        raise SparktfValueError(
-            f"model {task.name!r} reads {c['input_dtype']} but column {column.name!r} of "
-            f"{where} holds {dtype}"
-        )
-    shape = list(column.shape)
-    if c["input_shape"] is None:
-        out["input_shape"] = shape
-    elif list(c["input_shape"]) != shape and math.prod(c["input_shape"]) != math.prod(shape):
-        raise SparktfValueError(
-            f"model {task.name!r} expects input_shape {tuple(c['input_shape'])} but column "
-            f"{column.name!r} of {where} holds {dtype} of shape {tuple(shape)}"
-        )
-    out.update(_label_config(task, fields, manifest, where))
-    return out
-
-
-def _label_config(
-    task: CustomTask, fields: Sequence[Any], manifest: Mapping[str, Any], where: str
-) -> dict[str, Any]:
-    """``num_classes`` (a classifier's, from the manifest; a multi-label model's, the label
-    vector's size) or ``label_shape`` (regression, custom), when the config leaves them
-    ``None``."""
-    c, kind = task.config, task.kind
-    label = next((f for f in fields if f.name == "label"), None)
-    shape = list(label.shape or ()) if label is not None else None
-    if kind == "classifier" and c["num_classes"] is None:
-        schema = (manifest.get("schema") or {}).get("label") or {}
-        return {"num_classes": int(schema["num_classes"])} if schema.get("num_classes") else {}
-    if kind == "multilabel" and shape is not None:
-        if len(shape) != 1:
-            raise SparktfValueError(
-                f"model {task.name!r} (multilabel) reads a vector of 0/1 labels, but the label "
-                f"column of {where} has shape {tuple(shape)}"
-            )
-        if c["num_classes"] is None:
-            return {"num_classes": int(shape[0])}
-        if int(c["num_classes"]) != shape[0]:
-            raise SparktfValueError(
-                f"model {task.name!r} has num_classes={c['num_classes']} labels but the label "
-                f"column of {where} holds {shape[0]}"
-            )
-    if kind in ("regression", "custom") and shape is not None:
-        if c["label_shape"] is None:
-            return {"label_shape": shape}
-        if list(c["label_shape"]) != shape:
-            raise SparktfValueError(
-                f"model {task.name!r} expects label_shape {tuple(c['label_shape'])} but the "
-                f"label column of {where} has shape {tuple(shape)}"
-            )
-    return {}
+    check_inputs(c["inputs"])
 
 
 # ----------------------------------------------------------------------------- the names

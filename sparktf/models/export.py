@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -21,11 +22,13 @@ def write_saved_model(
 ) -> str:
     """Writes ``tf.saved_model.save`` output with one signature per endpoint.
 
-    The SavedModel root holds the model's variables and the endpoint functions only (not
-    the Keras object graph), so it loads with plain ``tf.saved_model.load`` / TF Serving.
+    The SavedModel root holds the model's variables, its layers' lookup tables (e.g.
+    ``StringLookup``'s) and the endpoint functions only (not the Keras object graph), so it
+    loads with plain ``tf.saved_model.load`` / TF Serving.
     """
     root = tf.Module()
     root.model_variables = list(model.variables)
+    root.model_resources = _resources(model)
     signatures = {}
     for name, (fn, input_signature) in endpoints.items():
         function = tf.function(fn, input_signature=list(input_signature), autograph=False)
@@ -34,3 +37,20 @@ def write_saved_model(
     tf.saved_model.save(root, export_dir, signatures=signatures)
     logger.info("exported %s to %s with signatures %s", model.name, export_dir, list(signatures))
     return export_dir
+
+
+def _resources(model: keras.Model) -> list[Any]:
+    """The TensorFlow resources (lookup tables) held by the model's layers, at any depth."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack = list(model.layers)
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        stack.extend(getattr(layer, "layers", None) or ())
+        for value in vars(layer).values():
+            if isinstance(value, tf.saved_model.experimental.TrackableResource):
+                found.append(value)
+    return found

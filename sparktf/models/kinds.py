@@ -200,7 +200,7 @@ class KindMixin:
         if self.kind == "classifier":
             return super().forward(model, batch, training, label_smoothing)
         labels = self._labels(batch)
-        outputs = self.outputs(model, batch[self.feature], training=training)
+        outputs = self.outputs(model, self.model_inputs(batch), training=training)
         return outputs, self.per_example_loss(labels, outputs), labels
 
     def eval_step(self, model: keras.Model, batch: Batch, global_batch_size: int) -> Metrics:
@@ -269,10 +269,17 @@ class KindMixin:
 
     def example_batch(self, batch_size: int, seed: int = 0) -> dict[str, tf.Tensor]:
         rng = np.random.default_rng(seed)
-        if self.input_dtype == "uint8":
+        if self.input_names is not None:
+            inputs = {
+                name: example_values(rng, dtype, (batch_size, *shape))
+                for name, (dtype, shape) in self.input_specs.items()
+            }
+        elif self.input_dtype == "uint8":
             values = rng.integers(0, 256, size=(batch_size, *self.input_shape), dtype=np.uint8)
         else:
             values = rng.standard_normal((batch_size, *self.input_shape)).astype(np.float32)
+        if self.input_names is None:
+            inputs = {self.feature: values}
         if self.kind == "classifier":
             labels = rng.integers(0, self.num_classes, size=(batch_size,), dtype=np.int64)
         elif self.kind in ("binary", "multilabel"):
@@ -281,10 +288,19 @@ class KindMixin:
             labels = rng.standard_normal((batch_size, *self.label_shape)).astype(np.float32)
         ids = np.arange(batch_size, dtype=np.int64)
         return {
-            self.feature: tf.constant(values),
+            **{name: tf.constant(v) for name, v in inputs.items()},
             "label": tf.constant(labels),
             "id": tf.constant(ids),
         }
+
+
+def example_values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Random inputs of ``dtype`` (float32, int64 or string) and ``shape``."""
+    if dtype == "string":
+        return rng.choice(np.array(["a", "b", "c"], dtype=object), size=shape)
+    if dtype == "int64":
+        return rng.integers(0, 10, size=shape, dtype=np.int64)
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 def with_last_axis(values: tf.Tensor, label_shape: tuple[int, ...]) -> tf.Tensor:

@@ -507,7 +507,9 @@ class TrainConfig:
 
     ``model`` is a registry name (``sparktf.models.list_models()``) and ``model_config``
     overrides entries of its config. ``data`` is a converted dataset directory (local or
-    ``hdfs://``), ``split`` the split to train on.
+    ``hdfs://``), ``split`` the split to train on; or, in Python, a DataFrame fed to the
+    TensorFlow processes as it is (``spark`` input mode, no copy written; see
+    :func:`sparktf.train.fit`).
 
     ``input_mode``: ``"spark"`` reads the split's Parquet as a DataFrame and feeds its rows
     to the TensorFlow processes (see :mod:`sparktf.train.feed.chunks`); ``"files"`` has each
@@ -610,8 +612,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("TrainConfig.model is required")
-        if not self.data:
-            raise ConfigError("TrainConfig.data is required (a converted dataset directory)")
+        if self.data is None or (isinstance(self.data, str) and not self.data):
+            raise ConfigError(
+                "TrainConfig.data is required (a converted dataset directory or a DataFrame)"
+            )
         _check(self)
         _positive(self, "epochs", allow_none=True)
         _positive(self, "steps", allow_none=True)

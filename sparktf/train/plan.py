@@ -39,6 +39,7 @@ __all__ = [
     "Role",
     "RunPlan",
     "describe_data",
+    "plan_frame",
     "plan_run",
 ]
 
@@ -58,6 +59,7 @@ class DataInfo:
     files: dict[str, list[str]] = field(default_factory=dict)  # format -> files of the split
     parquet: str | None = None  # the split's Parquet directory, if converted
     text: dict | None = None  # the manifest's text section (PTB)
+    frame: bool = False  # fed straight from a DataFrame (no dataset, no splits)
 
     @property
     def names(self) -> list[str]:
@@ -150,6 +152,31 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
     Raises :class:`~sparktf.train.config.ConfigError` naming the setting (``Class.field``)
     that does not fit the model or the dataset; the dataset's manifest is read here
     (:func:`sparktf.datasets.formats.load_manifest` raises what storage raises)."""
+    return _plan(train, scaling, run, None)[0]
+
+
+def plan_frame(
+    train: TrainConfig,
+    scaling: ScalingConfig,
+    run: RunConfig,
+    df: Any,
+    columns: dict[str, str] | None = None,
+) -> tuple[RunPlan, Any]:
+    """The plan of a run fed straight from the DataFrame ``df`` (``spark`` input mode, no
+    dataset written), and the DataFrame of the columns its processes read.
+
+    ``columns`` maps the model's inputs (``features``, ``label``, ``id``) to ``df``'s
+    columns when they are named otherwise. The columns are checked first, in one Spark job
+    over ``df`` (:func:`sparktf.datasets.tables.check_table`): a missing column, a type the
+    model cannot read, a null, a label outside the classes or a row of another size raises
+    :class:`~sparktf.datasets.tables.TableInputError` naming the column and the row."""
+    plan, table = _plan(train, scaling, run, (df, dict(columns or {})))
+    return plan, table.rows.select(*plan.data.names)
+
+
+def _plan(train: TrainConfig, scaling: ScalingConfig, run: RunConfig, frame):
+    """The plan, and the checked rows of ``frame`` (``(df, columns)``; None: the dataset of
+    ``train.data``)."""
     from sparktf import models
 
     overrides = dict(train.model_config)
@@ -164,17 +191,38 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
             f"{train.model} trains on its built-in data, not on a converted "
             "dataset: it has no distributed training job"
         )
-    manifest = formats.load_manifest(train.data)  # read once: train and eval splits
+    table = None
+    if frame is None:
+        manifest = formats.load_manifest(train.data)  # read once: train and eval splits
+        fields = formats.manifest_fields(manifest)
+    else:
+        table = _frame_table(task, overrides, *frame)
+        fields = list(table.fields)
+        manifest = {
+            "dataset": "the DataFrame",
+            "schema": {"label": {"num_classes": table.num_classes}},
+        }
     from_data = getattr(task, "data_overrides", None)  # a user's model: shapes from the data
     if from_data is not None:
         try:
-            filled = from_data(formats.manifest_fields(manifest), manifest)
+            filled = from_data(fields, manifest)
             if filled:
                 overrides.update(filled)
                 task = models.get_task(train.model, **overrides)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    data = describe_data(train.data, train.split, task.features, manifest)
+    if table is None:
+        data = describe_data(train.data, train.split, task.features, manifest)
+    else:
+        data = DataInfo(
+            dataset="dataframe",
+            kind="table",
+            data=train.data,
+            split=train.split,
+            rows=table.count,
+            fields=table.fields,
+            frame=True,
+        )
     if task.kind == "language_model":
         vocab = (data.text or {}).get("vocab_size")
         if "vocab_size" not in overrides and vocab:
@@ -195,7 +243,7 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
         "lr_decay_total_epochs"
     ):  # decay over this run's length
         overrides["lr_decay_total_epochs"] = target / steps_per_epoch
-    return RunPlan(
+    plan = RunPlan(
         train=train,
         scaling=scaling,
         run=run,
@@ -206,9 +254,69 @@ def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunP
         target_steps=target,
         feed_passes=math.ceil(train.epochs) if train.epochs and not train.steps else None,
         log_level=logging.getLevelName(logging.getLogger().level or logging.INFO),
-        eval_data=_eval_data(train, run, task, manifest),
+        eval_data=_eval_data(train, run, task, manifest) if table is None else _no_eval(run),
         custom_model=models.custom.plan_payload(train.model),
     )
+    return plan, table
+
+
+def _frame_table(task, overrides: dict[str, Any], df, columns: dict[str, str]):
+    """``df``'s columns for ``task``, checked (:mod:`sparktf.datasets.tables`)."""
+    from sparktf.datasets.tables import check_inputs, check_table
+
+    custom = hasattr(task, "data_overrides")  # a user's model (sparktf.models.custom)
+    if not custom and task.kind != "classifier":
+        raise ConfigError(
+            f"{task.name} is a {task.kind}: a DataFrame feeds classifiers and a user's models "
+            "(sparktf.models.register); convert the data for this model"
+        )
+    names = getattr(task, "input_names", None)
+    unknown = sorted(set(columns) - {*task.features, "features", "id"})
+    if unknown:
+        raise ConfigError(
+            f"columns: {unknown} are not inputs of {task.name} (it reads "
+            f"{list(task.features)} and an optional id)"
+        )
+    classes = task.kind in ("classifier", "binary")
+    num_classes = None
+    if classes:
+        try:  # the model's, else the largest label + 1 (a user's classifier)
+            num_classes = int(task.num_classes)
+        except (ValueError, KeyError):
+            num_classes = None
+    common = {
+        "label_col": columns.get("label", "label"),
+        "id_col": columns.get("id", "id"),
+        "num_classes": num_classes,
+        "labels": "classes" if classes else "values",
+    }
+    if names is not None:
+        return check_inputs(df, {name: columns.get(name, name) for name in names}, **common)
+    feature = task.features[0]
+    return check_table(
+        df,
+        input_col=columns.get("features", columns.get(feature, feature)),
+        feature=feature,
+        shape=_input_shape(task, overrides, custom),
+        dtype=overrides.get("input_dtype") if custom else "uint8",
+        **common,
+    )
+
+
+def _input_shape(task, overrides: dict[str, Any], custom: bool) -> tuple[int, ...] | None:
+    """The per-row input shape the model fixes (None: a user's model takes the data's)."""
+    shape = overrides.get("input_shape") if custom else getattr(task, "input_shape", None)
+    return None if shape is None else tuple(int(d) for d in shape)
+
+
+def _no_eval(run: RunConfig) -> None:
+    """A DataFrame has no evaluation split: only ``EvalConfig.split`` auto or none fit."""
+    if run.evaluation.split not in ("auto", "none") or run.evaluation.export_best:
+        raise ConfigError(
+            "EvalConfig.split and EvalConfig.export_best: a run fed from a DataFrame has no "
+            "evaluation split; evaluate the export with sparktf.evaluate instead"
+        )
+    return None
 
 
 # The evaluation metrics of each kind of model, and whether higher is better.
@@ -267,7 +375,7 @@ def _check_layout(
                 f"model's) must be divisible by the {replicas} all-reduce replicas "
                 "(ScalingConfig.num_workers x ScalingConfig.gpus_per_worker)"
             )
-    if train.input_mode == "spark" and not data.parquet:
+    if train.input_mode == "spark" and not data.parquet and not data.frame:
         raise ConfigError(
             f"TrainConfig.input_mode 'spark' reads Parquet, but {train.data} has none: convert "
             "the dataset with parquet among its formats (the output_formats of "

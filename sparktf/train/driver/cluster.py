@@ -40,7 +40,6 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from sparktf.errors import SparktfRuntimeError
 from sparktf.ports import free_port
@@ -61,23 +60,24 @@ log = logging.getLogger(__name__)
 class BenchOptions:
     """What only benchmarks change about a run (``bench/feed.py``).
 
-    ``feed_df``: a DataFrame to feed (``spark`` input mode) instead of the split's Parquet;
     ``consume_only``: the TensorFlow processes only read the feed and train nothing.
     """
 
-    feed_df: Any = None
     consume_only: bool = False
 
 
 class ClusterRun:
     """One run's TensorFlow cluster. Use as a context manager: ``with ClusterRun(...) as c:
-    result = c.start().wait()``; leaving the block always takes everything down."""
+    result = c.start().wait()``; leaving the block always takes everything down.
+
+    ``frame``: a DataFrame to feed (``spark`` input mode) instead of the split's Parquet."""
 
     def __init__(
         self,
         spark,
         plan: RunPlan,
         *,
+        frame=None,
         bench: BenchOptions | None = None,
         watch_steps: bool = True,
     ):
@@ -85,6 +85,7 @@ class ClusterRun:
         self.plan = plan
         self.watch_steps = watch_steps  # False: a user's function (see RunMonitor)
         self.bench = bench or BenchOptions()
+        self.frame = frame
         self.control: ControlServer | None = None
         self.roles: dict[str, Role] = {}
         self.tfos = TfosCluster(spark)
@@ -157,7 +158,7 @@ class ClusterRun:
         if plan.train.input_mode == "spark":
             nodes = self.tfos.nodes
             feeding = {key: nodes[key] for key in roles_lib.feeding_keys(self.roles)}
-            self.feed = FeedJob(self.spark, plan, self.control, feeding, df=self.bench.feed_df)
+            self.feed = FeedJob(self.spark, plan, self.control, feeding, df=self.frame)
             checks.append(self.feed.start().failure)
         checks.append(self.driver_ps.failure)
         self.monitor = RunMonitor(

@@ -21,12 +21,14 @@ from sparktf.train.config import (
 )
 from sparktf.train.driver import gang, tracking
 from sparktf.train.driver.cluster import ClusterRun
-from sparktf.train.plan import RunPlan, plan_run
+from sparktf.train.plan import RunPlan, plan_frame, plan_run
 from sparktf.train.result import ProcessResult, ResultRejected
 
-__all__ = ["fit", "gpu_spark_conf", "session_for"]
+__all__ = ["FRAME", "fit", "gpu_spark_conf", "session_for"]
 
 log = logging.getLogger("sparktf.train")
+
+FRAME = "(a DataFrame)"  # TrainConfig.data of a run fed from a DataFrame, as logs show it
 
 
 def gpu_spark_conf(scaling: ScalingConfig) -> dict[str, str]:
@@ -57,12 +59,16 @@ def fit(
     run: RunConfig,
     *,
     spark=None,
+    columns: dict[str, str] | None = None,
 ) -> TrainResult:
     """Trains ``train.model`` on Spark executors; returns when the chief has exported.
 
     Parameters:
         train: what to train (the model, its dataset and split, the input mode, the length
-            of the run).
+            of the run). ``train.data`` may be a DataFrame instead of a dataset directory:
+            its rows are fed to the TensorFlow processes as they are (``spark`` input mode,
+            no dataset written, every epoch runs the DataFrame's plan again: cache it when
+            that is costly), after one Spark job has checked its columns.
         scaling: the strategy and how many TensorFlow processes run it, with their GPUs
             and threads (``ScalingConfig()`` is all-reduce over two processes).
         run: where and how the run keeps its state: ``model_dir`` (local or ``hdfs://``;
@@ -72,6 +78,9 @@ def fit(
         spark: the SparkSession to run on (default ``sparktf.spark.get_session``, with the
             GPU settings of ``scaling``: :func:`gpu_spark_conf`). It must have exactly
             ``scaling.num_executors`` executors.
+        columns: with a DataFrame, its column for each of the model's inputs named
+            otherwise: ``{"features": ..., "label": ..., "id": ...}`` (the ``id`` column, an
+            integer, names rows in errors).
 
     Returns:
         A :class:`~sparktf.train.config.TrainResult`: the steps trained, the last training
@@ -84,6 +93,9 @@ def fit(
             that does not fit the model, a layout the executors cannot hold, the ``spark``
             input mode without ``spark.python.worker.reuse``, MLflow missing or a tracking
             store that refuses).
+        TableInputError: a DataFrame whose columns the model cannot read (a missing column,
+            a type, a null, a label outside the classes, a row of another size), named with
+            the row, before anything starts.
         TrainingError: a TensorFlow process or a Spark job of the run failed (after
             ``run.failure.max_restarts`` restarts from the latest checkpoint), or the chief's
             result named a path outside ``run.model_dir`` (refused at once, no restart).
@@ -97,10 +109,15 @@ def fit(
         tracking.require_mlflow()  # before anything is read or started
     # Local paths are resolved here, on the driver: executors run in their own work dirs.
     run = dataclasses.replace(run, model_dir=storage.parse(run.model_dir).uri)
-    train = dataclasses.replace(train, data=storage.parse(train.data).uri)
-    plan = plan_run(train, scaling, run)
+    frame = None
+    if isinstance(train.data, str):
+        train = dataclasses.replace(train, data=storage.parse(train.data).uri)
+        plan = plan_run(train, scaling, run)
+    else:  # a DataFrame: fed by Spark tasks as it is
+        df, train = train.data, dataclasses.replace(train, data=FRAME, input_mode="spark")
+        plan, frame = plan_frame(train, scaling, run, df, columns)
     with tracking.track(plan) as tracker:
-        out = _run(plan, spark, tracker, started)
+        out = _run(plan, spark, tracker, started, frame)
         tracker.finish(out)
     return out
 
@@ -110,9 +127,11 @@ def _run(
     spark,
     tracker: tracking.Tracker | tracking.NullTracker,
     started: tuple[float, float],
+    frame=None,
 ) -> TrainResult:
     """The run of ``plan``; ``started``: ``time.time()`` and ``time.monotonic()`` when
-    fit() was called (the result's times count from there)."""
+    fit() was called (the result's times count from there); ``frame``: the DataFrame to feed
+    (None: the dataset's split)."""
     train, run = plan.train, plan.run
     scratch.sweep()  # scratch of earlier runs' processes on this machine that are gone
     spark = session_for(plan, spark)
@@ -133,7 +152,7 @@ def _run(
         f" (resuming from {run.model_dir})" if resumed else "",
     )
     started_wall, started_mono = started
-    result, restarts, cluster = _attempts(spark, plan, tracker)
+    result, restarts, cluster = _attempts(spark, plan, tracker, frame)
     out = TrainResult(
         model_dir=run.model_dir,
         start_step=resumed if restarts else result.start_step,
@@ -180,7 +199,7 @@ def session_for(plan: RunPlan, spark):
 
 
 def _attempts(
-    spark, plan: RunPlan, tracker: tracking.Tracker | tracking.NullTracker
+    spark, plan: RunPlan, tracker: tracking.Tracker | tracking.NullTracker, frame=None
 ) -> tuple[ProcessResult, list[dict], ClusterRun]:
     """Runs the TensorFlow cluster until the chief is done, starting it again from the
     latest checkpoint after a failure (at most ``run.failure.max_restarts`` times); the chief's
@@ -189,7 +208,7 @@ def _attempts(
     restarts: list[dict] = []
     while True:
         try:
-            with ClusterRun(spark, plan) as cluster:
+            with ClusterRun(spark, plan, frame=frame) as cluster:
                 cluster.start()
                 with tracker.follow(cluster):
                     result = ProcessResult.from_dict(cluster.wait(), model_dir=run.model_dir)

@@ -425,10 +425,13 @@ def _wait_for_room(
 
 
 def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str, np.ndarray]:
-    """The columns ``fields`` of an Arrow table as numpy arrays: int64 scalars as they are,
-    ndarray columns decoded at once by :func:`sparktf.datasets.formats.decode_ndarray_column`
-    (one vectorised pass over the column's buffer). A FeedError starting with ``where`` when
-    a column is missing or does not hold what its field says."""
+    """The columns ``fields`` of an Arrow table as numpy arrays: scalars as they are, ndarray
+    columns decoded at once by :func:`sparktf.datasets.formats.decode_ndarray_column` (one
+    vectorised pass over the column's buffer), or from Arrow lists (a DataFrame fed as it
+    is: :func:`_list_column`). A FeedError starting with ``where`` when a column is missing
+    or does not hold what its field says."""
+    import pyarrow as pa
+
     out = {}
     for f in fields:
         if f.name not in table.column_names:
@@ -437,11 +440,45 @@ def decode_table(table, fields: list[Field], *, where: str = "feed") -> dict[str
         if f.shape is None:
             out[f.name] = _scalar_column(column, f, where)
             continue
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            out[f.name] = _list_column(column, f, where)
+            continue
         try:
             out[f.name] = decode_ndarray_column(column, f.dtype, f.shape, name=f.name)
         except NdarrayColumnError as exc:
             raise FeedError(f"{where}: {exc}") from exc
     return out
+
+
+def _list_column(column, field: Field, where: str) -> np.ndarray:
+    """A column of Arrow lists of numbers, ``prod(field.shape)`` of them per row, as one
+    ``[rows, *field.shape]`` array of ``field.dtype`` (``uint8``: integers in [0, 255])."""
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    size = int(np.prod(field.shape))
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise FeedError(f"{where}: column {field.name!r}: row {row} of a chunk is null")
+    offsets = np.asarray(column.offsets)
+    lengths = np.diff(offsets)
+    if (lengths != size).any():
+        row = int(np.flatnonzero(lengths != size)[0])
+        raise FeedError(
+            f"{where}: column {field.name!r}: row {row} of a chunk has {lengths[row]} values; "
+            f"expected shape {field.shape} ({size} values)"
+        )
+    values = column.flatten()
+    if values.null_count:
+        raise FeedError(f"{where}: column {field.name!r} holds null elements")
+    flat = values.to_numpy(zero_copy_only=False)
+    if field.dtype == "uint8" and ((flat < 0) | (flat > 255) | (flat != np.floor(flat))).any():
+        raise FeedError(
+            f"{where}: column {field.name!r} holds values that are not integers in [0, 255]; "
+            "the model reads uint8"
+        )
+    return flat.astype(field.dtype, copy=False).reshape(len(column), *field.shape)
 
 
 def _scalar_column(column, field: Field, where: str) -> np.ndarray:
@@ -459,6 +496,12 @@ def _scalar_column(column, field: Field, where: str) -> np.ndarray:
             f"{where}: column {field.name!r} holds {column.null_count} nulls "
             f"(expected {field.dtype} values)"
         )
+    if field.dtype == "string":  # a model's string input (e.g. for a StringLookup layer)
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise FeedError(
+                f"{where}: column {field.name!r} has Arrow type {kind}, expected strings"
+            )
+        return column.to_numpy(zero_copy_only=False)
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
         try:
             return column.to_numpy().astype(field.dtype, copy=False)
