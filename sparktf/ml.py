@@ -129,6 +129,12 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPred
         "feature column: a Vector, array<number> or numpy.save bytes",
         TypeConverters.toString,
     )
+    featuresCols = _param(
+        "featuresCols",
+        "several feature columns, one per named input of the model (instead of inputCol): "
+        "numbers, strings, Vectors or arrays of numbers",
+        TypeConverters.toListString,
+    )
     idCol = _param(
         "idCol", "column naming rows in errors (and the dataset's id)", TypeConverters.toString
     )
@@ -136,7 +142,7 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPred
     def __init__(self) -> None:
         super().__init__()
         # rawPrediction only when asked: sparktf.predict and TFModel add the same columns
-        self._setDefault(inputCol="features", idCol="id", rawPredictionCol="")
+        self._setDefault(inputCol="features", featuresCols=[], idCol="id", rawPredictionCol="")
 
     def _set_given(self) -> Any:
         """Sets the Params a ``@keyword_only`` method was given (None: left as is)."""
@@ -147,6 +153,12 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPred
 
     def getIdCol(self) -> str:
         return self.getOrDefault(self.idCol)
+
+    def getFeaturesCols(self) -> list[str]:
+        return list(self.getOrDefault(self.featuresCols))
+
+    def setFeaturesCols(self, value: list[str]) -> Any:
+        return self._set(featuresCols=value)
 
     def setInputCol(self, value: str) -> Any:
         return self._set(inputCol=value)
@@ -268,7 +280,10 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
       ``StringIndexer`` gives, are accepted), for a binary model 0 or 1, for a regression
       or custom model a number (or a Vector or array of numbers of one size), for a
       multi-label model a Vector or array of 0/1 values; ``idCol`` (``"id"``): an integer
-      column that names rows in errors.
+      column that names rows in errors. ``featuresCols`` (a list; default empty: one
+      input, ``inputCol``): several columns, one per named input of a user's model (its
+      ``inputs``, set to these names when the model does not set them): numbers, strings,
+      Vectors or arrays of numbers (:mod:`sparktf.models.named`).
     * ``predictionCol``, ``probabilityCol``, ``rawPredictionCol``: passed to the
       :class:`TFModel` ``fit`` returns.
 
@@ -279,7 +294,8 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
     ``ValueError``) naming the column and the row for data the model cannot read (a missing
     column, a null, a label outside the classes, a row of another size), before training
     starts; :class:`sparktf.train.TrainingError` when the run fails or writes no export.
-    The temporary dataset is removed in every case.
+    No copy of the DataFrame is written: its rows are fed as they are, and each epoch runs
+    its plan again (cache a costly one).
     """
 
     @keyword_only
@@ -301,6 +317,7 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         seed: int = 0,
         modelDir: str | None = None,
         inputCol: str = "features",
+        featuresCols: list[str] | None = None,
         labelCol: str = "label",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
@@ -349,7 +366,9 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         for param in (self.model, self.modelDir):
             if not self.isDefined(param):
                 raise ConfigError(f"TFEstimator: set {param.name} ({param.doc})")
-        for col, name in ((self.getInputCol(), "inputCol"), (self.getLabelCol(), "labelCol")):
+        inputs = self.getFeaturesCols()
+        given = [(col, "featuresCols") for col in inputs] or [(self.getInputCol(), "inputCol")]
+        for col, name in (*given, (self.getLabelCol(), "labelCol")):
             if col not in dataset.columns:
                 raise TableInputError(
                     f"the DataFrame has no column {col!r} (TFEstimator {name}); it has "
@@ -363,11 +382,23 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         try:
             task = models.get_task(name, **model_config)
             custom = isinstance(task, models.CustomTask)
-            if custom and model_config.get("feature") is None:
+            if custom and inputs and task.input_names is None:
+                model_config["inputs"] = inputs
+                task = models.get_task(name, **model_config)
+            elif custom and not inputs and model_config.get("feature") is None:
                 model_config["feature"] = FEATURE
                 task = models.get_task(name, **model_config)
         except ValueError as exc:  # an unknown model or config key
             raise ConfigError(f"TFEstimator model {name!r}: {exc}") from None
+        if inputs and (not custom or list(task.input_names or ()) != inputs):
+            raise ConfigError(
+                f"TFEstimator featuresCols {inputs}: model {name!r} reads "
+                + (
+                    f"the named inputs {list(task.input_names)}"
+                    if custom and task.input_names
+                    else "one input (inputCol)"
+                )
+            )
         if task.kind not in ("classifier", "binary") and not custom:
             raise ConfigError(
                 f"TFEstimator model {name!r} is a {task.kind}; TFEstimator trains classifiers "
@@ -384,8 +415,9 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
             batch_size=self._maybe(self.batchSize),
             seed=self.getOrDefault(self.seed),
         )
-        columns = {"features": self.getInputCol(), "label": self.getLabelCol()}
-        columns["id"] = self.getIdCol()
+        columns = {"label": self.getLabelCol(), "id": self.getIdCol()}
+        if not inputs:
+            columns["features"] = self.getInputCol()
         result = fit(train, scaling, run, spark=dataset.sparkSession, columns=columns)
         if not result.export_dir:
             raise TrainingError(
@@ -394,6 +426,7 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         out = TFModel(
             exportDir=result.export_dir,
             inputCol=self.getInputCol(),
+            featuresCols=inputs,
             predictionCol=self.getPredictionCol(),
             probabilityCol=self.getProbabilityCol(),
             rawPredictionCol=self.getRawPredictionCol(),
@@ -537,7 +570,8 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
       or ``MODEL_DIR`` (the highest version), local or ``hdfs://``.
     * ``inputCol`` (``"features"``): what the model reads, as :func:`sparktf.predict`
       takes it (a Spark ML ``Vector``, an ``array`` of numbers or ``numpy.save`` bytes for
-      a classifier on features; images for an image classifier).
+      a classifier on features; images for an image classifier). ``featuresCols``: the
+      columns of a model of several named inputs instead, each named as its input.
     * ``predictionCol`` (``"prediction"``), ``probabilityCol`` (``"probability"``),
       ``rawPredictionCol`` (``""``: not added; ``"rawPrediction"`` for Spark's
       ``BinaryClassificationEvaluator``): the added columns; an empty name leaves that column
@@ -581,6 +615,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         *,
         exportDir: str | None = None,
         inputCol: str = "features",
+        featuresCols: list[str] | None = None,
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
         rawPredictionCol: str = "",
@@ -632,7 +667,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         out = predict(
             dataset,
             self.getExportDir(),
-            input_col=self.getInputCol(),
+            input_col=None if self.getFeaturesCols() else self.getInputCol(),
             output_col=prediction,
             probability_col=probability,
             batch_size=self.getOrDefault(self.batchSize),

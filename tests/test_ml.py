@@ -73,7 +73,7 @@ def small_export(tmp_path_factory):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["tabular_pipeline", "regression_pipeline"])
+@pytest.mark.parametrize("name", ["tabular_pipeline", "regression_pipeline", "wide_and_deep"])
 def test_examples_have_help(name):
     done = helpers.run_command(
         [sys.executable, REPO / "examples" / f"{name}.py", "--help"], timeout=120
@@ -401,6 +401,7 @@ def test_multiclass_evaluator_scores_the_fitted_pipeline(tabular):
     assert math.isfinite(log_loss) and log_loss < 1.0  # read from the probability Vectors
 
 
+WIDE_AND_DEEP_EXAMPLE = REPO / "examples" / "wide_and_deep.py"
 REGRESSION_EXAMPLE = REPO / "examples" / "regression_pipeline.py"
 
 
@@ -448,6 +449,51 @@ def test_regression_example_tunes_a_learning_rate_and_reaches_the_noise(
     # Each fold and rate trained in a directory of its own; no temporary dataset is left.
     assert len(list((tmp_path / "model").glob("fits-*/*"))) == 2 * 2
     assert not list((tmp_path / "model").rglob("_fit_data-*"))
+    assert_nothing_left()
+
+
+@pytest.fixture(scope="module")
+def wide_and_deep_example():
+    yield from _imported(WIDE_AND_DEEP_EXAMPLE, "wide_and_deep_example")
+
+
+def test_wide_and_deep_example_trains_on_numbers_and_strings_without_a_copy(
+    spark, wide_and_deep_example, tmp_path
+):
+    """Two numeric columns (one Vector) and two string columns, each a named input of the
+    model (StringLookup, one-hot and Embedding inside it): trained by TFEstimator straight
+    from the DataFrame (no dataset written in the model directory), served by TFModel from
+    the same columns, raw strings included, and scored by Spark's evaluator."""
+    from pyspark.sql import types as T
+
+    from sparktf import cli, storage
+
+    model_dir = tmp_path / "model"
+    args = cli.parse(
+        wide_and_deep_example.parser(),
+        [
+            "--demo-rows",
+            "1600",
+            "--epochs",
+            "4",
+            "--csv",
+            str(tmp_path / "data.csv"),
+            "--model-dir",
+            str(model_dir),
+            "--output",
+            str(tmp_path / "predictions"),
+        ],
+    )
+    summary = wide_and_deep_example.run(args, spark)["summary"]
+    assert summary["numeric"] == ["tenure", "spend"] and summary["strings"] == ["city", "plan"]
+    assert summary["vocabulary_sizes"] == {"city": 5, "plan": 3}
+    assert summary["final_step"] == 4 * (summary["train_rows"] // 32)
+    assert summary["test_accuracy"] > 0.85, summary  # the numbers alone reach about 0.8
+    scored = spark.read.parquet(storage.spark_uri(summary["predictions"]))
+    assert isinstance(scored.schema["prediction"].dataType, T.DoubleType)
+    assert scored.count() == summary["test_rows"] > 300
+    written = [p.name for p in model_dir.rglob("*") if p.is_file()]
+    assert not [n for n in written if n.endswith(".parquet") or n == "manifest.json"], written
     assert_nothing_left()
 
 
