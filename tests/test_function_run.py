@@ -210,6 +210,56 @@ def test_a_function_that_fails_once_resumes_from_its_checkpoint(spark, tmp_path)
     assert [e["metrics"]["epoch"] for e in result.history] == [1.0, 2.0]
 
 
+def fit_from_a_dataframe(config):
+    """Keras 3 ``fit`` on the DataFrame's rows (``x`` a Vector, ``city`` a string, ``y``),
+    a StringLookup inside the model."""
+    import keras
+
+    ctx = get_context()
+    data = ctx.dataset(batch_size=config["batch"], columns=["x", "city", "y"], label="y")
+    with ctx.strategy.scope():
+        inputs = {"x": keras.Input((2,), name="x"), "city": keras.Input((), dtype="string")}
+        city = keras.layers.StringLookup(vocabulary=["rome", "oslo"], output_mode="one_hot")
+        merged = keras.layers.Concatenate()([inputs["x"], city(inputs["city"])])
+        model = keras.Model(inputs, keras.layers.Dense(1)(merged))
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    history = model.fit(data, epochs=config["epochs"], steps_per_epoch=config["steps"], verbose=0)
+    report({"loss": history.history["loss"][-1]})
+    return {"loss": history.history["loss"], "weights": model.layers[-1].get_weights()[0].ravel()}
+
+
+@pytest.mark.integration
+def test_keras_fit_trains_straight_from_a_dataframe(spark, tmp_path):
+    """``run(train_fn, data=df)``: a DataFrame's columns (a Vector, a string, a number) reach
+    ``fit`` as tensors by name, through the Spark feed: no dataset is written."""
+    import numpy as np
+    from pyspark.ml.linalg import Vectors
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1024, 2))
+    cities = rng.choice(["rome", "oslo"], size=1024)
+    y = x @ [2.0, -1.0] + np.where(cities == "rome", 1.0, -1.0)
+    rows = [(i, Vectors.dense(x[i].tolist()), str(cities[i]), float(y[i])) for i in range(1024)]
+    df = spark.createDataFrame(rows, ["id", "x", "city", "y"]).repartition(2)
+    model_dir = tmp_path / "model"
+    config = {"batch": 32, "epochs": 6, "steps": 16}
+    result = run(
+        fit_from_a_dataframe,
+        TWO_WORKERS,
+        _run_config(model_dir),
+        config=config,
+        data=df,
+        spark=spark,
+    )
+    losses = result.value["loss"]
+    assert losses[-1] < 0.05 * losses[0], losses  # y is exactly linear in the inputs
+    weights = result.value["weights"]
+    assert weights[:2] == pytest.approx([2.0, -1.0], abs=0.15), weights
+    written = [p.name for p in model_dir.rglob("*") if p.is_file()]
+    assert not [n for n in written if n.endswith(".parquet") or n == "manifest.json"], written
+    helpers.assert_nothing_left()
+
+
 def raises(config):
     raise ValueError("bad")
 

@@ -101,16 +101,17 @@ def check_inputs(
     df: DataFrame,
     inputs: dict[str, str],
     *,
-    label_col: str,
+    label_col: str | None,
     id_col: str,
     num_classes: int | None = None,
-    labels: str = "classes",
+    labels: str | None = "classes",
 ) -> TableRows:
     """Checks the columns of a model with several named inputs (``inputs``: input name ->
     column of ``df``) as :func:`check_table` checks one. An input may be a number (``float``
-    or ``double``: float32; an integer type: int64), a string, or a Vector or array of
-    numbers of one size in every row (float32). ``TableRows.encoder`` is None: such rows
-    are fed as they are, not written."""
+    or ``double``: float32; an integer type: int64), a string, a Vector or array of numbers
+    of one size in every row (float32), or ``numpy.save`` bytes of one dtype and shape.
+    ``labels=None`` (and ``label_col=None``): no label (``sparktf.train.run``'s data).
+    ``TableRows.encoder`` is None: such rows are fed as they are, not written."""
     return _check(df, dict(inputs), label_col, id_col, labels, num_classes, None, None)
 
 
@@ -126,18 +127,18 @@ def _check(
 ) -> TableRows:
     from pyspark.sql import functions as F
 
-    if labels not in ("classes", "values"):
-        raise ValueError(f"labels must be 'classes' or 'values', got {labels!r}")
+    if labels not in ("classes", "values", None):
+        raise ValueError(f"labels must be 'classes', 'values' or None, got {labels!r}")
     rows, where = _select_rows(df, inputs, label_col, id_col, labels)
     kinds = {}  # x<i> -> binary | array | float | int | string
     for i, col in enumerate(inputs.values()):
         x, ftype = f"x{i}", df.schema[col].dataType
-        kinds[x] = _input_kind(ftype, col, len(inputs))
+        kinds[x] = _input_kind(ftype, col, len(inputs) == 1 and labels is not None)
         if kinds[x] == "array":
             rows = rows.withColumn(x, _float_array(F.col(x), ftype, col))
         elif kinds[x] in ("float", "int"):
             rows = rows.withColumn(x, F.col(x).cast("float" if kinds[x] == "float" else "long"))
-    ltype = df.schema[label_col].dataType
+    ltype = df.schema[label_col].dataType if labels else None
     vector_label = labels == "values" and not isinstance(ltype, spark_types().NumericType)
     if vector_label:
         rows = rows.withColumn("y", _float_array(F.col("y"), ltype, label_col))
@@ -147,15 +148,16 @@ def _check(
     profile = _profile(rows, list(kinds), arrays, labels, vector_label)
     if not profile["n"]:
         raise TableInputError("the DataFrame is empty: nothing to train on")
-    for col, name in (*zip(kinds, inputs.values()), ("y", label_col)):
+    labelled = [("y", label_col)] if labels else []
+    for col, name in (*zip(kinds, inputs.values()), *labelled):
         if profile[f"{col}_null"]:
             bad = rows.where(F.col(col).isNull()).first()
             raise TableInputError(f"column {name!r}: {where(bad)} is null")
+    label_field, classes = None, None
     if labels == "classes":
         rows, classes = _check_labels(rows, profile, label_col, where, num_classes)
         label_field = formats.Field("label", "int64")
-    else:
-        classes = None
+    elif labels == "values":
         label_shape = _value_label_shape(rows, profile, label_col, where) if vector_label else ()
         if not vector_label and profile["y_nan"]:
             bad = rows.where(F.isnan("y")).first()
@@ -164,15 +166,16 @@ def _check(
     fields, encoder = [], None
     for (x, kind), (name, col) in zip(kinds.items(), inputs.items()):
         if kind == "binary":
-            dtype, row_shape = _binary_layout(rows, col)
+            dtype, row_shape = _binary_layout(rows, x, col)
             if shape is not None and math.prod(shape) != math.prod(row_shape):
                 raise TableInputError(
                     f"column {col!r} holds numpy.save bytes of {dtype} {row_shape}; the "
                     f"model expects shape {shape}"
                 )
             out_shape = tuple(shape or row_shape)
-            encoder = _binary_encoder(name, col, dtype, row_shape, out_shape)
             fields.append(formats.Field(name, dtype, out_shape))
+            if len(inputs) == 1:
+                encoder = _binary_encoder(name, col, dtype, row_shape, out_shape)
         elif kind == "array":
             out_shape = _feature_shape(rows, profile, x, col, shape, where)
             fields.append(formats.Field(name, dtype or "float32", out_shape))
@@ -180,12 +183,15 @@ def _check(
                 encoder = _list_encoder(name, col, out_shape, dtype or "float32")
         else:
             fields.append(formats.Field(name, {"float": "float32", "int": "int64"}.get(kind, kind)))
-    if label_field.shape and encoder is not None:
+    if label_field is not None and label_field.shape and encoder is not None:
         encoder = _with_label_arrays(encoder, label_field.shape)
     names = [F.col(x).alias(name) for x, name in zip(kinds, inputs)]
+    if label_field is not None:
+        names.append(F.col("y").alias("label"))
+        fields.append(label_field)
     return TableRows(
-        rows=rows.select(*names, F.col("y").alias("label"), "id"),
-        fields=(*fields, label_field),
+        rows=rows.select(*names, *([] if "id" in inputs else ["id"])),
+        fields=tuple(fields),
         count=int(profile["n"]),
         num_classes=classes,
         encoder=encoder,
@@ -193,18 +199,14 @@ def _check(
     )
 
 
-def _input_kind(ftype: DataType, col: str, count: int) -> str:
-    """How an input column of Spark type ``ftype`` is fed: ``binary`` (numpy.save bytes,
-    the only input), ``array`` (a Vector or numbers), or a number or string of a model with
-    several inputs (``float``, ``int``, ``string``)."""
+def _input_kind(ftype: DataType, col: str, only: bool) -> str:
+    """How an input column of Spark type ``ftype`` is fed: ``binary`` (numpy.save bytes),
+    ``array`` (a Vector or numbers; a model's ``only`` input is always one), or a number or
+    string (``float``, ``int``, ``string``)."""
     T = spark_types()
     if isinstance(ftype, T.BinaryType):
-        if count > 1:
-            raise TableInputError(
-                f"column {col!r} holds bytes: numpy.save bytes feed a model's only input"
-            )
         return "binary"
-    if count == 1 or is_vector(ftype) or isinstance(ftype, T.ArrayType):
+    if only or is_vector(ftype) or isinstance(ftype, T.ArrayType):
         return "array"  # _float_array names any other type
     if is_integral(ftype):
         return "int"
@@ -312,23 +314,25 @@ def write_table(
 
 
 def _select_rows(
-    df: DataFrame, inputs: dict[str, str], label_col: str, id_col: str, labels: str
+    df: DataFrame, inputs: dict[str, str], label_col: str | None, id_col: str, labels: str | None
 ) -> tuple[DataFrame, Callable[[Row], str]]:
-    """``df`` as columns ``x0``, ``x1``... (the inputs), ``y`` (label) and ``id``, and the
-    function that names one of its rows in a message."""
+    """``df`` as columns ``x0``, ``x1``... (the inputs), ``y`` (label, unless ``labels`` is
+    None) and ``id``, and the function that names one of its rows in a message."""
     from pyspark.sql import functions as F
 
     T = spark_types()
     schema = df.schema
     param = "input_col" if len(inputs) == 1 else "inputs"
     wanted = [(col, "feature", param) for col in inputs.values()]
-    for col, what, name in (*wanted, (label_col, "label", "label_col")):
+    if labels is not None:
+        wanted.append((label_col, "label", "label_col"))
+    for col, what, name in wanted:
         if col not in schema.names:
             raise TableInputError(
                 f"the DataFrame has no {what} column {col!r} ({name}); it has {schema.names}"
             )
     has_id = id_col in schema.names and is_integral(schema[id_col].dataType)
-    label_type = schema[label_col].dataType
+    label_type = schema[label_col].dataType if labels is not None else T.DoubleType()
     if labels == "values" and (is_vector(label_type) or isinstance(label_type, T.ArrayType)):
         pass  # a vector target: checked by _value_label_shape
     elif not isinstance(label_type, T.NumericType):
@@ -342,16 +346,19 @@ def _select_rows(
         )
     ids = F.col(id_col).cast("long") if has_id else F.monotonically_increasing_id()
     xs = [F.col(col).alias(f"x{i}") for i, col in enumerate(inputs.values())]
-    rows = df.select(*xs, F.col(label_col).alias("y"), ids.alias("id"))
+    ys = [F.col(label_col).alias("y")] if labels is not None else []
+    rows = df.select(*xs, *ys, ids.alias("id"))
 
     def where(row: Row) -> str:
-        return f"the row with {id_col}={row['id']}" if has_id else f"a row (label {row['y']})"
+        if has_id:
+            return f"the row with {id_col}={row['id']}"
+        return f"a row (label {row['y']})" if labels is not None else "a row"
 
     return rows, where
 
 
 def _profile(
-    rows: DataFrame, inputs: list[str], arrays: list[str], labels: str, vector_label: bool
+    rows: DataFrame, inputs: list[str], arrays: list[str], labels: str | None, vector_label: bool
 ) -> dict[str, Any]:
     """One Spark job over ``rows``: the row count, the nulls of each input and of ``y``,
     the labels' range (classes), NaNs (float labels) and the smallest and largest size of
@@ -367,14 +374,16 @@ def _profile(
             F.max(F.size(col)).alias(f"{col}_size_max"),
         ]
 
-    aggs = [F.count(F.lit(1)).alias("n"), *map(nulls, inputs), nulls("y")]
+    aggs = [F.count(F.lit(1)).alias("n"), *map(nulls, inputs)]
+    if labels is not None:
+        aggs.append(nulls("y"))
     if labels == "classes":
         fraction = (F.col("y") != F.floor(F.col("y"))).cast("long")
         aggs += [F.sum(fraction).alias("y_frac"), F.min("y").alias("y_min")]
         aggs.append(F.max("y").alias("y_max"))
     elif vector_label:
         aggs += sizes("y")
-    else:
+    elif labels == "values":
         aggs.append(F.sum(F.isnan("y").cast("long")).alias("y_nan"))
     for col in arrays:
         aggs += sizes(col)
@@ -515,13 +524,13 @@ def _parquet_records(spark: Any, parquet: str) -> tuple[list[str], list[int]]:
     return files, [counts.get(name, 0) for name in files]
 
 
-def _binary_layout(rows: DataFrame, input_col: str) -> tuple[str, tuple[int, ...]]:
-    """The dtype and shape of the first row's ``numpy.save`` bytes (column ``x0``)."""
-    first = rows.select("x0").first()
+def _binary_layout(rows: DataFrame, x: str, input_col: str) -> tuple[str, tuple[int, ...]]:
+    """The dtype and shape of the first row's ``numpy.save`` bytes (column ``x``)."""
+    first = rows.select(x).first()
     if first is None:
         raise TableInputError("the DataFrame is empty: nothing to train on")
     try:
-        head = formats.read_npy_header(bytes(first["x0"]))
+        head = formats.read_npy_header(bytes(first[x]))
     except ValueError as exc:
         raise TableInputError(
             f"column {input_col!r}: the first row is not numpy.save bytes: {exc}"

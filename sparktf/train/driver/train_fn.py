@@ -36,7 +36,7 @@ from sparktf.train.config import (
 )
 from sparktf.train.driver import tracking
 from sparktf.train.driver.cluster import ClusterRun
-from sparktf.train.driver.fit import session_for
+from sparktf.train.driver.fit import FRAME, session_for
 from sparktf.train.plan import DataInfo, RunPlan, describe_data
 from sparktf.train.result import within
 
@@ -51,7 +51,7 @@ def run(
     run: RunConfig | None = None,
     *,
     config: Any = None,
-    data: str | None = None,
+    data: Any = None,
     spark=None,
 ) -> TrainResult:
     """Runs ``train_fn(config)`` (``train_fn()`` when it takes no argument) in every
@@ -70,7 +70,13 @@ def run(
             last checkpoint it reported. Default: a new directory under the scratch space.
         config: anything picklable, handed to ``train_fn``.
         data: a dataset directory written by :mod:`sparktf.datasets.conversion` (local or
-            ``hdfs://``) that ``get_context().dataset(split, batch_size=...)`` reads.
+            ``hdfs://``) that ``get_context().dataset(split, batch_size=...)`` reads; or a
+            DataFrame, whose rows Spark feeds to the training processes as they are (the
+            ``spark`` input mode, no copy written), every column a tensor of the dataset:
+            numbers, strings, Vectors or arrays of one size, ``numpy.save`` bytes of one
+            shape. Its columns are checked first, in one Spark job (a null or a row of
+            another size fails naming the column and the row); the passes never end, and
+            each runs the DataFrame's plan again (cache a costly one).
         spark: the SparkSession (default ``sparktf.spark.get_session``); it must have
             ``scaling.num_executors`` executors.
 
@@ -83,7 +89,8 @@ def run(
     Raises:
         ConfigError: settings that cannot work, before anything starts (a ``train_fn`` or
             ``config`` that cannot be pickled); ``data`` without a manifest raises what
-            :func:`sparktf.datasets.formats.load_manifest` raises.
+            :func:`sparktf.datasets.formats.load_manifest` raises, a DataFrame that cannot
+            be fed :class:`~sparktf.datasets.tables.TableInputError`.
         TrainingError: ``train_fn`` raised (the message names the exception, its message and
             the file and line it came from) or a process failed, after the restarts.
     """
@@ -94,9 +101,14 @@ def run(
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run = RunConfig(model_dir=str(paths.state_dir("runs") / f"{name}-{stamp}-{os.getpid()}"))
     run = dataclasses.replace(run, model_dir=storage.parse(run.model_dir).uri)
+    frame = None
+    if data is not None and not isinstance(data, str):  # a DataFrame, fed by Spark
+        frame, data = data, None
     plan = plan_function(train_fn, scaling, run, config=config, data=data)
+    if frame is not None:
+        plan, frame = _frame_plan(plan, frame)
     with tracking.track(plan) as tracker:
-        out = _run(plan, spark, tracker, started)
+        out = _run(plan, spark, tracker, started, frame)
         tracker.finish(out)
     return out
 
@@ -146,6 +158,25 @@ def plan_function(
     )
 
 
+def _frame_plan(plan: RunPlan, df) -> tuple[RunPlan, Any]:
+    """``plan`` fed from the DataFrame ``df`` (every column), and the frame to feed."""
+    from sparktf.datasets.tables import check_inputs
+
+    table = check_inputs(df, {c: c for c in df.columns}, label_col=None, id_col="id", labels=None)
+    info = DataInfo(
+        dataset="dataframe",
+        kind="table",
+        data=FRAME,
+        split="train",
+        rows=table.count,
+        fields=table.fields,
+        frame=True,
+    )
+    train = dataclasses.replace(plan.train, data=FRAME, input_mode="spark")
+    plan = dataclasses.replace(plan, train=train, data=info)
+    return plan, table.rows.select(*info.names)
+
+
 def source_file(fn) -> str | None:
     """The file that defines ``fn`` (cloudpickle ships code by value under the name
     ``<dynamic-code>``; the process puts this name back, so that a traceback names it)."""
@@ -153,8 +184,9 @@ def source_file(fn) -> str | None:
     return os.path.abspath(code.co_filename) if code is not None else None
 
 
-def _run(plan: RunPlan, spark, tracker, started: float) -> TrainResult:
-    """The run of ``plan``; ``started``: ``time.monotonic()`` when run() was called."""
+def _run(plan: RunPlan, spark, tracker, started: float, frame=None) -> TrainResult:
+    """The run of ``plan``; ``started``: ``time.monotonic()`` when run() was called;
+    ``frame``: the DataFrame to feed (None: none)."""
     scratch.sweep()
     spark = session_for(plan, spark)
     storage.makedirs(plan.run.model_dir)
@@ -170,7 +202,7 @@ def _run(plan: RunPlan, spark, tracker, started: float) -> TrainResult:
     attempt_plan = plan
     while True:
         try:
-            with ClusterRun(spark, attempt_plan, watch_steps=False) as cluster:
+            with ClusterRun(spark, attempt_plan, watch_steps=False, frame=frame) as cluster:
                 cluster.start()
                 with tracker.follow(cluster):
                     try:

@@ -69,6 +69,9 @@ class TrainContext:
     coordinator: Any = None  # ps: the chief's ClusterCoordinator
     attempt: int = 0  # 0, then 1.. after each restart
     data: str | None = None  # the dataset directory given to run(data=...)
+    # run(data=df): opens this process's feed of the DataFrame's rows (batch_size -> the
+    # batches, the columns)
+    feed: Any = field(default=None, repr=False)
     # how reports leave: the control channel to the driver, the chief's TensorBoard writer
     channel: Any = field(default=None, repr=False)
     events: Any = field(default=None, repr=False)
@@ -97,9 +100,21 @@ class TrainContext:
         coordinator reads it all. ``label``: batches are ``(features, batch[label])``
         pairs instead, as Keras's ``fit`` takes them (``features`` a dict of the other
         columns, or the one tensor when one column is left). ``repeat``: the passes never end
-        (give ``fit`` its ``steps_per_epoch``)."""
+        (give ``fit`` its ``steps_per_epoch``).
+
+        With ``run(..., data=df)`` (a DataFrame) the rows come from Spark instead: this
+        process's part of the DataFrame's rows, in batches of ``batch_size``, the passes
+        endless (``split``, ``shuffle`` and ``seed`` do not apply; ``repeat=False`` is
+        refused); a process opens its feed once."""
         from sparktf.datasets import readers
 
+        if self.feed is not None:
+            if not repeat:
+                raise SparktfValueError(
+                    "dataset(repeat=False): a DataFrame's rows are fed pass after pass until "
+                    "the run ends; count steps instead"
+                )
+            return self._select(self._fed(batch_size), columns, label)
         if not self.data:
             raise SparktfValueError(
                 "this run has no dataset: pass run(..., data=DATASET_DIR) (a converted "
@@ -126,6 +141,29 @@ class TrainContext:
             dataset = readers.tfrecord_dataset(self.data, verify_checksums=True, **options)
         else:
             dataset = readers.parquet_dataset(self.data, **options)
+        return self._select(dataset, columns, label)
+
+    def _fed(self, batch_size: int):
+        """The DataFrame's rows fed to this process, as a ``tf.data.Dataset`` of dicts."""
+        import tensorflow as tf
+
+        source, fields = self.feed(batch_size)
+        signature = {
+            f.name: tf.TensorSpec(
+                [batch_size, *(f.shape or ())],
+                tf.string if f.dtype == "string" else tf.as_dtype(f.dtype),
+            )
+            for f in fields
+        }
+        batches = iter(source.batches)  # one iterator: every pass of the dataset continues it
+        return tf.data.Dataset.from_generator(lambda: batches, output_signature=signature)
+
+    @staticmethod
+    def _select(dataset, columns, label):
+        """``dataset`` of ``columns`` only, as ``(features, label)`` pairs with ``label``;
+        marked as already this process's shard (a strategy must not shard it again)."""
+        import tensorflow as tf
+
         if columns is not None or label is not None:
             keep = list(columns) if columns is not None else None
 
@@ -139,9 +177,6 @@ class TrainContext:
                 return x, y
 
             dataset = dataset.map(select)
-        # already this process's shard: a strategy's distribution must not shard it again
-        import tensorflow as tf
-
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return dataset.with_options(options)

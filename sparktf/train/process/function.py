@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from sparktf import scratch, storage
-from sparktf.errors import SparktfTypeError
+from sparktf.errors import SparktfTypeError, SparktfValueError
 from sparktf.train.plan import ProcessSpec, Role
 from sparktf.train.process import context, keras_fit
 
@@ -86,7 +86,8 @@ def run_function(spec: ProcessSpec, role: Role, control) -> dict:
         export_dir=storage.join(plan.run.model_dir, "export"),
         config=config,
         attempt=plan.attempt,
-        data=plan.data.data or None,
+        data=None if plan.data.frame else plan.data.data or None,
+        feed=_Feed(spec, role, control) if plan.data.frame else None,
         channel=control,
         events=events,
     )
@@ -98,15 +99,49 @@ def run_function(spec: ProcessSpec, role: Role, control) -> dict:
         ctx.rank,
         ctx.world_size,
     )
+    state = "failed"
     try:
         value = train_fn(config) if takes_argument(train_fn) else train_fn()
+        state = "done"
     finally:
+        if ctx.feed is not None:
+            ctx.feed.close(state)
         if events is not None:
             events.close()
         if model_dir is not None:
             model_dir.sync_events(force=True)
             model_dir.close()
     return {"value": jsonable(value) if role.is_chief else None, "reports": ctx.reports_sent}
+
+
+class _Feed:
+    """This process's feed of a DataFrame's rows (``run(data=df)``), opened once: called
+    with the batch size, it returns the batches (dicts of numpy arrays) and the columns."""
+
+    def __init__(self, spec: ProcessSpec, role: Role, control):
+        self.spec, self.role, self.control = spec, role, control
+        self.source = None
+        self.batch_size = 0
+
+    def __call__(self, batch_size: int):
+        from sparktf.train.process import inputs
+
+        if self.spec.mgr_address is None:  # a process that does not train (ps) is not fed
+            raise SparktfValueError(f"{self.role.name} is not fed: only training processes are")
+        if self.source is None:
+            self.source = inputs.open_batches(self.spec, self.role, self.control, batch_size)
+            self.batch_size = batch_size
+        elif self.batch_size != batch_size:
+            raise SparktfValueError(
+                f"dataset(batch_size={batch_size}): this run's DataFrame feed was opened with "
+                f"batch_size={self.batch_size}; a process has one feed"
+            )
+        return self.source, self.spec.plan.data.fields
+
+    def close(self, state: str) -> None:
+        """Tells the feeding tasks this process reads no more (``done`` or ``failed``)."""
+        if self.source is not None:
+            self.source.close(state)
 
 
 DYNAMIC = "<dynamic-code>"  # cloudpickle's file name for code it ships by value
