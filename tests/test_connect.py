@@ -4,7 +4,8 @@ One local Connect server (``sparktf connect``) over ``local-cluster[2,1,1024]``;
 is a job or the Pipeline example as a user runs it, in its own process (a Connect session and
 the suite's classic SparkContext do not mix in one process), with the server's URL and token in
 ``SPARK_REMOTE`` (off every command line). The TensorFlow nodes start in one barrier stage from
-the client, the spark input mode feeds through DataFrame operations only, and the driver-side
+the client (a training function too), the spark input mode feeds through DataFrame operations
+only, and the driver-side
 parts (reservation and control servers, parameter servers on the driver, the export, the
 result) live in the client process. The same scenarios on a classic session are the rest of
 the suite.
@@ -190,6 +191,23 @@ def test_a_pipeline_fits_saves_loads_and_transforms_from_a_connect_client(server
     assert summary["test_accuracy"] > 0.8, summary  # three classes: chance is 1/3
     predictions = pq.read_table(tmp_path / "predictions")
     assert predictions.num_rows == summary["test_rows"]
+    assert_nothing_left()
+
+
+def test_a_training_function_runs_from_a_connect_client(server, mnist_data, tmp_path):
+    """``sparktf.train.run(train_fn)`` (the custom-loop example) as a Connect client: the
+    function ships pickled from the client to both executors, reports each epoch with a
+    checkpoint, and the chief's return value comes back."""
+    model_dir = tmp_path / "model"
+    command = [ROOT / "examples" / "custom_loop.py", "--data", str(mnist_data / "data")]
+    command += ["--model-dir", str(model_dir), "--epochs", "2", "--steps-per-epoch", "5"]
+    done = client(server, command)
+    assert done.returncode == 0, done.stderr[-4000:]
+    printed = json.loads(done.stdout[done.stdout.index('{\n  "value"') :])
+    assert [entry["step"] for entry in printed["history"]] == [5, 10]
+    assert printed["value"]["epochs"] == 2 and printed["value"]["workers"] == 2
+    assert printed["last_checkpoint"].endswith("/checkpoints/report-000002")
+    assert (Path(printed["last_checkpoint"]) / "model.weights.h5").is_file()
     assert_nothing_left()
 
 
