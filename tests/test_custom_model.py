@@ -331,3 +331,68 @@ def test_named_inputs_take_their_specs_from_the_data_train_and_export_by_name(tm
         models.get_task("named_regression", inputs=["num", "num"])
     with pytest.raises(ValueError, match="are not known"):
         models.get_task("named_regression").build_model()
+
+
+def _two_outputs(input_shape, outputs):
+    import keras
+
+    assert outputs == {"price": 1, "churned": 1}
+    inputs = keras.Input(input_shape)
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    price = keras.layers.Dense(1, name="price")(hidden)
+    return keras.Model(inputs, {"price": price, "churned": keras.layers.Dense(1)(hidden)})
+
+
+def test_several_outputs_train_with_a_loss_each_and_export_by_name(tmp_path):
+    """Two outputs, a regression one (mse) and a binary one (a logit): each reads the label
+    column of its name, the step and the evaluation report each output's loss, and the export
+    returns both by name (the binary one as a probability)."""
+    import tensorflow as tf
+
+    from sparktf.inference.model import inspect_model
+    from sparktf.inference.prediction_plan import signature_kind
+
+    name = models.register(
+        "two_outputs",
+        _two_outputs,
+        input_shape=(3,),
+        outputs={"price": "mse", "churned": {"loss": "binary_crossentropy", "weight": 2.0}},
+        learning_rate=0.05,
+    )
+    task = models.get_task(name)
+    assert task.kind == "custom" and task.features == ("features", "price", "churned")
+    assert task.metric_names == ("price_loss", "churned_loss")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 3)).astype(np.float32)
+    batch = {
+        "features": tf.constant(x),
+        "price": tf.constant(x @ np.array([1.0, 2.0, 0.0], np.float32)),
+        "churned": tf.constant((x[:, 2] > 0).astype(np.int64)),
+    }
+    model = task.build_model()
+    optimizer = task.make_optimizer(10, model)
+    first = task.train_step(model, optimizer, batch, 64)
+    for _ in range(60):
+        last = task.train_step(model, optimizer, batch, 64)
+    assert {"loss", "price_loss", "churned_loss"} <= set(last)
+    for key in ("price_loss", "churned_loss"):
+        assert float(last[key]) < 0.5 * float(first[key]), (key, first, last)
+    weighted = float(last["price_loss"]) + 2.0 * float(last["churned_loss"])
+    assert float(last["loss"]) == pytest.approx(weighted, rel=1e-4)
+    metrics = task.evaluation_metrics()
+    task.update_evaluation(metrics, model, batch)
+    assert set(metrics) == {"loss", "price_loss", "churned_loss"}
+
+    export = task.export(model, str(tmp_path / "export"))
+    served = helpers.call(export, "predict_features", features=x[:8])
+    assert {k: v.shape for k, v in served.items()} == {"price": (8,), "churned": (8,)}
+    direct = model(x[:8])
+    np.testing.assert_allclose(served["price"], direct["price"].numpy()[:, 0], rtol=1e-5)
+    p = 1.0 / (1.0 + np.exp(-direct["churned"].numpy()[:, 0]))
+    np.testing.assert_allclose(served["churned"], p, rtol=1e-5, atol=1e-6)
+    assert signature_kind(inspect_model(export).signatures["predict_features"]) == "named"
+
+    with pytest.raises(ValueError, match="outputs must name two outputs or more"):
+        models.get_task(name, outputs={"price": {"loss": "mse", "weight": 1.0}})
+    with pytest.raises(ValueError, match="'nope' is not a Keras loss name"):
+        models.get_task(name, outputs={"a": {"loss": "nope"}, "b": {"loss": "mse"}})

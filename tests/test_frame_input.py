@@ -110,3 +110,55 @@ def test_two_input_model_trains_from_a_dataframe_and_serves_from_its_columns(spa
             columns={"label": "y"},
         )
     assert not refused.exists()
+
+
+def two_outputs(inputs, outputs, hidden_units=16):
+    """A shared layer under two heads: a price (a number) and a churn logit."""
+    import keras
+
+    city = keras.layers.StringLookup(vocabulary=list(CITIES), output_mode="one_hot")
+    x = keras.layers.Concatenate()([inputs["num"], city(inputs["city"])])
+    x = keras.layers.Dense(hidden_units, activation="relu")(x)
+    heads = {name: keras.layers.Dense(1, name=name)(x) for name in outputs}
+    return keras.Model(inputs, heads)
+
+
+def test_a_model_of_two_outputs_trains_from_label_columns_and_serves_a_column_each(spark, tmp_path):
+    """Two outputs, a loss each (mse for ``price``, a logit for ``y``), each label a column
+    of the DataFrame by the output's name; ``sparktf.predict`` adds a column per output."""
+    from pyspark.sql import functions as F
+
+    import sparktf
+    from sparktf import models
+    from sparktf.train import fit
+
+    models.register(
+        "two_outputs",
+        two_outputs,
+        inputs=["num", "city"],
+        outputs={"price": "mse", "y": "binary_crossentropy"},
+        batch_size=32,
+        learning_rate=0.02,
+    )
+    price = F.col("num")[0] * 2.0 + F.when(F.col("city") == "paris", 3.0).otherwise(0.0)
+
+    def priced(df):
+        from pyspark.ml.functions import vector_to_array
+
+        return df.withColumn("num", vector_to_array("num")).withColumn("price", price)
+
+    result = fit(
+        TrainConfig(model="two_outputs", data=priced(_frame(spark, 1024, seed=2)), epochs=3),
+        ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
+        RunConfig(model_dir=str(tmp_path / "model")),
+        spark=spark,
+    )
+    assert {"price_loss", "y_loss"} <= set(result.metrics)
+    test = priced(_frame(spark, 300, seed=3))
+    test = test.withColumnRenamed("price", "true_price").withColumnRenamed("y", "y_true")
+    scored = sparktf.predict(test, result.export_dir).toPandas()
+    assert {"price", "y"} <= set(scored.columns) and len(scored) == 300
+    error = (scored["price"] - scored["true_price"]).abs().mean()
+    assert error < 0.5, error  # the prices span about -6..9
+    accuracy = ((scored["y"] > 0.5).astype(int) == scored["y_true"]).mean()
+    assert accuracy > 0.85, accuracy

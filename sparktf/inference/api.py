@@ -117,7 +117,9 @@ def predict(
       from the column of its name (``input_col`` does not apply): a ``string`` input from a
       string column, a number from a numeric column, an array from an array of numbers, a
       Spark ML ``Vector`` or ``np.save`` bytes. Adds the classifier's columns, or the
-      regression model's ``output_col``.
+      regression model's ``output_col``; a signature of several float outputs (a user's
+      model with ``outputs=``, of one input or more) adds one column per output, named as
+      the output (a ``double``, or ``array<float>`` for a vector).
     * **Classifier on serialized examples**, ``string [B]`` (``serving_default`` of a
       classifier, chosen with ``signature="serving_default"``): ``input_col`` (default
       ``"example"``) is ``binary`` holding a serialized ``tf.train.Example`` per row, passed

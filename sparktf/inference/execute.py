@@ -95,8 +95,10 @@ def _run(plan: Plan, model: LoadedSignature, inputs: dict[str, Any], n: int) -> 
 
     if plan.kind == "named":
         out = model(**inputs)
-        if "scores" not in out:
+        if "scores" not in out and "predictions" in out:
             return _values_columns(out["predictions"], n)
+        if "scores" not in out:  # several outputs: a column each, in the plan's order
+            return [_values_columns(out[name], n)[0] for name in plan.outputs]
     if plan.kind in CLASSIFIER_KINDS or plan.kind == "named":
         out = out if plan.kind == "named" else model(**inputs)
         scores = out["scores"].astype(np.float32, copy=False)

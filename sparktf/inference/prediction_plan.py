@@ -185,12 +185,10 @@ def signature_kind(sig: Signature) -> str:
         and set(ins) <= {"z", "label"}
     ):
         return "generator"
-    if (
-        len(ins) > 1
-        and all(map(_named_input, ins.values()))
-        and ({"classes", "scores"} <= set(outs) or _values_output(outs))
-    ):
-        return "named"
+    several = _several_outputs(outs)
+    if (len(ins) > 1 or several) and all(map(_named_input, ins.values())):
+        if {"classes", "scores"} <= set(outs) or _values_output(outs) or several:
+            return "named"
     raise SparktfValueError(
         f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
         "classifiers (uint8 images, float features or serialized Examples -> classes, "
@@ -207,6 +205,19 @@ def _named_input(spec: TensorSpec) -> bool:
         spec.dtype in NAMED_DTYPES
         and _fixed_rank(spec)
         and (spec.dtype != "string" or len(spec.shape) == 1)
+    )
+
+
+def _several_outputs(outs: dict[str, TensorSpec]) -> bool:
+    """Two outputs or more (not a classifier's), each one float or a float vector per row:
+    one column each."""
+    return (
+        len(outs) > 1
+        and not {"classes", "scores"} <= set(outs)
+        and all(
+            o.dtype in ("float32", "float64") and _fixed_rank(o, least=1) and len(o.shape) <= 2
+            for o in outs.values()
+        )
     )
 
 
@@ -286,6 +297,18 @@ def _values_layout(sig: Signature, spec: TensorSpec, output_col: str) -> _Layout
         accepts=lambda t: _is_binary(t) or is_numeric_array(t),
         fields=[T.StructField(output_col, dtype, False)],
     )
+
+
+def _outputs_layout(sig: Signature) -> _Layout:
+    """Several float outputs: a column each, named as the output (double, or array<float>)."""
+    T = spark_types()
+    fields = [
+        T.StructField(
+            name, T.DoubleType() if len(o.shape) == 1 else T.ArrayType(T.FloatType(), False), False
+        )
+        for name, o in sig.outputs.items()
+    ]
+    return _Layout(shape=(), default_col="features", accepts=lambda t: True, fields=fields)
 
 
 def _named_accepts(spec: TensorSpec) -> Callable[[Any], bool]:
@@ -398,8 +421,10 @@ def make_plan(
         named = tuple((k, v.dtype, tuple(v.shape[1:])) for k, v in sig.inputs.items())
         if "scores" in sig.outputs:
             layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
-        else:
+        elif set(sig.outputs) == {"predictions"}:
             layout = _values_layout(sig, spec, output_col)
+        else:  # several outputs: a column each, by its name
+            layout = _outputs_layout(sig)
         layout = dataclasses.replace(layout, default_col=key, accepts=_named_accepts(spec))
     elif kind in CLASSIFIER_KINDS:
         layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)

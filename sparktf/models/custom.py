@@ -56,6 +56,9 @@ Options (:func:`register` / :func:`custom_model` keyword arguments; all but ``bu
   returns a ``keras.Model`` of that dict: a wide-and-deep model with ``StringLookup`` and
   ``Embedding`` layers inside, for instance. Its export's ``serving_default`` takes each
   input by name;
+* ``outputs``: several outputs, a loss each (:mod:`sparktf.models.outputs`):
+  ``{name: "mse"}`` or ``{name: {"loss": ..., "weight": ...}}``; each label is the column of
+  the output's name, the build function gets ``{name: 1}`` and returns a dict of outputs;
 * ``loss``: the kind's own by default: ``"sparse_categorical_crossentropy"`` (classifier,
   on logits), ``"binary_crossentropy"`` (binary and multilabel, on logits), ``"mse"``
   (regression). Any Keras loss name (``"huber"``, ``"mae"``, ``"log_cosh"``, ...) applies
@@ -107,7 +110,6 @@ from sparktf.models.export import Endpoint
 from sparktf.models.from_data import INPUT_DTYPES, config_from_dataset
 from sparktf.models.kinds import (
     CALLABLE_LOSS,
-    DEFAULT_METRICS,
     KINDS,
     LOSSES,
     REGRESSION_LOSSES,
@@ -119,9 +121,8 @@ from sparktf.models.kinds import (
 )
 from sparktf.models.layers import ScaleImage, count_params
 from sparktf.models.named import NAMED_INPUT_DTYPES, NamedInputs, check_inputs
+from sparktf.models.outputs import SeveralOutputs, check_outputs, outputs_config
 from sparktf.models.task import (
-    Batch,
-    Metrics,
     RegistryModel,
     add_resolver,
     task_class,
@@ -170,6 +171,7 @@ class CustomModel:
     label_shape: tuple[int, ...] | None = None
     feature: str | None = None
     inputs: tuple[str, ...] | Mapping[str, Any] | None = None
+    outputs: Mapping[str, Any] | None = None
     scaling: str = "unit"
     batch_size: int = 32
     epochs: int | None = 1
@@ -206,6 +208,7 @@ class CustomModel:
                 "label_shape": None if self.label_shape is None else list(self.label_shape),
                 "feature": self.feature,
                 "inputs": _inputs_config(self.inputs),
+                "outputs": outputs_config(self.outputs),
                 "scaling": self.scaling,
                 "loss": CALLABLE_LOSS if callable(self.loss) else self.loss,
                 "metrics": None if self.metrics is None else list(self.metrics),
@@ -251,6 +254,7 @@ _TASK_KEYS = (
     "label_shape",
     "feature",
     "inputs",
+    "outputs",
     "scaling",
     "loss",
     "metrics",
@@ -306,7 +310,7 @@ def _build_defaults(fn: Callable) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the task
 
 
-class CustomTask(KindMixin, NamedInputs, ClassifierTask):
+class CustomTask(SeveralOutputs, KindMixin, NamedInputs, ClassifierTask):
     """A model whose network comes from a user's build function (one subclass per
     registered name; see the module docstring). A classifier behaves exactly as the
     registry's classifiers; the other kinds get their own loss, metrics and signatures."""
@@ -319,6 +323,8 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
 
     @property
     def kind(self) -> str:  # type: ignore[override]
+        if self.config.get("outputs"):  # several outputs: a loss each (SeveralOutputs)
+            return "custom"
         return kind_of(self.config["kind"], self.config["loss"])
 
     @property
@@ -327,21 +333,12 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
         return self.config["loss"] or LOSSES[self.kind]
 
     @property
-    def metric_names(self) -> tuple[str, ...]:
-        metrics = self.config["metrics"]
-        return DEFAULT_METRICS[self.kind] if metrics is None else tuple(metrics)
-
-    @property
     def input_dtype(self) -> str:
         return self.config["input_dtype"] or "float32"
 
     @property
     def feature(self) -> str:
         return self.config["feature"] or ("image" if self.input_dtype == "uint8" else "features")
-
-    @property
-    def features(self) -> tuple[str, ...]:
-        return (*(self.input_names or (self.feature,)), "label")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -384,13 +381,6 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
         return tuple(int(d) for d in self.config["label_shape"] or ())
 
     @property
-    def num_outputs(self) -> int:
-        """The second argument of the build function: classes, labels or the label's size."""
-        if self.kind == "classifier":
-            return self.num_classes
-        return math.prod(self.label_shape)
-
-    @property
     def serves_images(self) -> bool:
         """A classifier on uint8 images: the registry classifiers' signatures."""
         return (
@@ -427,7 +417,9 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
             )
         if c["loss"] == CALLABLE_LOSS and not callable(type(self).spec.loss):
             raise SparktfValueError("loss 'callable' names a function, but none was registered")
-        check_metrics(self.kind, self.metric_names)
+        check_outputs(c["outputs"])
+        if c["outputs"] is None:
+            check_metrics(self.kind, self.metric_names)
         check_regularisation(c)
         params, _ = _build_parameters(type(self).spec.build_fn)
         missing = [p.name for p in params if p.name not in c]
@@ -468,15 +460,8 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
                 "not a keras.Model"
             )
         outputs = network(x)
-        got = tuple(outputs.shape[1:])
-        scalar = self.kind in ("binary", "regression", "custom") and num_outputs == 1
-        if got != (num_outputs,) and not (scalar and got == ()):
-            what = {"classifier": "logits", "binary": "one logit", "multilabel": "logits"}
-            raise SparktfValueError(
-                f"build function {_describe(fn)} returns outputs of shape "
-                f"{tuple(outputs.shape)}; expected {what.get(self.kind, 'outputs')} "
-                f"[B, {num_outputs}]" + (" or [B]" if scalar else "")
-            )
+        if not isinstance(num_outputs, dict):  # several outputs: checked by name when called
+            _check_output_shape(self.kind, fn, outputs, num_outputs)
         safe = re.sub(r"[^A-Za-z0-9_]", "_", self.name)
         model = RegistryModel(inputs, outputs, self.name, self.config, name=safe)
         logger.info(
@@ -486,20 +471,6 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
             count_params(model.trainable_weights),
         )
         return model
-
-    def step_metrics(self, batch: Batch, logits: tf.Tensor, correct: tf.Tensor) -> Metrics:
-        if self.kind != "classifier":  # ``correct`` holds the labels (KindMixin.forward)
-            return self.value_metrics(logits, correct)
-        out = {}
-        if "accuracy" in self.metric_names:
-            out["accuracy"] = tf.reduce_mean(correct)
-        if "top5_accuracy" in self.metric_names:
-            labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
-            k = min(5, self.num_classes)
-            out["top5_accuracy"] = tf.reduce_mean(
-                tf.cast(tf.math.in_top_k(labels, logits, k), tf.float32)
-            )
-        return out
 
     # -- export -----------------------------------------------------------------------------
 
@@ -531,7 +502,9 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
     def signature_info(self) -> dict[str, dict[str, dict[str, str]]]:
         if self.serves_images:
             return super().signature_info()
-        if self.kind in ("classifier", "binary"):
+        if self.output_specs is not None:
+            outputs = self.outputs_info()
+        elif self.kind in ("classifier", "binary"):
             outputs = {"classes": "int64[B]", "scores": f"float32[B,{self.num_classes}]"}
         else:
             label = "".join(f",{d}" for d in self.label_shape)
@@ -552,6 +525,20 @@ class CustomTask(KindMixin, NamedInputs, ClassifierTask):
                 "outputs": outputs,
             },
         }
+
+
+def _check_output_shape(kind: str, fn: Callable, outputs: Any, num_outputs: int) -> None:
+    """ValueError unless the network's outputs are ``[B, num_outputs]`` (or ``[B]`` for one
+    value of a binary, regression or custom model)."""
+    got = tuple(outputs.shape[1:])
+    scalar = kind in ("binary", "regression", "custom") and num_outputs == 1
+    if got != (num_outputs,) and not (scalar and got == ()):
+        what = {"classifier": "logits", "binary": "one logit", "multilabel": "logits"}
+        raise SparktfValueError(
+            f"build function {_describe(fn)} returns outputs of shape "
+            f"{tuple(outputs.shape)}; expected {what.get(kind, 'outputs')} "
+            f"[B, {num_outputs}]" + (" or [B]" if scalar else "")
+        )
 
 
 def _check_input(c: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ classifier; :class:`~sparktf.models.custom.CustomTask` mixes it in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -145,6 +146,32 @@ def check_metrics(kind: str, names: Any) -> None:
 class KindMixin:
     """The training, evaluation and export of a user's model of each kind; a classifier's
     steps are its base class's (the mixin comes first in the class's bases)."""
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        metrics = self.config["metrics"]
+        return DEFAULT_METRICS[self.kind] if metrics is None else tuple(metrics)
+
+    @property
+    def num_outputs(self) -> int:
+        """The second argument of the build function: classes, labels or the label's size."""
+        if self.kind == "classifier":
+            return self.num_classes
+        return math.prod(self.label_shape)
+
+    def step_metrics(self, batch: Batch, logits: tf.Tensor, correct: tf.Tensor) -> Metrics:
+        if self.kind != "classifier":  # ``correct`` holds the labels (KindMixin.forward)
+            return self.value_metrics(logits, correct)
+        out = {}
+        if "accuracy" in self.metric_names:
+            out["accuracy"] = tf.reduce_mean(correct)
+        if "top5_accuracy" in self.metric_names:
+            labels = tf.reshape(tf.cast(batch["label"], tf.int64), [-1])
+            k = min(5, self.num_classes)
+            out["top5_accuracy"] = tf.reduce_mean(
+                tf.cast(tf.math.in_top_k(labels, logits, k), tf.float32)
+            )
+        return out
 
     def outputs(self, model: keras.Model, values: tf.Tensor, training: bool) -> tf.Tensor:
         """The model's float32 outputs: a classifier's logits ``[B, K]``, else in the

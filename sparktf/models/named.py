@@ -46,6 +46,10 @@ class NamedInputs:
             )
         return {k: (v["dtype"], tuple(int(d) for d in v["shape"])) for k, v in inputs.items()}
 
+    @property
+    def features(self) -> tuple[str, ...]:
+        return (*(self.input_names or (self.feature,)), "label")
+
     def model_inputs(self, batch: Batch) -> Any:
         if self.input_names is None:
             return batch[self.feature]

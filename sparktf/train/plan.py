@@ -290,9 +290,16 @@ def _frame_table(task, overrides: dict[str, Any], df, columns: dict[str, str]):
         "num_classes": num_classes,
         "labels": "classes" if classes else "values",
     }
+    feature = task.features[0]
+    outputs = getattr(task, "output_specs", None)
+    if outputs:  # several outputs: a label column each, by its name
+        wanted = names or (feature,)
+        cols = {n: columns.get(n, columns.get("features", n) if not names else n) for n in wanted}
+        cols.update({name: columns.get(name, name) for name in outputs})
+        common.update(label_col=None, labels=None)
+        return check_inputs(df, cols, **common)
     if names is not None:
         return check_inputs(df, {name: columns.get(name, name) for name in names}, **common)
-    feature = task.features[0]
     return check_table(
         df,
         input_col=columns.get("features", columns.get(feature, feature)),
