@@ -25,7 +25,6 @@ the plan.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -204,15 +203,7 @@ def run(args: argparse.Namespace, spark) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = cli.parse(parser(), argv)
-    from sparktf.spark import get_session
-
-    spark = get_session("sparktf-wide-and-deep", profile=args.profile)
-    summary = run(args, spark)["summary"]
-    print(json.dumps(summary, indent=2))
-    if summary["synthetic_data"]:
-        print("(the demo data is synthetic: pass your own --csv to train on real data)")
-    return 0
+    return cli.run_example(parser(), run, "sparktf-wide-and-deep", argv)
 
 
 if __name__ == "__main__":

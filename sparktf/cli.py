@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sparktf import paths
 from sparktf.errors import SparktfError
@@ -180,3 +181,22 @@ def run(
         log.error("%s: %s", type(exc).__name__, words(str(exc)))
         sys.exit(1)
     sys.exit(code or 0)
+
+
+def run_example(
+    p: argparse.ArgumentParser,
+    example: Callable[[argparse.Namespace, Any], dict],
+    app_name: str,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """The main of a Spark ML example: parse, a session of ``--profile``, run, print the
+    summary as JSON (saying so when the data was synthetic)."""
+    args = parse(p, argv)
+    from sparktf.spark import get_session
+
+    spark = get_session(app_name, profile=args.profile)
+    summary = example(args, spark)["summary"]
+    print(json.dumps(summary, indent=2))
+    if summary.get("synthetic_data"):
+        print("(the demo data is synthetic: pass your own --csv to train on real data)")
+    return 0
