@@ -672,6 +672,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
             probability_col=probability,
             batch_size=self.getOrDefault(self.batchSize),
             signature=self.getOrDefault(self.signature) or None,
+            id_col=self.getIdCol(),
         )
         if probability in dataset.columns or probability not in out.columns:
             out = _as_double(out, prediction)  # not a classifier

@@ -199,6 +199,10 @@ def test_transform_adds_spark_ml_columns_reads_vectors_and_arrays_and_names_a_ba
     text = str(info.value)
     assert "column 'values'" in text and "id=7" in text and "shape (4,)" in text, text[-2000:]
     assert "shape (3,)" in text
+    # idCol names the row by another column (sparktf.predict's id_col)
+    with pytest.raises(Exception, match=r"the row with row=7 has"):
+        model.setIdCol("row").transform(bad.withColumnRenamed("id", "row")).collect()
+    model.setIdCol("id")
     wide = bad.select("id", F.col("values").alias("v"))
     with pytest.raises(Exception, match="input column 'features' is missing"):
         model.setInputCol("features").transform(wide)

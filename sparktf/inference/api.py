@@ -51,6 +51,7 @@ def predict(
     keep_columns: Sequence[str] | None = None,
     probabilities_col: str | None = None,
     model: str | os.PathLike | None = None,
+    id_col: str = "id",
 ) -> DataFrame:
     """Applies the SavedModel ``export`` to every row of ``df``; returns ``df``'s columns plus
     the predictions (lazily: nothing runs until an action).
@@ -77,6 +78,8 @@ def predict(
     * ``top_k``: a classifier also returns its ``k`` best classes (1 <= k <= classes).
     * ``lm_output``: what a language model returns, ``"perplexity"`` or ``"next_word"``.
     * ``label_col``: the class label column of a conditional generator (default ``"label"``).
+    * ``id_col``: the column that names a bad row in error messages when ``df`` has it
+      (default ``"id"``; it travels to the Python workers with the input).
     * ``keep_columns``: the columns of ``df`` returned beside the predictions, in this order
       (default: all of them). Only the model's input column(s), ``id`` (it names rows in
       error messages) and these columns travel to the Python workers, and only these
@@ -224,6 +227,7 @@ def predict(
         top_k=top_k,
         lm_output=lm_output,
         label_col=label_col,
+        id_col=id_col,
     )
     log.info(
         "predict with %s (version %s), signature %s, input column %r, batch size %d",

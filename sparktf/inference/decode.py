@@ -32,10 +32,11 @@ class _Rows:
 
     def __init__(self, plan: Plan, chunk: pa.RecordBatch):
         self._ids = chunk.column(chunk.schema.get_field_index(plan.id_col)) if plan.id_col else None
+        self._name = plan.id_col
 
     def __call__(self, i: int) -> str:
         if self._ids is not None:
-            return f"the row with id={self._ids[i].as_py()}"
+            return f"the row with {self._name}={self._ids[i].as_py()}"
         return f"row {i} of its batch"
 
 

@@ -407,6 +407,7 @@ def make_plan(
     top_k: int | None,
     lm_output: str,
     label_col: str,
+    id_col: str = "id",
 ) -> tuple[Plan, list[StructField]]:
     """The plan of feeding ``sig`` of the model ``info`` from a DataFrame of ``schema``, and
     the Spark fields of the columns it adds (the arguments are :func:`predict`'s).
@@ -450,7 +451,7 @@ def make_plan(
         lm_output=lm_output,
         vocab_size=layout.vocab_size,
         label_col=layout.label_col,
-        id_col="id" if "id" in schema.names else None,
+        id_col=id_col if id_col in schema.names else None,
         named=named,
     )
     if kind == "named" and input_col is not None:
