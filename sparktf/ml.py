@@ -390,6 +390,12 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
                 task = models.get_task(name, **model_config)
         except ValueError as exc:  # an unknown model or config key
             raise ConfigError(f"TFEstimator model {name!r}: {exc}") from None
+        if custom and task.output_specs is not None:
+            raise ConfigError(
+                f"TFEstimator model {name!r} has several outputs ({list(task.output_specs)}), "
+                "a label column each: TFEstimator has one labelCol; train it with "
+                "sparktf.train.fit (docs/training.md)"
+            )
         if inputs and (not custom or list(task.input_names or ()) != inputs):
             raise ConfigError(
                 f"TFEstimator featuresCols {inputs}: model {name!r} reads "

@@ -236,6 +236,12 @@ def test_fit_refuses_rows_that_do_not_fit_the_model_before_training(spark, small
     ):
         est.fit(labels)
     assert not (tmp_path / "model").exists()  # refused before anything was written
+    from sparktf import models
+    from sparktf.train import ConfigError
+
+    models.register("ml_two_outputs", build, outputs={"a": "mse", "b": "mae"})
+    with pytest.raises(ConfigError, match="several outputs .* one labelCol"):
+        TFEstimator(model="ml_two_outputs", modelDir=str(tmp_path / "two")).fit(labels)
 
 
 def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, tmp_path):
