@@ -239,7 +239,7 @@ def test_fit_refuses_rows_that_do_not_fit_the_model_before_training(spark, small
     from sparktf import models
     from sparktf.train import ConfigError
 
-    models.register("ml_two_outputs", build, outputs={"a": "mse", "b": "mae"})
+    models.register("ml_two_outputs", lambda shape, outputs: None, outputs={"a": "mse", "b": "mae"})
     with pytest.raises(ConfigError, match="several outputs .* one labelCol"):
         TFEstimator(model="ml_two_outputs", modelDir=str(tmp_path / "two")).fit(labels)
 
