@@ -89,8 +89,8 @@ def test_two_input_model_trains_from_a_dataframe_and_serves_from_its_columns(spa
     written = [str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file()]
     assert not [p for p in written if p.endswith((".parquet", "manifest.json"))], written
     assert not [p for p in written if "_fit_data" in p or "data" in p.split(os.sep)[0]]
+    helpers.assert_nothing_left()  # the processes are gone, and with them their scratch
     assert _scratch() <= before  # no feed or copy left in the scratch directories
-    helpers.assert_nothing_left()
 
     test = _frame(spark, 400, seed=1)
     scored = sparktf.predict(test, result.export_dir, keep_columns=["id", "y"]).collect()
