@@ -201,7 +201,12 @@ def run(args: argparse.Namespace, spark) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.run_example(parser(), run, "sparktf-tabular-pipeline", argv)
+    from sparktf.spark import get_session
+
+    def session(args):
+        return get_session("sparktf-tabular-pipeline", profile=args.profile)
+
+    return cli.run_example(parser(), run, session, argv)
 
 
 if __name__ == "__main__":

@@ -186,16 +186,13 @@ def run(
 def run_example(
     p: argparse.ArgumentParser,
     example: Callable[[argparse.Namespace, Any], dict],
-    app_name: str,
+    session: Callable[[argparse.Namespace], Any],
     argv: Sequence[str] | None = None,
 ) -> int:
-    """The main of a Spark ML example: parse, a session of ``--profile``, run, print the
-    summary as JSON (saying so when the data was synthetic)."""
+    """The main of a Spark ML example: parse, ``session(args)``, run, print the summary as
+    JSON (saying so when the data was synthetic)."""
     args = parse(p, argv)
-    from sparktf.spark import get_session
-
-    spark = get_session(app_name, profile=args.profile)
-    summary = example(args, spark)["summary"]
+    summary = example(args, session(args))["summary"]
     print(json.dumps(summary, indent=2))
     if summary.get("synthetic_data"):
         print("(the demo data is synthetic: pass your own --csv to train on real data)")

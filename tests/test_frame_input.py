@@ -78,14 +78,17 @@ def test_two_input_model_trains_from_a_dataframe_and_serves_from_its_columns(spa
     model_dir = tmp_path / "model"
     before = _scratch()
     result = fit(
-        TrainConfig(model="two_inputs", data=frame, epochs=3, seed=1),
+        TrainConfig(model="two_inputs", data=frame, epochs=4, seed=1),
         scaling,
         RunConfig(model_dir=str(model_dir)),
         spark=spark,
         columns={"label": "y"},
     )
-    assert result.input_mode == "spark" and result.final_step == 3 * (1024 // 32)
-    assert sum(result.fed_rows.values()) == 3 * 1024  # every row of every epoch, once
+    # Every row of every epoch fed once; the steps end when the process that got the fewer
+    # rows has none left (Spark places each pass's tasks on either executor).
+    assert result.input_mode == "spark" and sum(result.fed_rows.values()) == 4 * 1024
+    least = min(result.fed_rows.values())
+    assert result.final_step == least // 16 <= 4 * (1024 // 32)
     written = [str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file()]
     assert not [p for p in written if p.endswith((".parquet", "manifest.json"))], written
     assert not [p for p in written if "_fit_data" in p or "data" in p.split(os.sep)[0]]
