@@ -4,6 +4,8 @@
 #   scripts/test.sh [--stack default|petastorm] [--tier unit|integration|e2e|all] [PYTEST-ARGS]
 #   unit: no JVM, minutes; integration: the session's Spark and HDFS; e2e: jobs, scripts and
 #   clusters as separate applications; all (the default, what CI runs): the three.
+#   Two test processes run at once (pytest-xdist, a test module each at a time); set
+#   SPARKTF_TEST_PROCESSES=1 for one.
 #   --stack petastorm: the second stack (.venv-petastorm); by default its unit tier plus the
 #   petastorm interop tests (what CI runs there, pytest -m "unit or petastorm"; a -m of yours
 #   replaces it), any --tier on request.
@@ -13,7 +15,7 @@ STACK=default
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --tier) [ $# -ge 2 ] || { echo "test.sh: --tier needs a value" >&2; exit 2; }; TIER="$2"; shift 2 ;;
     --tier=*) TIER="${1#--tier=}"; shift ;;
     --stack) [ $# -ge 2 ] || { echo "test.sh: --stack needs a value" >&2; exit 2; }; STACK="$2"; shift 2 ;;
@@ -58,6 +60,13 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 # every JVM prints them once ("Picked up JAVA_TOOL_OPTIONS").
 JAVA_FAST="-XX:TieredStopAtLevel=1 -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
 export JAVA_TOOL_OPTIONS="${SPARKTF_TEST_JAVA_OPTIONS-$JAVA_FAST}"
+# Two test processes: the suite waits on JVMs, sockets and child processes about a third of
+# the time (CPU use of the machine averaged 70% with one). A module runs whole in one of them
+# (its module fixtures are made once), the longest first (tests/conftest.py).
+PROCESSES="${SPARKTF_TEST_PROCESSES:-2}"
+if [ "$PROCESSES" -gt 1 ] 2>/dev/null; then
+  select+=(-n "$PROCESSES" --dist loadfile --no-loadscope-reorder)
+fi
 if [ "$TIER" = unit ]; then  # no HDFS, no Spark: nothing to start or stop
   exec "$VENV"/bin/python -m pytest "${select[@]}" ${args[@]+"${args[@]}"}
 fi

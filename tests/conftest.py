@@ -8,14 +8,22 @@ HDFS: when ``scripts/test.sh`` has started one it exports SPARKTF_TEST_HDFS_URI,
 SPARKTF_WEBHDFS_URL and HADOOP_CONF_DIR, and the fixture uses it; otherwise the fixture
 starts its own with ``scripts/hdfs.sh`` on free ports and stops it at the end, also when
 tests fail.
+
+Several test processes may run at once (``scripts/test.sh`` runs two, pytest-xdist). Each
+marks what it starts with ``SPARKTF_TEST_PROCESS`` and gives it a temporary directory
+(``TMPDIR``) and a feed directory (``SPARKTF_FEED_DIR``, in ``/dev/shm`` like the default) of
+its own, inherited by its Spark executors and their TensorFlow processes, so the checks that
+nothing is left (``tests/helpers.py``) see this process's runs only (:func:`_own_places`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -39,6 +47,35 @@ _TIER = pytest.StashKey[str]()
 _STARTED = pytest.StashKey[dict]()
 _REQUEST = pytest.StashKey[pytest.FixtureRequest]()
 _COUNTS = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_places(tmp_path_factory):
+    """This test process's mark, temporary and feed directories (see the module's
+    docstring), set before anything starts and removed at the end; pytest's own
+    ``tmp_path`` directories stay where they were."""
+    tmp_path_factory.getbasetemp()
+    saved = {k: os.environ.get(k) for k in ("SPARKTF_TEST_PROCESS", "TMPDIR", "SPARKTF_FEED_DIR")}
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    places = [
+        tempfile.mkdtemp(prefix="sparktf-test-tmp-"),
+        tempfile.mkdtemp(prefix="sparktf-test-feeds-", dir=shm),
+    ]
+    os.environ.update(
+        SPARKTF_TEST_PROCESS=uuid.uuid4().hex, TMPDIR=places[0], SPARKTF_FEED_DIR=places[1]
+    )
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        tempfile.tempdir = None
+        for place in places:
+            shutil.rmtree(place, ignore_errors=True)
 
 
 def pytest_addoption(parser):
@@ -79,6 +116,22 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    items.sort(key=_longest_first(items))
+
+
+def _longest_first(items):
+    """The order of the modules: those of the most separate applications (e2e tests) first,
+    then those of integration tests, then the rest, each module's tests in their own order.
+    With two test processes (pytest-xdist, a module each at a time) the long modules then
+    start early and both processes end about together."""
+    tiers_of: dict[str, list[str]] = {}
+    for item in items:
+        tiers_of.setdefault(item.module.__name__, []).append(item.stash[_TIER])
+    weight = {
+        name: (-found.count("e2e"), -found.count("integration"), name)
+        for name, found in tiers_of.items()
+    }
+    return lambda item: weight[item.module.__name__]
 
 
 def pytest_report_collectionfinish(config, items):

@@ -80,7 +80,16 @@ def run_command(command, **kwargs) -> subprocess.CompletedProcess:
     example) as its own process, output captured as text (for e2e tests)."""
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
-    return subprocess.run([str(part) for part in command], **kwargs)
+    try:
+        return subprocess.run([str(part) for part in command], **kwargs)
+    except subprocess.TimeoutExpired as timed_out:  # say what it was doing when it was killed
+        tails = []
+        for name in ("stdout", "stderr"):
+            text = getattr(timed_out, name) or ""
+            if isinstance(text, bytes):
+                text = text.decode(errors="replace")
+            tails.append(f"--- its {name}, the end:\n{text[-3000:]}")
+        raise AssertionError(f"{timed_out}\n" + "\n".join(tails)) from None
 
 
 def remove_local_copy(fingerprint: str) -> None:
@@ -103,20 +112,43 @@ def listening(pid: int | None = None) -> set:
 
 
 def node_processes() -> list[str]:
-    """TensorFlow processes of sparktf still running (there must be none after a run)."""
+    """TensorFlow processes of sparktf started by this test process (marked with its
+    ``SPARKTF_TEST_PROCESS``: tests/conftest.py) and still running: there must be none after
+    a run. Those of another test process running at the same time are not counted."""
     out = subprocess.run(
         ["pgrep", "-af", "sparktf.train.process.main"], capture_output=True, text=True
     )
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    mark = os.environ.get("SPARKTF_TEST_PROCESS")
+    found = []
+    for line in out.stdout.splitlines():
+        if "pgrep" in line:
+            continue
+        if mark:
+            try:
+                environ = Path(f"/proc/{line.split()[0]}/environ").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile
+                continue
+            if f"SPARKTF_TEST_PROCESS={mark}".encode() not in environ:
+                continue
+        found.append(line)
+    return found
+
+
+def feed_dirs() -> list[str]:
+    """The spark feed's chunk directories left where this test process's runs put them
+    (``SPARKTF_FEED_DIR``, else ``/dev/shm``)."""
+    base = os.environ.get("SPARKTF_FEED_DIR") or "/dev/shm"
+    return [p for p in os.listdir(base) if p.startswith("sparktf-feed-")]
 
 
 def assert_nothing_left(timeout_s: float = 20.0) -> None:
-    """No TensorFlow process and no spark-feed chunk file of a run is left."""
+    """No TensorFlow process and no spark-feed chunk directory of this test process's runs
+    is left."""
     deadline = time.monotonic() + timeout_s
     while node_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert node_processes() == []
-    assert [p for p in os.listdir("/dev/shm") if p.startswith("sparktf-feed-")] == []
+    assert feed_dirs() == []
 
 
 class ConfSession:

@@ -9,6 +9,7 @@ TensorFlow (all-reduce over the session's two executors).
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -45,11 +46,13 @@ def _frame(spark, rows: int, seed: int):
 
 
 def _scratch() -> set[str]:
+    """The scratch directories where this test process's runs put theirs (its own temporary
+    and feed directories: tests/conftest.py)."""
     from sparktf import scratch
 
     return {
         os.path.join(base, name)
-        for base in scratch.scratch_bases()
+        for base in (tempfile.gettempdir(), os.environ["SPARKTF_FEED_DIR"])
         if os.path.isdir(base)
         for name in os.listdir(base)
         if name.startswith(scratch.PREFIXES)

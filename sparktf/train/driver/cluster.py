@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sparktf.errors import SparktfRuntimeError
-from sparktf.ports import free_port
+from sparktf.ports import server_port
 from sparktf.train.driver import roles as roles_lib
 from sparktf.train.driver.bringup import TfosCluster, await_executors
 from sparktf.train.driver.monitor import FirstError, RunMonitor, await_goodbyes
@@ -146,7 +146,7 @@ class ClusterRun:
         self.driver_ps.start(spec, driver_keys, self.control.issue_token)
         cluster_info = self.tfos.start(spec, address, issue_token=self._issue_token)
         # free on every interface: the workers on other hosts reach these servers
-        driver_addresses = [f"{address.advertise}:{free_port('')}" for _ in driver_keys]
+        driver_addresses = [f"{address.advertise}:{server_port('')}" for _ in driver_keys]
         self.roles = roles_lib.assign_roles(cluster_info, scaling, driver_addresses)
         self.driver_ps.name(self.roles)
         self.control.publish_plans(

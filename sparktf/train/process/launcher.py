@@ -39,7 +39,7 @@ from typing import Any
 
 from sparktf import scratch
 from sparktf.errors import SparktfError
-from sparktf.ports import free_port
+from sparktf.ports import server_port
 from sparktf.train.feed.chunks import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.main import EXIT_ABORTED
@@ -122,7 +122,7 @@ def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
     _MANAGER[:] = [TFManager.start(authkey, list(QUEUES), "local")]  # a Unix socket
     mgr = _MANAGER[0]
     mgr.set("state", "running")
-    port = free_port("")  # the TensorFlow server's (it listens on every interface)
+    port = tensorflow_port()  # the TensorFlow server's (it listens on every interface)
     node = {
         "executor_id": executor_id,
         "host": util.get_ip_address(),
@@ -182,6 +182,19 @@ def _assign_gpus(num_gpus: int, ctx: NodeContext) -> None:
         if len(gpus) < num_gpus:
             raise NodeFailed(f"executor {ctx.executor_id}: {num_gpus} GPU(s) asked, {gpus} free")
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+
+
+def tensorflow_port() -> int:
+    """The port of this executor's TensorFlow server: ``$TENSORFLOW_PORT`` when set (as
+    TensorFlowOnSpark reads it; e.g. ``spark.executorEnv.TENSORFLOW_PORT``, for a firewall
+    that opens one port), else a free port outside the kernel's ephemeral range
+    (:func:`sparktf.ports.server_port`)."""
+    pinned = os.environ.get("TENSORFLOW_PORT", "").strip()
+    if not pinned:
+        return server_port("")
+    if not pinned.isdigit() or not 0 < int(pinned) < 65536:
+        raise NodeFailed(f"TENSORFLOW_PORT must be a port number (1-65535), got {pinned!r}")
+    return int(pinned)
 
 
 def tfos_main(setup: NodeSetup, ctx: NodeContext) -> None:
