@@ -192,7 +192,15 @@ def run_example(
     """The main of a Spark ML example: parse, ``session(args)``, run, print the summary as
     JSON (saying so when the data was synthetic)."""
     args = parse(p, argv)
-    summary = example(args, session(args))["summary"]
+    spark = session(args)
+    try:
+        summary = example(args, spark)["summary"]
+    finally:
+        # A Spark Connect client's clean-up at exit (its ML cache, its session) sends RPCs
+        # from atexit and finalizers, which pyspark says can hang the exit; stopped here, they
+        # are skipped. (A classic session is stopped at exit by sparktf.spark.get_session.)
+        if type(spark).__module__.startswith("pyspark.sql.connect"):
+            spark.stop()
     print(json.dumps(summary, indent=2))
     if summary.get("synthetic_data"):
         print("(the demo data is synthetic: pass your own --csv to train on real data)")

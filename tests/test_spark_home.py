@@ -66,6 +66,26 @@ def test_an_applications_work_dir_is_removed_and_no_other(tmp_path, monkeypatch)
     assert (tmp_path / "spark" / "work" / "app-old").is_dir()
 
 
+def test_a_work_dir_shared_with_a_running_application_is_left_to_it(tmp_path, monkeypatch):
+    """Two local-cluster applications started in the same second share an id: the first to
+    stop leaves the directory to the other's executors (their working directory), the last
+    removes it."""
+    monkeypatch.setenv("SPARKTF_HOME", str(tmp_path / "home"))
+    home = profiles.local_spark_home(_real_spark(tmp_path))
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    executor_dir = home / "work" / "app-1" / "0"
+    executor_dir.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "60"], cwd=executor_dir)
+    try:
+        profiles.remove_work_dir("app-1", settle_s=0.5)
+        assert executor_dir.is_dir()
+    finally:
+        other.kill()
+        other.wait()
+    profiles.remove_work_dir("app-1", settle_s=0.5)
+    assert not (home / "work" / "app-1").exists()
+
+
 @pytest.mark.e2e
 def test_a_local_cluster_writes_its_work_dir_under_sparktf_home_and_removes_it(tmp_path):
     """A real local-cluster application, as a program of its own (its SPARK_HOME must be set

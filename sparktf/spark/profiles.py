@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -243,10 +244,42 @@ def _is_local_spark_home(path: Path) -> bool:
         return False
 
 
-def remove_work_dir(app_id: str | None) -> None:
+def remove_work_dir(app_id: str | None, *, settle_s: float = 3.0) -> None:
     """Removes the work directory of the ``local-cluster`` application ``app_id`` (its
-    executors' logs and jars) when it lies in :func:`local_spark_home`."""
+    executors' logs and jars) when it lies in :func:`local_spark_home` and no live process
+    works in it.
+
+    A local-cluster application's id is ``app-<second it started>-0000``: two started in the
+    same second on one machine (two jobs, two test processes) share it, and with it the work
+    directory. The first to stop then leaves it to the other, whose executors still run
+    there (removed, their Python workers fail on a missing working directory); the last
+    one removes it. Its own executors are waited for up to ``settle_s``."""
     home = os.environ.get(SPARK_HOME_ENV)
     if not app_id or not home or not _is_local_spark_home(Path(home)):
         return
-    shutil.rmtree(Path(home) / "work" / app_id, ignore_errors=True)
+    work = Path(home) / "work" / app_id
+    deadline = time.monotonic() + settle_s
+    while _worked_in(work):
+        if time.monotonic() > deadline:
+            log.debug("%s: left to the application that still runs there", work)
+            return
+        time.sleep(0.2)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _worked_in(path: Path) -> bool:
+    """Whether a live process has its working directory in ``path`` (Linux's ``/proc``;
+    elsewhere: False)."""
+    inside = str(path)
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:  # gone, a zombie, or not ours to read
+            continue
+        if cwd == inside or cwd.startswith(inside + os.sep):
+            return True
+    return False
