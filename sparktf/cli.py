@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sparktf import paths
+from sparktf import paths, remote
 from sparktf.errors import SparktfError
 
 __all__ = [
@@ -199,7 +199,7 @@ def run_example(
         # A Spark Connect client's clean-up at exit (its ML cache, its session) sends RPCs
         # from atexit and finalizers, which pyspark says can hang the exit; stopped here, they
         # are skipped. (A classic session is stopped at exit by sparktf.spark.get_session.)
-        if type(spark).__module__.startswith("pyspark.sql.connect"):
+        if remote.is_connect(spark):
             spark.stop()
     print(json.dumps(summary, indent=2))
     if summary.get("synthetic_data"):
