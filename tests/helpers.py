@@ -171,3 +171,30 @@ class ConfSession:
 
     def __init__(self, pairs: dict[str, str]):
         self.sparkContext = self._Context(self._Conf(pairs))
+
+
+def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dict]:
+    """ModelCache counts for ``fingerprint`` in the Python workers that run a tiny job.
+
+    An executor hands its idle workers out in turn (a stage with two Python operators
+    starts two), so enough small tasks visit every worker."""
+
+    def stats(batches):
+        import pyarrow as pa
+
+        from sparktf.inference import ModelCache
+
+        for _ in batches:
+            counts = ModelCache.stats.get(fingerprint, {})
+            yield pa.RecordBatch.from_pylist(
+                [
+                    {
+                        "pid": os.getpid(),
+                        **{k: counts.get(k, 0) for k in ("loads", "uses", "batches", "copies")},
+                    }
+                ]
+            )
+
+    schema = "pid long, loads long, uses long, batches long, copies long"
+    rows = spark.range(partitions).repartition(partitions).mapInArrow(stats, schema).collect()
+    return {r.pid: r.asDict() for r in rows}

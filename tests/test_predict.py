@@ -28,7 +28,7 @@ from sparktf.inference import ModelNotFoundError, PredictInputError, execute
 from sparktf.inference.decode import decode
 from sparktf.inference.prediction_plan import Plan, choose_signature, make_plan
 from tests import helpers
-from tests.helpers import call, export, remove_local_copy
+from tests.helpers import call, export, remove_local_copy, worker_stats
 
 pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
 
@@ -95,31 +95,6 @@ def assert_matches(rows, mlp, prediction="prediction", probabilities="probabilit
     np.testing.assert_allclose(
         np.array([r[probabilities] for r in rows]), mlp["scores"], rtol=1e-5, atol=1e-6
     )
-
-
-def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dict]:
-    """ModelCache counts for ``fingerprint`` in the Python workers that run a tiny job.
-
-    An executor hands its idle workers out in turn (a stage with two Python operators
-    starts two), so enough small tasks visit every worker."""
-
-    def stats(batches):
-        from sparktf.inference import ModelCache
-
-        for _ in batches:
-            counts = ModelCache.stats.get(fingerprint, {})
-            yield pa.RecordBatch.from_pylist(
-                [
-                    {
-                        "pid": os.getpid(),
-                        **{k: counts.get(k, 0) for k in ("loads", "uses", "batches", "copies")},
-                    }
-                ]
-            )
-
-    schema = "pid long, loads long, uses long, batches long, copies long"
-    rows = spark.range(partitions).repartition(partitions).mapInArrow(stats, schema).collect()
-    return {r.pid: r.asDict() for r in rows}
 
 
 # ----------------------------------------------------------------------------- no Spark

@@ -25,13 +25,16 @@ The modules, each importing only those above it in this list:
 
 - :mod:`~sparktf.inference.model` — the SavedModel as the driver sees it: where it is, its
   fingerprint, its signatures;
+- :mod:`~sparktf.inference.output_columns` — any signature's outputs as Spark columns;
 - :mod:`~sparktf.inference.prediction_plan` — the plan of a prediction: signature, input contract,
   added columns, checked against the DataFrame's schema;
 - :mod:`~sparktf.inference.decode` — Arrow batches to checked model inputs (executors);
 - :mod:`~sparktf.inference.cache` — local copies of HDFS models and the per-worker cache of
   loaded signatures (executors);
 - :mod:`~sparktf.inference.execute` — the ``mapInArrow`` function run on each partition;
-- :mod:`~sparktf.inference.api` — :func:`predict` itself.
+- :mod:`~sparktf.inference.api` — :func:`predict` itself;
+- :mod:`~sparktf.inference.sql` — the model as a column function (:func:`predict_udf`) and
+  a SQL function (:func:`register_udf`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from sparktf.inference.model import (
     resolve_model,
 )
 from sparktf.inference.prediction_plan import LM_OUTPUTS, PredictInputError
+from sparktf.inference.sql import predict_udf, register_udf
 
 __all__ = [
     "LM_OUTPUTS",
@@ -70,5 +74,7 @@ __all__ = [
     "model_cache_dir",
     "model_fingerprint",
     "predict",
+    "predict_udf",
+    "register_udf",
     "resolve_model",
 ]

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparktf.datasets.columns import is_vector
@@ -52,6 +52,10 @@ def predict(
     probabilities_col: str | None = None,
     model: str | os.PathLike | None = None,
     id_col: str = "id",
+    inputs: Mapping[str, str] | None = None,
+    outputs: Mapping[str, str] | Sequence[str] | None = None,
+    struct_col: str | None = None,
+    binary_outputs: Sequence[str] = (),
 ) -> DataFrame:
     """Applies the SavedModel ``export`` to every row of ``df``; returns ``df``'s columns plus
     the predictions (lazily: nothing runs until an action).
@@ -80,6 +84,13 @@ def predict(
     * ``label_col``: the class label column of a conditional generator (default ``"label"``).
     * ``id_col``: the column that names a bad row in error messages when ``df`` has it
       (default ``"id"``; it travels to the Python workers with the input).
+    * ``inputs``: ``{signature input: column}`` for any signature (below); by default each
+      input is fed from the column of its name (a signature of one input: ``input_col``).
+    * ``outputs``: the outputs of any signature served as they are (below), a list of
+      names or ``{output: column}``; default: every output under its own name. Giving it
+      serves even one of sparktf's own kinds this way (e.g. ``outputs=["scores"]``).
+    * ``struct_col``: the served outputs as the fields of one struct column of this name.
+    * ``binary_outputs``: ``string`` outputs served as ``binary`` (bytes that are not text).
     * ``keep_columns``: the columns of ``df`` returned beside the predictions, in this order
       (default: all of them). Only the model's input column(s), ``id`` (it names rows in
       error messages) and these columns travel to the Python workers, and only these
@@ -114,15 +125,24 @@ def predict(
       ``multilabel`` or ``custom``). ``input_col`` as for the classifier on float features.
       Adds ``output_col``: a ``double`` when the model gives one value per row, else
       ``array<float>`` (a multi-label model's probability of each label).
-    * **Several named inputs** -> ``classes``, ``scores`` or ``predictions``
+    * **Several named inputs** -> ``classes`` and ``scores``, or ``predictions``
       (``serving_default`` of a user's model with ``inputs=``, or any signature of two
-      inputs or more, each a number, a string or a fixed-size array): each input is fed
-      from the column of its name (``input_col`` does not apply): a ``string`` input from a
-      string column, a number from a numeric column, an array from an array of numbers, a
-      Spark ML ``Vector`` or ``np.save`` bytes. Adds the classifier's columns, or the
-      regression model's ``output_col``; a signature of several float outputs (a user's
-      model with ``outputs=``, of one input or more) adds one column per output, named as
-      the output (a ``double``, or ``array<float>`` for a vector).
+      inputs or more): each input is fed from a column as for any other signature (below).
+      Adds the classifier's columns, or the regression model's ``output_col``. Other
+      outputs (a user's model with ``outputs=``) are served as any other signature's: a
+      column each, named as the output.
+    * **Any other signature** (a SavedModel written by Keras ``model.export``,
+      ``tf.saved_model.save`` or another framework), or any signature with ``outputs=`` or
+      ``struct_col=``: each input is fed from a column (``inputs=``, else the column of its
+      name): a ``string`` input from a string or binary column, a ``bool`` from a boolean
+      column, a number from a numeric column, an array of fixed shape from an array of
+      numbers (flat or nested), a Spark ML Vector or ``np.save`` bytes (uint8 also raw
+      bytes), an input of shape ``[B, 1]`` also from a numeric column; integers are checked
+      to fit the input's dtype. Each output becomes a column typed from its TensorSpec
+      (:mod:`sparktf.inference.output_columns`): a float scalar (``[B]`` or ``[B, 1]``) a
+      ``double``, a float vector ``array<float>`` (nested for more dimensions), an integer
+      ``long``, a bool ``boolean``, a string ``string`` (``binary`` with
+      ``binary_outputs``); with ``struct_col``, one struct of them all.
     * **Classifier on serialized examples**, ``string [B]`` (``serving_default`` of a
       classifier, chosen with ``signature="serving_default"``): ``input_col`` (default
       ``"example"``) is ``binary`` holding a serialized ``tf.train.Example`` per row, passed
@@ -179,23 +199,7 @@ def predict(
     """
     from pyspark.sql import types as T
 
-    if model is not None:  # the former name of ``export``
-        warnings.warn(
-            "sparktf.predict(model=) is now export= (model names what is trained)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        export = model if export is None else export
-    if export is None:
-        raise SparktfTypeError("sparktf.predict needs export=, the SavedModel to apply")
-    if probabilities_col is not None:
-        warnings.warn(
-            "sparktf.predict(probabilities_col=) is now probability_col= (the column is "
-            "'probability' by default, as TFModel and Spark ML name it)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        probability_col = probabilities_col
+    export, probability_col = _former_names(export, model, probability_col, probabilities_col)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise SparktfValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if isinstance(keep_columns, str):
@@ -210,10 +214,14 @@ def predict(
         )
     info = inspect_model(export)
     sig = choose_signature(info, signature)
-    kind = signature_kind(sig)
-    cols = [input_col or ("features" if kind in ("features", "values") else None)]
+    served = outputs is not None or struct_col is not None or bool(binary_outputs)
+    kind = signature_kind(sig, served=served)
+    # The columns that may hold a Spark ML Vector the model reads (others are left alone).
+    cols = [input_col, *(inputs or {}).values()]
     if kind == "named":
-        cols = list(sig.inputs)
+        cols += list(sig.inputs)
+    elif input_col is None and kind in ("features", "values"):
+        cols.append("features")
     df, vectors = _vectors_as_arrays(df, cols)
     plan, fields = make_plan(
         df.schema,
@@ -228,20 +236,24 @@ def predict(
         lm_output=lm_output,
         label_col=label_col,
         id_col=id_col,
+        inputs=inputs,
+        outputs=outputs,
+        struct_col=struct_col,
+        binary_outputs=binary_outputs,
     )
     log.info(
-        "predict with %s (version %s), signature %s, input column %r, batch size %d",
+        "predict with %s (version %s), signature %s, input column(s) %s, batch size %d",
         info.uri,
         info.version,
         sig.describe(),
-        plan.input_col,
+        [each.column for each in plan.named] or [plan.input_col],
         batch_size,
     )
     # Only what the model reads, what names rows in errors and what is kept goes to Python;
     # only the kept columns and the predictions come back.
     keep = [vectors.get(c, c) for c in kept]
-    inputs = [name for name, *_ in plan.named] or [plan.input_col]
-    needed = [*inputs, plan.label_col, plan.id_col, *keep]
+    read = [each.column for each in plan.named] or [plan.input_col]
+    needed = [*read, plan.label_col, plan.id_col, *keep]
     sent = df.select(*(_column(c) for c in dict.fromkeys(c for c in needed if c is not None)))
     plan = dataclasses.replace(plan, keep=tuple(keep))
     schema = T.StructType([sent.schema[c] for c in keep] + fields)
@@ -252,6 +264,31 @@ def predict(
     if keep != kept:
         out = out.select(*(_column(c) for c in [*kept, *(f.name for f in fields)]))
     return out
+
+
+def _former_names(
+    export: Any, model: Any, probability_col: str, probabilities_col: str | None
+) -> tuple[Any, str]:
+    """``export`` and ``probability_col``, taking their former names (``model``,
+    ``probabilities_col``) with a DeprecationWarning."""
+    if model is not None:  # the former name of ``export``
+        warnings.warn(
+            "sparktf.predict(model=) is now export= (model names what is trained)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        export = model if export is None else export
+    if export is None:
+        raise SparktfTypeError("sparktf.predict needs export=, the SavedModel to apply")
+    if probabilities_col is not None:
+        warnings.warn(
+            "sparktf.predict(probabilities_col=) is now probability_col= (the column is "
+            "'probability' by default, as TFModel and Spark ML name it)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        probability_col = probabilities_col
+    return export, probability_col
 
 
 def _vectors_as_arrays(df: DataFrame, cols: list[str | None]) -> tuple[DataFrame, dict]:

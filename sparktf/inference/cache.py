@@ -90,6 +90,12 @@ class ModelCache:
                 return cls._models[key]
             loaded = LoadedSignature(model_uri, fingerprint, signature)
             cls.stats[fingerprint]["loads"] += 1
+            log.info(
+                "loaded model %s, signature %s, in Python worker %d (kept for its later tasks)",
+                model_uri,
+                signature,
+                os.getpid(),
+            )
             cls._models[key] = loaded
             while len(cls._models) > cls.capacity:
                 # Its hold on the local copy goes with the last reference (__del__): a

@@ -30,14 +30,15 @@ NPZ_MAGIC = b"PK\x03\x04"  # np.savez_compressed, as petastorm's CompressedNdarr
 class _Rows:
     """Names rows in error messages: by the ``id`` column when there is one."""
 
-    def __init__(self, plan: Plan, chunk: pa.RecordBatch):
+    def __init__(self, plan: Plan, chunk: pa.RecordBatch, offset: int = 0):
         self._ids = chunk.column(chunk.schema.get_field_index(plan.id_col)) if plan.id_col else None
         self._name = plan.id_col
+        self._offset = offset
 
     def __call__(self, i: int) -> str:
         if self._ids is not None:
             return f"the row with {self._name}={self._ids[i].as_py()}"
-        return f"row {i} of its batch"
+        return f"row {self._offset + i} of its batch"
 
 
 def _first(mask: np.ndarray) -> int:
@@ -205,7 +206,7 @@ def _stack(
     if isinstance(rows, np.ndarray):
         if rows.shape[1:] == shape:
             return rows
-        if rows.shape[1:] == (size,):
+        if rows.shape[1:] == (size,) or (size == 1 and rows.ndim == 1):
             return rows.reshape(len(rows), *shape)
         raise PredictInputError(
             f"column {col!r}: {row(0)} has shape {rows.shape[1:]}; expected {contract}"
@@ -331,12 +332,12 @@ def _decode_generator(
     return inputs
 
 
-def decode(plan: Plan, chunk: pa.RecordBatch) -> dict[str, Any]:
+def decode(plan: Plan, chunk: pa.RecordBatch, offset: int = 0) -> dict[str, Any]:
     """The model inputs of one chunk, checked against the plan: ``{input_key: array}`` (a
     generator also ``label``); for a language model ``{"groups": [(row indexes, tokens),
     ...]}``, one group per sequence length. Raises :class:`PredictInputError` at the first
     row that does not match the plan's contract."""
-    row = _Rows(plan, chunk)
+    row = _Rows(plan, chunk, offset)  # offset: where the chunk starts in its Arrow batch
     contract = plan.contract()
     if plan.kind == "images":
         return {plan.input_key: _decode_images(plan, chunk, row, contract)}
@@ -349,26 +350,41 @@ def decode(plan: Plan, chunk: pa.RecordBatch) -> dict[str, Any]:
     if plan.kind == "tokens":
         return {"groups": _decode_tokens(plan, chunk, row, contract)}
     if plan.kind == "named":
-        return {name: _decode_named(plan, chunk, row, name, *spec) for name, *spec in plan.named}
+        return {
+            each.key: _decode_named(plan, chunk, row, each.column, each.dtype, each.shape)
+            for each in plan.named
+        }
     return _decode_generator(plan, chunk, row, contract)
 
 
 def _decode_named(
     plan: Plan, chunk: pa.RecordBatch, row: _Rows, col: str, dtype: str, shape: tuple[int, ...]
 ) -> np.ndarray:
-    """The column ``col`` as the named input of ``dtype`` and per-row ``shape``."""
+    """The column ``col`` as the named input of ``dtype`` and per-row ``shape``: integers
+    are checked to fit ``dtype``, a ``[B, 1]`` input may come from a column of numbers."""
+    import pyarrow as pa
+
     contract = plan.named_contract(dtype, shape)
+    arr = chunk.column(chunk.schema.get_field_index(col))
     if dtype == "string" or not shape:
-        arr = chunk.column(chunk.schema.get_field_index(col))
         _check_nulls(arr, col, contract, row)
         if dtype == "string":
+            text = pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+            if not (text or pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+                raise PredictInputError(
+                    f"column {col!r} has Arrow type {arr.type}; expected {contract}"
+                )
             return np.asarray(arr.to_pylist(), dtype=object)
         values = arr.to_numpy(zero_copy_only=False)
     else:
-        values = _stack(_column_rows(chunk, col, contract, row), shape, col, contract, row)
-    kinds = "iub" if dtype.startswith("int") else "fiub"
+        raw = (np.dtype(np.uint8), shape) if dtype == "uint8" else None
+        values = _stack(_column_rows(chunk, col, contract, row, raw), shape, col, contract, row)
+    kinds = {"bool": "b", "int": "iub", "uint": "iub"}.get(dtype.rstrip("0123456789"), "fiub")
     if values.dtype.kind not in kinds:
         raise PredictInputError(
             f"column {col!r}: {row(0)} has dtype {values.dtype}; expected {contract}"
         )
+    if kinds == "iub" and values.dtype != np.dtype(dtype):
+        info = np.iinfo(dtype)
+        return _integers(values, int(info.min), int(info.max) + 1, dtype, col, contract, row)
     return values.astype(dtype, copy=False)

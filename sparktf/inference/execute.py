@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparktf.datasets import formats
-from sparktf.errors import SparktfValueError
 from sparktf.inference.cache import LoadedSignature, ModelCache
 from sparktf.inference.decode import decode
+from sparktf.inference.output_columns import list_array
 from sparktf.inference.prediction_plan import CLASSIFIER_KINDS, Plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
 
-__all__ = ["OUTPUT_BATCH_BYTES", "predict_partition"]
+__all__ = ["OUTPUT_BATCH_BYTES", "predict_chunks", "predict_partition"]
 
 # Outputs of one input Arrow batch are sent back as one batch, cut when they pass this many
 # bytes (a language model's next-word log-probabilities are V floats per row).
@@ -35,22 +35,15 @@ def predict_partition(plan: Plan, batches: Iterator[pa.RecordBatch]) -> Iterator
     (fewer, larger batches cost less on both sides of the Arrow stream)."""
     import pyarrow as pa
 
-    model = None
+    model: list[LoadedSignature] = []
     for batch in batches:
         keep = list(batch.schema.names) if plan.keep is None else list(plan.keep)
         names = keep + list(plan.outputs)
         parts: list[list[pa.Array]] = []
         size = first = 0
-        for start in range(0, batch.num_rows, plan.batch_size):
-            chunk = batch.slice(start, plan.batch_size)
-            inputs = decode(plan, chunk)  # input errors surface before the model loads
-            if model is None:
-                model = ModelCache.get(plan.model_uri, plan.fingerprint, plan.signature)
-            columns = _run(plan, model, inputs, chunk.num_rows)
-            ModelCache.stats[plan.fingerprint]["batches"] += 1
+        for end, columns in predict_chunks(plan, batch, model):
             parts.append(columns)
             size += sum(c.nbytes for c in columns)
-            end = start + chunk.num_rows
             if size >= OUTPUT_BATCH_BYTES or end == batch.num_rows:
                 kept = batch.slice(first, end - first)
                 outputs = [
@@ -64,19 +57,28 @@ def predict_partition(plan: Plan, batches: Iterator[pa.RecordBatch]) -> Iterator
                 parts, size, first = [], 0, end
 
 
+def predict_chunks(
+    plan: Plan, batch: pa.RecordBatch, model: list[LoadedSignature]
+) -> Iterator[tuple[int, list[pa.Array]]]:
+    """The added columns of ``batch``, ``plan.batch_size`` rows at a time: (end row, columns)
+    per chunk. Each chunk is decoded and checked before the model is loaded (into ``model``,
+    empty until the first chunk, then kept by the caller across batches)."""
+    for start in range(0, batch.num_rows, plan.batch_size):
+        chunk = batch.slice(start, plan.batch_size)
+        inputs = decode(plan, chunk, start)  # input errors surface before the model loads
+        if not model:
+            model.append(ModelCache.get(plan.model_uri, plan.fingerprint, plan.signature))
+        columns = _run(plan, model[0], inputs, chunk.num_rows)
+        ModelCache.stats[plan.fingerprint]["batches"] += 1
+        yield start + chunk.num_rows, columns
+
+
 def _list_array(matrix: np.ndarray) -> pa.Array:
     """An ``array<...>`` column of the rows of ``matrix``, over its buffer."""
     import pyarrow as pa
 
-    n, m = matrix.shape
-    offsets = np.arange(0, (n + 1) * m, m, dtype=np.int64)
-    if offsets[-1] >= 2**31:
-        raise SparktfValueError(
-            f"an output of {n} x {m} values is too large for one Arrow batch; lower batch_size"
-        )
-    return pa.ListArray.from_arrays(
-        pa.array(offsets.astype(np.int32)), pa.array(np.ascontiguousarray(matrix).reshape(-1))
-    )
+    flat = pa.array(np.ascontiguousarray(matrix).reshape(-1))
+    return list_array(flat, matrix.shape[0], matrix.shape[1:])
 
 
 def _values_columns(predictions: Any, n: int) -> list[pa.Array]:
@@ -95,10 +97,13 @@ def _run(plan: Plan, model: LoadedSignature, inputs: dict[str, Any], n: int) -> 
 
     if plan.kind == "named":
         out = model(**inputs)
-        if "scores" not in out and "predictions" in out:
+        if plan.typed:  # outputs as they are: a column each, or one struct
+            columns = [o.arrow(out[o.key], n) for o in plan.typed]
+            if plan.struct_col is None:
+                return columns
+            return [pa.StructArray.from_arrays(columns, names=[o.column for o in plan.typed])]
+        if "scores" not in out:
             return _values_columns(out["predictions"], n)
-        if "scores" not in out:  # several outputs: a column each, in the plan's order
-            return [_values_columns(out[name], n)[0] for name in plan.outputs]
     if plan.kind in CLASSIFIER_KINDS or plan.kind == "named":
         out = out if plan.kind == "named" else model(**inputs)
         scores = out["scores"].astype(np.float32, copy=False)

@@ -37,7 +37,10 @@ _TF_DTYPES = {
     7: "string",
     9: "int64",
     10: "bool",
+    17: "uint16",
     19: "float16",
+    22: "uint32",
+    23: "uint64",
 }
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sparktf.datasets.columns import is_integral, is_numeric_array, leaf_type, spark_types
 from sparktf.errors import SparktfError, SparktfValueError
 from sparktf.inference.model import ModelInfo, Signature, TensorSpec
+from sparktf.inference.output_columns import Output, plan_outputs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql.types import StructField, StructType
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "CLASSIFIER_KINDS",
     "LM_OUTPUTS",
+    "NamedInput",
     "Plan",
     "PredictInputError",
     "choose_signature",
@@ -31,8 +33,19 @@ __all__ = [
 ]
 
 LM_OUTPUTS = ("perplexity", "next_word")
-# The dtypes of a named input (a signature of several inputs, each fed from its column).
-NAMED_DTYPES = ("float32", "float64", "int32", "int64", "string")
+# The dtypes of a named input (any signature's input, fed from a column).
+NAMED_DTYPES = (
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+    "string",
+)
 # The kinds of signature that map an input to ``classes`` and ``scores``.
 CLASSIFIER_KINDS = ("images", "features", "examples")
 
@@ -47,11 +60,23 @@ class PredictInputError(SparktfError, ValueError):
     """
 
 
+class NamedInput(NamedTuple):
+    """One input of a signature fed from a column: the signature's ``key``, the ``column``,
+    the ``dtype`` and the per-row ``shape``."""
+
+    key: str
+    column: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Everything an executor needs, decided on the driver (pickled into the task)."""
 
-    kind: str  # "images", "features", "examples", "values", "tokens", "generator", "named"
+    # "images", "features", "examples", "values", "tokens", "generator"; "named": any other
+    # signature, each input fed from a column
+    kind: str
     model_uri: str
     fingerprint: str
     signature: str
@@ -66,27 +91,34 @@ class Plan:
     label_col: str | None = None  # conditional generator
     id_col: str | None = None  # used to name rows in error messages
     keep: tuple[str, ...] | None = None  # input columns returned beside the outputs (None: all)
-    # "named": each input of the signature (name, dtype, per-row shape), fed from the column
-    # of the same name
-    named: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    # "named": each input of the signature and the column that feeds it
+    named: tuple[NamedInput, ...] = ()
+    # "named" other than a classifier's or ``predictions``: the outputs served, a column
+    # each, or the fields of one struct column ``struct_col``
+    typed: tuple[Output, ...] = ()
+    struct_col: str | None = None
 
-    def named_contract(self, dtype: str, shape: tuple[int, ...]) -> str:
+    @staticmethod
+    def named_contract(dtype: str, shape: tuple[int, ...]) -> str:
         """What the column of a named input of ``dtype`` and ``shape`` must hold."""
         if dtype == "string":
-            return "a string per row"
-        what = "an integer" if dtype.startswith("int") else "a number"
+            return "a string (or binary) per row"
+        if dtype == "bool":
+            return "a boolean per row"
+        what = "an integer" if dtype.startswith(("int", "uint")) else "a number"
         if not shape:
             return f"{what} per row ({dtype})"
         size = math.prod(shape)
+        one = f", or {what} per row" if size == 1 else ""
         return (
             f"{size} {dtype} values of shape {shape} per row: an array of numbers (flat or "
-            "nested), a Spark ML Vector or np.save bytes"
+            f"nested), a Spark ML Vector or np.save bytes{one}"
         )
 
     def contract(self) -> str:
         """What the input column must hold, for error messages."""
         if self.kind == "named":
-            return self.named_contract(*self.named[0][1:])
+            return self.named_contract(self.named[0].dtype, self.named[0].shape)
         if self.kind == "images":
             h, w, c = self.shape
             return (
@@ -146,12 +178,17 @@ def _fixed_rank(spec: TensorSpec, rank: int | None = None, least: int | None = N
     return all(d is not None for d in spec.shape[1:])
 
 
-def signature_kind(sig: Signature) -> str:
+def signature_kind(sig: Signature, *, served: bool = False) -> str:
     """What a signature serves, from its inputs and outputs: ``images``, ``features`` or
     ``examples`` (classifiers), ``values`` (float features -> float ``predictions``: a
-    regression or multi-label model), ``tokens`` (a language model) or ``generator``;
-    ValueError for any other signature."""
+    regression or multi-label model), ``tokens`` (a language model), ``generator``, or
+    ``named`` for any other signature whose inputs columns can feed and whose outputs
+    columns can hold (:func:`feed_problem`); ValueError naming the input or output that
+    cannot be. ``served``: the caller asks for the outputs as they are (``outputs=``,
+    ``struct_col=``): ``named`` for any signature columns can feed."""
     ins, outs = sig.inputs, sig.outputs
+    if served:
+        return _named_or_raise(sig)
     one = next(iter(ins.values())) if len(ins) == 1 else None
     if {"classes", "scores"} <= set(outs) and one is not None:
         if one.dtype == "uint8" and _fixed_rank(one, rank=4):
@@ -185,40 +222,36 @@ def signature_kind(sig: Signature) -> str:
         and set(ins) <= {"z", "label"}
     ):
         return "generator"
-    several = _several_outputs(outs)
-    if (len(ins) > 1 or several) and all(map(_named_input, ins.values())):
-        if {"classes", "scores"} <= set(outs) or _values_output(outs) or several:
-            return "named"
-    raise SparktfValueError(
-        f"sparktf.predict does not know how to feed signature {sig.describe()}: it serves "
-        "classifiers (uint8 images, float features or serialized Examples -> classes, "
-        "scores), float features -> predictions (regression, multi-label), language "
-        "models (int64 tokens -> log_probs), generators (float32 z [+ int64 label] -> "
-        "images) and models of several named inputs (numbers, strings, fixed-size arrays) "
-        "-> classes and scores, or predictions"
-    )
+    return _named_or_raise(sig)
 
 
-def _named_input(spec: TensorSpec) -> bool:
-    """An input a column can feed by name: a number, a string or a fixed-size array."""
-    return (
-        spec.dtype in NAMED_DTYPES
-        and _fixed_rank(spec)
-        and (spec.dtype != "string" or len(spec.shape) == 1)
-    )
-
-
-def _several_outputs(outs: dict[str, TensorSpec]) -> bool:
-    """Two outputs or more (not a classifier's), each one float or a float vector per row:
-    one column each."""
-    return (
-        len(outs) > 1
-        and not {"classes", "scores"} <= set(outs)
-        and all(
-            o.dtype in ("float32", "float64") and _fixed_rank(o, least=1) and len(o.shape) <= 2
-            for o in outs.values()
+def _named_or_raise(sig: Signature) -> str:
+    problem = feed_problem(sig)
+    if problem is not None:
+        raise SparktfValueError(
+            f"sparktf.predict cannot serve signature {sig.describe()}: {problem}. It feeds "
+            "each input from a column (a number, a boolean or a string per row, or an array "
+            "of numbers of fixed shape); pass signature= to choose another signature"
         )
-    )
+    return "named"
+
+
+def feed_problem(sig: Signature) -> str | None:
+    """Why columns cannot feed ``sig``'s inputs (naming the input), or None when they can
+    (the outputs are checked when they are chosen:
+    :func:`~sparktf.inference.output_columns.plan_outputs`)."""
+    if not sig.inputs:
+        return "it has no inputs"
+    if not sig.outputs:
+        return "it has no outputs"
+    for key, spec in sorted(sig.inputs.items()):
+        if spec.dtype not in NAMED_DTYPES:
+            return f"input {key!r} has dtype {spec.dtype}, which no column feeds"
+        if not _fixed_rank(spec, least=1):
+            return f"input {key!r} ({spec.describe()}) has a dimension of unknown size"
+        if spec.dtype in ("string", "bool") and len(spec.shape) != 1:
+            return f"input {key!r} ({spec.describe()}) is not one {spec.dtype} per row"
+    return None
 
 
 def _values_output(outs: dict[str, TensorSpec]) -> bool:
@@ -299,15 +332,16 @@ def _values_layout(sig: Signature, spec: TensorSpec, output_col: str) -> _Layout
     )
 
 
-def _outputs_layout(sig: Signature) -> _Layout:
-    """Several float outputs: a column each, named as the output (double, or array<float>)."""
+def _outputs_layout(typed: tuple[Output, ...], struct_col: str | None) -> _Layout:
+    """Outputs as they are: a column each (:mod:`~sparktf.inference.output_columns`), or the
+    fields of one struct column ``struct_col``."""
     T = spark_types()
-    fields = [
-        T.StructField(
-            name, T.DoubleType() if len(o.shape) == 1 else T.ArrayType(T.FloatType(), False), False
-        )
-        for name, o in sig.outputs.items()
-    ]
+    fields = [T.StructField(o.column, o.spark_type(), False) for o in typed]
+    if struct_col is not None:
+        names = [f.name for f in fields]
+        if len(set(names)) != len(names):
+            raise SparktfValueError(f"output column names collide: {names}")
+        fields = [T.StructField(struct_col, T.StructType(fields), False)]
     return _Layout(shape=(), default_col="features", accepts=lambda t: True, fields=fields)
 
 
@@ -315,12 +349,18 @@ def _named_accepts(spec: TensorSpec) -> Callable[[Any], bool]:
     """The Spark types that can feed a named input of ``spec``."""
     T = spark_types()
     if spec.dtype == "string":
-        return lambda t: isinstance(t, T.StringType)
+        return lambda t: isinstance(t, (T.StringType, T.BinaryType))
+    if spec.dtype == "bool":
+        return lambda t: isinstance(t, T.BooleanType)
+    integer = spec.dtype.startswith(("int", "uint"))
+    scalar: Callable[[Any], bool] = (
+        is_integral if integer else (lambda t: isinstance(t, T.NumericType))
+    )
     if len(spec.shape) > 1:
+        if math.prod(spec.shape[1:]) == 1:  # [B, 1]: also a number per row
+            return lambda t: _is_binary(t) or is_numeric_array(t) or scalar(t)
         return lambda t: _is_binary(t) or is_numeric_array(t)
-    if spec.dtype.startswith("int"):
-        return is_integral
-    return lambda t: isinstance(t, T.NumericType)
+    return scalar
 
 
 def _language_model_layout(
@@ -371,9 +411,15 @@ def _check_column(
         )
 
 
-def _check_schema(schema: StructType, plan: Plan, layout: _Layout) -> None:
+def _check_schema(schema: StructType | None, plan: Plan, layout: _Layout) -> None:
     """The input (and label) columns exist with a type that can hold them; the added
-    columns clash neither with the input's nor with each other."""
+    columns clash neither with the input's nor with each other (``schema`` None: a UDF's
+    arguments, checked batch by batch only)."""
+    fields = layout.fields
+    if len({f.name for f in fields}) != len(fields):
+        raise SparktfValueError(f"output column names collide: {[f.name for f in fields]}")
+    if schema is None:
+        return
     _check_column(schema, plan.input_col, plan.contract(), layout.accepts)
     if plan.label_col is not None:
         _check_column(
@@ -383,19 +429,17 @@ def _check_schema(schema: StructType, plan: Plan, layout: _Layout) -> None:
             is_integral,
             role="label",
         )
-    fields = layout.fields
     clash = [f.name for f in fields if f.name in schema.names]
     if clash:
         raise PredictInputError(
             f"output column(s) {clash} already exist in the input DataFrame: rename them or "
-            "choose other names (output_col=, probability_col=, log_probabilities_col=)"
+            "choose other names (output_col=, probability_col=, log_probabilities_col=, "
+            "outputs={name: column}, struct_col=)"
         )
-    if len({f.name for f in fields}) != len(fields):
-        raise SparktfValueError(f"output column names collide: {[f.name for f in fields]}")
 
 
 def make_plan(
-    schema: StructType,
+    schema: StructType | None,
     info: ModelInfo,
     sig: Signature,
     *,
@@ -408,35 +452,69 @@ def make_plan(
     lm_output: str,
     label_col: str,
     id_col: str = "id",
+    inputs: Mapping[str, str] | None = None,
+    outputs: Mapping[str, str] | Sequence[str] | None = None,
+    struct_col: str | None = None,
+    binary_outputs: Sequence[str] = (),
 ) -> tuple[Plan, list[StructField]]:
     """The plan of feeding ``sig`` of the model ``info`` from a DataFrame of ``schema``, and
-    the Spark fields of the columns it adds (the arguments are :func:`predict`'s).
+    the Spark fields of the columns it adds (the arguments are :func:`predict`'s; ``schema``
+    None: the arguments of a UDF, whose columns are checked batch by batch only).
 
     Raises :class:`PredictInputError` when the schema cannot feed the signature or an added
     column exists already, ValueError for a signature it cannot feed or an argument out of
-    range (``top_k``, ``lm_output``)."""
-    kind = signature_kind(sig)
-    key, spec = next((k, v) for k, v in sig.inputs.items() if k != "label")
-    named: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    range (``top_k``, ``lm_output``, an unknown input or output)."""
+    served = outputs is not None or struct_col is not None or bool(binary_outputs)
+    kind = signature_kind(sig, served=served)
+    inputs = dict(inputs or {})
+    unknown = [k for k in inputs if k not in sig.inputs]
+    if unknown:
+        raise SparktfValueError(
+            f"inputs: signature {sig.describe()} has no input(s) {unknown}; it has "
+            f"{sorted(sig.inputs)}"
+        )
+    key, spec = next(
+        ((k, v) for k, v in sig.inputs.items() if k != "label"), next(iter(sig.inputs.items()))
+    )
+    named: tuple[NamedInput, ...] = ()
+    typed: tuple[Output, ...] = ()
     if kind == "named":
-        named = tuple((k, v.dtype, tuple(v.shape[1:])) for k, v in sig.inputs.items())
-        if "scores" in sig.outputs:
+        named = _named_inputs(sig, inputs, input_col)
+        key, spec = named[0].key, sig.inputs[named[0].key]
+        if {"classes", "scores"} <= set(sig.outputs) and not served:
             layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
-        elif set(sig.outputs) == {"predictions"}:
+        elif _values_output(sig.outputs) and not served:
             layout = _values_layout(sig, spec, output_col)
-        else:  # several outputs: a column each, by its name
-            layout = _outputs_layout(sig)
-        layout = dataclasses.replace(layout, default_col=key, accepts=_named_accepts(spec))
-    elif kind in CLASSIFIER_KINDS:
-        layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
-    elif kind == "values":
-        layout = _values_layout(sig, spec, output_col)
-    elif kind == "tokens":
-        layout = _language_model_layout(sig, output_col, log_probabilities_col, lm_output)
+        else:  # outputs as they are: a column each, or one struct
+            typed = plan_outputs(sig, outputs, binary_outputs)
+            layout = _outputs_layout(typed, struct_col)
+        layout = dataclasses.replace(
+            layout, default_col=named[0].column, accepts=_named_accepts(spec)
+        )
+        input_col = None
     else:
-        layout = _generator_layout(sig, spec, output_col, label_col)
-    if top_k is not None and kind not in CLASSIFIER_KINDS and "scores" not in sig.outputs:
-        raise SparktfValueError(f"top_k applies to classifiers; {sig.describe()} is not one")
+        if inputs:  # one of sparktf's own kinds reads one column
+            if set(inputs) != {key} or input_col is not None:
+                raise SparktfValueError(
+                    f"signature {sig.describe()} reads {key!r} from one column: pass "
+                    f"input_col= (or inputs={{{key!r}: column}})"
+                )
+            input_col = inputs[key]
+        layout = _kind_layout(
+            kind,
+            sig,
+            spec,
+            (output_col, probability_col, log_probabilities_col, label_col),
+            top_k,
+            lm_output,
+        )
+    if top_k is not None and (
+        typed or (kind not in CLASSIFIER_KINDS and "scores" not in sig.outputs)
+    ):
+        raise SparktfValueError(
+            f"top_k applies to classifiers served as such (not with outputs= or struct_col=); "
+            f"{sig.describe()} is not one"
+        )
     plan = Plan(
         kind=kind,
         model_uri=info.uri,
@@ -451,20 +529,58 @@ def make_plan(
         lm_output=lm_output,
         vocab_size=layout.vocab_size,
         label_col=layout.label_col,
-        id_col=id_col if id_col in schema.names else None,
+        id_col=id_col if schema is not None and id_col in schema.names else None,
         named=named,
+        typed=typed,
+        struct_col=struct_col if typed else None,
     )
-    if kind == "named" and input_col is not None:
-        raise SparktfValueError(
-            f"signature {sig.describe()} reads several inputs, each from the column of its "
-            "name: rename the columns instead of passing input_col"
-        )
     _check_schema(schema, plan, layout)
-    for name, tensor in list(sig.inputs.items())[1:] if kind == "named" else ():
+    for each in named[1:] if schema is not None else ():
         _check_column(
             schema,
-            name,
-            plan.named_contract(tensor.dtype, tuple(tensor.shape[1:])),
-            _named_accepts(tensor),
+            each.column,
+            plan.named_contract(each.dtype, each.shape),
+            _named_accepts(sig.inputs[each.key]),
         )
     return plan, layout.fields
+
+
+def _named_inputs(
+    sig: Signature, inputs: dict[str, str], input_col: str | None
+) -> tuple[NamedInput, ...]:
+    """Each input of ``sig`` (sorted by name) and the column that feeds it: ``inputs``, else
+    the column of its name; ``input_col`` for a signature of one input."""
+    if input_col is not None:
+        if inputs:
+            raise SparktfValueError("pass input_col= or inputs=, not both")
+        if len(sig.inputs) > 1:
+            raise SparktfValueError(
+                f"signature {sig.describe()} reads several inputs, each from a column: map "
+                "them with inputs={input: column} in sparktf.predict (by default the column "
+                "of each input's name) instead of input_col"
+            )
+        inputs = {next(iter(sig.inputs)): input_col}
+    return tuple(
+        NamedInput(k, inputs.get(k, k), v.dtype, tuple(v.shape[1:]))
+        for k, v in sorted(sig.inputs.items())
+    )
+
+
+def _kind_layout(
+    kind: str,
+    sig: Signature,
+    spec: TensorSpec,
+    columns: tuple[str, str, str, str],
+    top_k: int | None,
+    lm_output: str,
+) -> _Layout:
+    """The layout of one of sparktf's own kinds (not ``named``); ``columns``: the output,
+    probability, log-probabilities and label columns."""
+    output_col, probability_col, log_probabilities_col, label_col = columns
+    if kind in CLASSIFIER_KINDS:
+        return _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
+    if kind == "values":
+        return _values_layout(sig, spec, output_col)
+    if kind == "tokens":
+        return _language_model_layout(sig, output_col, log_probabilities_col, lm_output)
+    return _generator_layout(sig, spec, output_col, label_col)
