@@ -7,9 +7,15 @@ The contract every ``bench/*.py`` follows:
   from submitting it (or starting it) to its last row. Start-up that only one side has --
   the Spark session, the TensorFlow cluster, a model load -- is timed apart and reported
   under ``"startup_s"``, never inside a rate.
-* **Same rounds.** Every measurement runs ``--rounds`` times (default 3), round robin so
-  that load drifts hit all alike; every round is kept in the JSON (``"rounds"``) and the
-  median counts (``"median"``). :class:`Rounds` does this.
+* **Same rounds.** Every measurement runs the same rounds, round robin so that load drifts
+  hit all alike: ``--rounds`` of them (default 3), or, with ``--budget SECONDS`` (the
+  script's whole time from its start, start-up included; ``bench/all.sh`` gives each script a
+  share of its own), as many as fit: at least 2, then another only while the time spent plus
+  the longest round so far fits, at most ``--rounds``. Every round is kept in the JSON (each
+  measurement's ``"rounds"`` list) and the median counts (``"median"``); the top level
+  records ``"rounds"`` (how many ran), ``"rounds_max"``, ``"budget_s"`` and
+  ``"rounds_stopped_by"`` (``"max_rounds"`` or ``"budget"``). :class:`Rounds` keeps the
+  values, :class:`RoundBudget` decides the rounds.
 * **Best plain baseline.** The baseline is the way a user who knows the tools would write
   it (see each script's docstring).
 * **Peak memory.** :class:`PeakMemory` samples the whole process tree.
@@ -171,11 +177,28 @@ class PeakMemory:
 
 
 DEFAULT_ROUNDS = 3
+MIN_ROUNDS = 2
 CONTRACT = (
     "baseline and sparktf timed over the same window (whole job, submit/start to last row; "
-    "start-up apart in startup_s); --rounds rounds each, round robin, median counts, all "
-    "rounds kept; peak memory of the process tree; goals as each script states them"
+    "start-up apart in startup_s); --rounds rounds each (with --budget: as many as fit in the "
+    "script's time, at least 2, at most --rounds; the result's rounds says how many), round "
+    "robin, median counts, all rounds kept; peak memory of the process tree; goals as each "
+    "script states them"
 )
+
+
+def _process_started() -> float:
+    """This process's start on the :func:`time.monotonic` clock (from its creation time),
+    so that a budget counts the interpreter's and the imports' start-up too."""
+    try:
+        age = time.time() - psutil.Process().create_time()
+    except psutil.Error:  # pragma: no cover - no /proc
+        age = 0.0
+    return time.monotonic() - max(age, 0.0)
+
+
+# When the script began: a --budget is the script's whole time, counted from here.
+SCRIPT_STARTED = _process_started()
 
 
 def positive_int(text: str) -> int:
@@ -185,15 +208,133 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
+    return value
+
+
 def add_rounds(parser: argparse.ArgumentParser) -> None:
-    """The contract's ``--rounds`` option."""
+    """The contract's ``--rounds`` and ``--budget`` options (see :class:`RoundBudget`)."""
     parser.add_argument(
         "--rounds",
         type=positive_int,
         default=DEFAULT_ROUNDS,
         help="rounds of every measurement, round robin; the median counts "
-        f"(default {DEFAULT_ROUNDS})",
+        f"(default {DEFAULT_ROUNDS}); with --budget the most rounds",
     )
+    parser.add_argument(
+        "--budget",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds for the whole script, counted from its start (start-up included): "
+        f"{MIN_ROUNDS} rounds always, then another while the time spent plus the longest "
+        "round so far fits, up to --rounds (default: no budget, exactly --rounds)",
+    )
+
+
+class RoundBudget:
+    """The rounds of a rounds loop, sized by time: ``for r in RoundBudget(...)`` yields the
+    round indices 0, 1, ...
+
+    Without ``budget_s``: exactly ``max_rounds`` rounds. With it (seconds counted from
+    ``started``, by default this process's start, :data:`SCRIPT_STARTED`, so that start-up
+    before the rounds counts): the first ``min_rounds`` always (``max_rounds`` if fewer), even
+    past the budget, then another round only while the time since ``started`` plus the
+    longest round so far stays within the budget, up to ``max_rounds``. ``share`` (0-1]: the
+    part of the budget left when the loop is created that this loop may use (a script with
+    several rounds loops one after the other: 1/2 for the first of two, 1 for the last).
+
+    After the loop: ``ran`` (rounds run), ``stopped_by`` (``"max_rounds"`` or ``"budget"``),
+    ``seconds`` (each round's); :meth:`report` / :meth:`record` put them in the result.
+    """
+
+    def __init__(
+        self,
+        max_rounds: int,
+        budget_s: float | None = None,
+        *,
+        min_rounds: int = MIN_ROUNDS,
+        started: float | None = None,
+        share: float = 1.0,
+        clock=time.monotonic,
+    ) -> None:
+        if max_rounds < 1:
+            raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
+        self.max_rounds = max_rounds
+        self.min_rounds = max(1, min(min_rounds, max_rounds))
+        self.budget_s = budget_s
+        self._clock = clock
+        self.deadline: float | None = None
+        if budget_s is not None:
+            now = clock()
+            left = (SCRIPT_STARTED if started is None else started) + budget_s - now
+            self.deadline = now + max(0.0, left) * share
+        self.ran = 0
+        self.seconds: list[float] = []
+        self.stopped_by: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **kwargs) -> RoundBudget:
+        """From :func:`add_rounds`'s ``--rounds`` and ``--budget``."""
+        return cls(args.rounds, getattr(args, "budget", None), **kwargs)
+
+    def _stop(self) -> str | None:
+        if self.ran >= self.max_rounds:
+            return "max_rounds"
+        if self.deadline is None or self.ran < self.min_rounds:
+            return None
+        if self._clock() + max(self.seconds) > self.deadline:
+            return "budget"
+        return None
+
+    def __iter__(self) -> Iterator[int]:
+        while (reason := self._stop()) is None:
+            begun = self._clock()
+            yield self.ran
+            self.seconds.append(self._clock() - begun)
+            self.ran += 1
+        self.stopped_by = reason
+        if self.budget_s is not None:
+            print(
+                f"rounds: {self.ran} of at most {self.max_rounds} "
+                f"(budget {self.budget_s:g} s; stopped by {reason})",
+                file=sys.stderr,
+            )
+
+    def report(self) -> dict:
+        """``{"rounds": ran, "rounds_max", "budget_s", "rounds_stopped_by", "round_s"}``."""
+        return {
+            "rounds": self.ran,
+            "rounds_max": self.max_rounds,
+            "budget_s": self.budget_s,
+            "rounds_stopped_by": self.stopped_by,
+            "round_s": [round(s, 1) for s in self.seconds],
+        }
+
+    def record(self, result: dict, part: str | None = None) -> dict:
+        """Puts :meth:`report` at the top of ``result``; with ``part`` (one of several rounds
+        loops of a script, e.g. one per model) under ``result["rounds_of"][part]``, and at
+        the top the fewest rounds any part ran (with that part's stop reason)."""
+        report = self.report()
+        if part is None:
+            result.update(report)
+            return result
+        parts = result.setdefault("rounds_of", {})
+        parts[part] = report
+        fewest = min(parts.values(), key=lambda r: r["rounds"])
+        result.update(
+            rounds=fewest["rounds"],
+            rounds_max=self.max_rounds,
+            budget_s=self.budget_s,
+            rounds_stopped_by=fewest["rounds_stopped_by"],
+        )
+        return result
 
 
 class Rounds:

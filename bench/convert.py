@@ -1,6 +1,7 @@
 """CIFAR-format conversion: the Spark job against one plain process writing both formats.
 
     .venv/bin/python bench/convert.py [--sizes 12500 50000] [--shards 4] [--rounds 3]
+        [--budget SECONDS]
 
 For two input sizes (training records; the test split gets a fifth as many: 50,000 gives
 the 60k records of CIFAR-10), per round (round robin, medians count; bench/common.py),
@@ -210,7 +211,8 @@ def main(argv=None) -> int:
 
         seconds, memory_peak = common.Rounds(), common.Rounds()
         memory_by_kind: dict = {}
-        for _ in range(args.rounds):
+        rounds = common.RoundBudget.from_args(args)
+        for _ in rounds:
             for n in (small_n, large_n):
                 with common.PeakMemory() as memory:
                     seconds.add(f"spark_both_{n}", spark_job(n, ["tfrecord", "parquet"], f"s-{n}"))
@@ -232,6 +234,7 @@ def main(argv=None) -> int:
                 took, written = common.timed(fn, raws[large_n], out)
                 assert written == records[large_n], (name, written, records[large_n])
                 seconds.add(name, took)
+        rounds.record(result)
         result["seconds"] = seconds.report(2)
         med = seconds.medians()
         result["records_per_s"] = {

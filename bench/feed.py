@@ -2,16 +2,17 @@
 Spark's own pass over the same cached rows, in the same run.
 
     .venv/bin/python bench/feed.py [--rows 120000] [--min-window 10] [--passes N]
-        [--batch-size 256] [--rounds 3] [--rdd] [--no-tfos] [--no-petastorm]
+        [--batch-size 256] [--rounds 3] [--budget SECONDS] [--rdd] [--no-tfos] [--no-petastorm]
 
 CIFAR-sized rows (``image``: numpy.save bytes of a 32x32x3 uint8 array, ``label``, ``id``)
 are cached in a local-cluster[2,1,1024] session. In a round every variant moves the same rows:
 ``--passes`` passes over the cached rows (default: as many as make the Arrow pass last
 ``--min-window`` seconds twice over, from a timed run of three passes after a warm-up pass, and
 after each round from that round's Arrow pass, never fewer: more rows per window, not fewer
-rounds, so that one slow second does not decide a ratio). Per round, every rate over the
-same window, from submitting the job that moves the rows to the last row arriving (see the
-contract in bench/common.py):
+rounds, so that one slow second does not decide a ratio; with ``--budget``, as many rounds as
+fit, at least 2: bench/common.py). Per round, every rate over the same window, from
+submitting the job that moves the rows to the last row arriving (see the contract in
+bench/common.py):
 
 * ``spark_arrow_pass``: Spark's pass over the cached rows into Python as Arrow batches
   (``mapInArrow``, touching every batch) -- the baseline, and the transport the feed uses;
@@ -357,25 +358,27 @@ def main(argv=None) -> int:
             result["passes_from"] = calibration or "--passes"
             result["passes"] = []
             log.info("%d passes over %d rows per window (%s)", passes, args.rows, calibration)
-            for r in range(args.rounds):
+            rounds = common.RoundBudget.from_args(args)
+            for r in rounds:
                 result["passes"].append(passes)
                 measure_round(spark, df, args, passes, r, tmp, rates, windows, startup, details)
                 if calibration:  # the next round's windows from this round's Arrow pass
                     rate = rates.values["spark_arrow_pass"][-1]
                     passes = max(passes, passes_for(rate, args.rows, args.min_window))
-                if args.tfos and r == args.rounds - 1:
-                    # Last: TFCluster.shutdown leaves a PySpark worker whose TFSparkNode.mgr
-                    # points at a manager it shut down, and the next TensorFlowOnSpark
-                    # cluster started in that worker fails.
-                    out = os.path.join(tmp, "tfos")
-                    os.makedirs(out)
-                    result["tfos_datafeed"] = tfos_datafeed(spark, df, args.batch_size, out)
                 log.info(
                     "round %d: %s rows/s, windows %s s",
                     r,
                     {k: round(v[-1]) for k, v in rates.values.items()},
                     {k: round(v[-1], 1) for k, v in windows.values.items()},
                 )
+            rounds.record(result)
+            if args.tfos:
+                # After the last round: TFCluster.shutdown leaves a PySpark worker whose
+                # TFSparkNode.mgr points at a manager it shut down, and the next
+                # TensorFlowOnSpark cluster started in that worker fails.
+                out = os.path.join(tmp, "tfos")
+                os.makedirs(out)
+                result["tfos_datafeed"] = tfos_datafeed(spark, df, args.batch_size, out)
         for detail in details:
             if "petastorm_converter_error" in detail:
                 result["petastorm_converter_error"] = detail.pop("petastorm_converter_error")

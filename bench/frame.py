@@ -1,7 +1,7 @@
 """Training straight from a DataFrame against copying it first, end to end, in the same run.
 
     .venv/bin/python bench/frame.py [--rows 1000000] [--features 8] [--epochs 1]
-        [--batch-size 1024] [--rounds 3]
+        [--batch-size 1024] [--rounds 3] [--budget SECONDS]
 
 The DataFrame is a plan over ``spark.range`` (``--features`` float features from Spark's
 ``rand``, an integer class label that depends on them): nothing is cached, as a table read or
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         df = frame(spark, args.rows, args.features)
         with common.PeakMemory() as memory:
-            for index in range(args.rounds):
+            budget = common.RoundBudget.from_args(args)
+            for index in budget:
                 order = [("copy_then_train", copy_then_train), ("direct", direct)]
                 for name, fn in order[:: 1 if index % 2 == 0 else -1]:  # who goes first alternates
                     out = fn(spark, df, args, work)
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "goals": {"frame.over_copy": common.goal(over, GOAL)},
             "rows_per_s": rounds.report(),
+            **budget.report(),
             "direct_over_copy": round(over, 3),
             "details": details,
             "sizes": {
@@ -187,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
                 "features": args.features,
                 "epochs": args.epochs,
                 "batch_size": args.batch_size,
-                "rounds": args.rounds,
             },
             **memory.report(),
             "machine": common.machine(),

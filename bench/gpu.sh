@@ -93,7 +93,7 @@ common=(--gpus "$GPUS" --batch-size "$BATCH" --steps "$STEPS" --rounds 1
         --configs allreduce/files,allreduce/spark --threads "$(nproc)")
 run train-fp32 bench/train.py "${common[@]}" --precision fp32 --tag gpu-fp32
 run train-bf16 bench/train.py "${common[@]}" --precision bf16 --tag gpu-bf16
-run predict bench/predict.py --gpus "$GPUS" --rounds 1 --tag gpu
+run predict bench/predict.py --gpus "$GPUS" --rounds 1 --tag gpu --models resnet20 mnist_mlp
 
 "$PYTHON" bench/results.py --since "$since" --names train-gpu-fp32 train-gpu-bf16 predict-gpu \
   --output "$RESULTS/RESULTS-gpu.md" --note "bench/gpu.sh: $GPUS GPU(s), batch $BATCH, $STEPS steps." || true

@@ -1,6 +1,7 @@
 """Benchmark of batch inference: ``sparktf.predict`` against two baselines, same run.
 
-    .venv/bin/python bench/predict.py [--resnet-rows 4096] [--mlp-rows 262144] [--rounds 3]
+    .venv/bin/python bench/predict.py [--resnet-rows 4096] [--mlp-rows 262144]
+        [--keras-rows 524288] [--micro-batches 2] [--rounds 3] [--budget SECONDS]
 
 For ResNet-20 (CIFAR, 32x32x3) and the MNIST MLP, both exported with random weights, over
 the same rows (a Parquet table of ``id``, ``label`` and the images as ``np.save`` bytes, as
@@ -26,6 +27,20 @@ job (bench/common.py):
 * **spark_read_only** (a reference, no goal): Spark's own pass over the same table, no
   Python at all: what a Spark job costs here before any inference.
 
+A third model, **keras_export**, is one that sparktf did not write: a Keras MLP of one input
+(``numbers``, 64 floats) and two outputs (``price``, one float; ``kind``, 10 probabilities),
+exported by Keras' own ``model.export`` (its ``serving_default`` signature), over a table of
+``id`` and ``numbers`` (``array<float>``) in ``2 * --micro-batches`` files. Its variants,
+each with the result ``id``, ``price``, ``kind``:
+
+* **sparktf.predict** over the table, as above (any signature: a column per output);
+* **predict_batch_udf** with the same signature, batch size and threads
+  (``input_tensor_shapes=[[64]]``, a struct of both outputs);
+* **sparktf.predict, streaming**: the same table read by ``readStream`` two files per
+  trigger (``--micro-batches`` micro-batches), ``sparktf.predict``, ``writeStream`` to the
+  ``noop`` sink with ``trigger(availableNow=True)`` and a fresh checkpoint per round; timed
+  from ``start()`` to the query's end.
+
 Spark runs the ``local`` profile (``local-cluster[2,1,1024]``: two executors of one core,
 one TensorFlow thread per worker) in one session for both Spark variants; the models one
 after the other. Each round runs single process, sparktf.predict, predict_batch_udf and the
@@ -34,7 +49,8 @@ on a much smaller table the single process is done in a fraction of a second, an
 job's fixed cost (task launch, Arrow set-up) rather than inference decides the ratio
 (bench/README.md has the figures). Goals:
 MNIST MLP >= 0.5x and ResNet-20 >= 0.9x the single process; >= 1.2x ``predict_batch_udf``
-for both. Peak memory: the single process's over one pass; the executors' (JVM + Python
+for both; the Keras export >= 1.0x ``predict_batch_udf``, and streaming >= 0.8x batch per
+row. Peak memory: the single process's over one pass; the executors' (JVM + Python
 workers, PSS so pages shared between forked workers count once) over the warm-up jobs of
 both Spark variants together (not during the timed rounds: sampling costs CPU). Prints
 JSON and writes it to bench/results/.
@@ -68,6 +84,8 @@ MODELS = {  # name -> (registry name, overrides, image shape)
     "resnet20": ("resnet20", {}, (32, 32, 3)),
     "mnist_mlp": ("mnist_mlp", {}, (28, 28, 1)),
 }
+KERAS = "keras_export"  # a model sparktf did not write (Keras' model.export)
+KERAS_FEATURES = 64
 
 
 # ----------------------------------------------------------------------------- memory
@@ -185,6 +203,37 @@ def write_table(images: np.ndarray, directory: Path, files: int) -> str:
     return "file://" + str(directory)
 
 
+def export_keras(export_dir: Path) -> str:
+    """A Keras MLP of one input (``numbers``) and two outputs (``price``, ``kind``), exported
+    by Keras' ``model.export`` (not sparktf's exporter)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    numbers = keras.Input((KERAS_FEATURES,), name="numbers")
+    hidden = keras.layers.Dense(256, activation="relu")(numbers)
+    hidden = keras.layers.Dense(256, activation="relu")(hidden)
+    price = keras.layers.Dense(1, name="price")(hidden)
+    kind = keras.layers.Dense(10, activation="softmax", name="kind")(hidden)
+    keras.Model(numbers, {"price": price, "kind": kind}).export(str(export_dir), verbose=False)
+    return str(export_dir)
+
+
+def write_numbers_table(rows: int, directory: Path, files: int, rng) -> str:
+    """A Parquet table of ``id`` and ``numbers`` (``array<float>`` of 64) in ``files`` files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True)
+    values = rng.normal(size=(rows, KERAS_FEATURES)).astype(np.float32)
+    for part, index in enumerate(np.array_split(np.arange(rows), files)):
+        flat = pa.array(values[index].reshape(-1))
+        offsets = pa.array(np.arange(0, len(flat) + 1, KERAS_FEATURES, dtype=np.int32))
+        numbers = pa.ListArray.from_arrays(offsets, flat)
+        table = pa.table({"id": pa.array(index, pa.int64()), "numbers": numbers})
+        pq.write_table(table, directory / f"part-{part:05d}.parquet")
+    return "file://" + str(directory)
+
+
 # ----------------------------------------------------------------------------- variants
 
 
@@ -270,6 +319,73 @@ def make_batch_udf(model_dir: str, batch_size: int, shape: tuple[int, ...]):
     return predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size)
 
 
+def make_keras_udf(model_dir: str, batch_size: int):
+    """``predict_batch_udf`` of the Keras export's ``serving_default``: id -> price, kind."""
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql import types as T
+
+    def make_predict_fn():
+        import tensorflow as tf
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        threads = context.cpus() if context is not None else 0
+        try:  # the same threads as sparktf.predict uses
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:
+            pass
+        root = tf.saved_model.load(model_dir)
+        fn = root.signatures["serving_default"]
+
+        def predict(numbers: np.ndarray) -> dict:
+            out = fn(numbers=tf.constant(numbers, tf.float32))
+            _ = root  # keep the variables alive with the function
+            return {"price": out["price"].numpy()[:, 0], "kind": out["kind"].numpy()}
+
+        return predict
+
+    return_type = T.StructType(
+        [
+            T.StructField("kind", T.ArrayType(T.FloatType())),
+            T.StructField("price", T.DoubleType()),
+        ]
+    )
+    return predict_batch_udf(
+        make_predict_fn,
+        return_type=return_type,
+        batch_size=batch_size,
+        input_tensor_shapes=[[KERAS_FEATURES]],
+    )
+
+
+def streaming_pass(spark, table: str, model_dir: str, batch_size: int, scratch: str) -> list:
+    """One streaming query over the whole table, two files per micro-batch, to the ``noop``
+    sink (a fresh checkpoint each time); returns the ``durationMs`` of each micro-batch
+    that read rows (its phases: ``addBatch`` is the Spark job, the rest the trigger's own
+    offset and commit logs)."""
+    import sparktf
+
+    stream = (
+        spark.readStream.schema("id long, numbers array<float>")
+        .option("maxFilesPerTrigger", 2)
+        .parquet(table)
+    )
+    checkpoint = tempfile.mkdtemp(prefix="checkpoint-", dir=scratch)
+    query = (
+        sparktf.predict(stream, model_dir, batch_size=batch_size, keep_columns=["id"])
+        .writeStream.format("noop")
+        .option("checkpointLocation", "file://" + checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+    return [p["durationMs"] for p in query.recentProgress if p["numInputRows"]]
+
+
 def spark_pass(build) -> None:
     """One whole Spark job: the DataFrame ``build()`` returns, written to the ``noop`` sink."""
     build().write.format("noop").mode("overwrite").save()
@@ -282,6 +398,7 @@ GOALS = {  # model -> (vs single process, vs predict_batch_udf)
     "resnet20": (0.9, 1.2),
     "mnist_mlp": (0.5, 1.2),
 }
+KERAS_GOALS = {"predict_batch_udf": 1.0, "streaming_vs_batch": 0.8}
 
 
 def main(argv=None) -> int:
@@ -294,6 +411,19 @@ def main(argv=None) -> int:
         help="MNIST MLP rows (default 262144: on far fewer rows the ratio measures Spark's "
         "fixed cost per job, not inference)",
     )
+    p.add_argument(
+        "--keras-rows",
+        type=int,
+        default=524288,
+        help="rows of the Keras export's table (default 524288: a micro-batch has a fixed "
+        "cost of its own, about 0.3 s here, that small micro-batches would measure instead)",
+    )
+    p.add_argument(
+        "--micro-batches",
+        type=common.positive_int,
+        default=2,
+        help="micro-batches of the streaming query (two files each; default 2)",
+    )
     p.add_argument("--batch-size", type=int, default=128)
     common.add_rounds(p)
     p.add_argument(
@@ -302,7 +432,7 @@ def main(argv=None) -> int:
         default=4,
         help="Parquet files, hence Spark partitions (2 per executor by default)",
     )
-    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="*", default=[*MODELS, KERAS], choices=[*MODELS, KERAS])
     p.add_argument(
         "--gpus",
         type=int,
@@ -332,7 +462,7 @@ def main(argv=None) -> int:
         },
         "config": {
             "batch_size": args.batch_size,
-            "rounds": args.rounds,
+            "rounds_max": args.rounds,
             "partitions": args.partitions,
             "spark_profile": "local",
             "tf_threads_per_worker": "spark.task.cpus (1)",
@@ -346,6 +476,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="sparktf-bench-") as tmp:
         prepared, startups, single_memory = {}, {}, {}
         for name in args.models:
+            if name == KERAS:
+                model_dir = export_keras(Path(tmp) / name / "export" / "1")
+                files = 2 * args.micro_batches
+                table = write_numbers_table(args.keras_rows, Path(tmp) / name / "table", files, rng)
+                prepared[name] = (args.keras_rows, model_dir, table, None)
+                continue
             shape = MODELS[name][2]
             rows = args.resnet_rows if name == "resnet20" else args.mlp_rows
             images = rng.integers(0, 256, (rows, *shape), dtype=np.uint8)
@@ -367,22 +503,31 @@ def main(argv=None) -> int:
         try:
             for name, (rows, model_dir, table, one_pass) in prepared.items():
                 df = spark.read.parquet(table)
-                udf = make_batch_udf(model_dir, args.batch_size, MODELS[name][2])
-                variants = {
-                    "single_process_tf": one_pass,
-                    "sparktf_predict": functools.partial(
-                        spark_pass,
-                        lambda df=df, model_dir=model_dir: sparktf.predict(
-                            df, model_dir, batch_size=args.batch_size, keep_columns=["id"]
+                if name == KERAS:
+                    keras_udf = make_keras_udf(model_dir, args.batch_size)
+                    micro_batches: list[list] = []
+
+                    def streaming(model_dir=model_dir, table=table, micro_batches=micro_batches):
+                        micro_batches.append(
+                            streaming_pass(spark, table, model_dir, args.batch_size, tmp)
+                        )
+
+                    variants = {
+                        "sparktf_predict": functools.partial(
+                            spark_pass,
+                            lambda df=df, model_dir=model_dir: sparktf.predict(
+                                df, model_dir, batch_size=args.batch_size, keep_columns=["id"]
+                            ),
                         ),
-                    ),
-                    "predict_batch_udf": functools.partial(
-                        spark_pass, lambda df=df, udf=udf: df.select("id", udf("image"))
-                    ),
-                    # Reference, no goal: Spark reading the same rows, no Python at all.
-                    "spark_read_only": functools.partial(spark_pass, lambda df=df: df),
-                }
-                startup: dict = {"single_process_tf": startups[name]}
+                        "predict_batch_udf": functools.partial(
+                            spark_pass,
+                            lambda df=df, udf=keras_udf: df.select("id", udf("numbers")),
+                        ),
+                        "sparktf_predict_streaming": streaming,
+                    }
+                else:
+                    variants = image_variants(df, model_dir, one_pass, args.batch_size, name)
+                startup: dict = {"single_process_tf": startups[name]} if one_pass else {}
                 passes = common.Rounds()
                 # Memory is sampled over the warm-up jobs (model loads included) only: reading
                 # the executors' smaps takes CPU that the timed rounds should not lose.
@@ -391,30 +536,53 @@ def main(argv=None) -> int:
                         if variant != "single_process_tf":
                             log.info("%s: %s warm-up", name, variant)
                             startup[variant], _ = common.timed(run)
-                for round_ in range(args.rounds):
+                # The models' rounds share what is left of --budget: this one its part.
+                rounds = common.RoundBudget.from_args(
+                    args, share=1 / (len(prepared) - list(prepared).index(name))
+                )
+                for round_ in rounds:
                     for variant, run in variants.items():
                         seconds, done = common.timed(run)
                         if variant == "single_process_tf":
                             assert done == rows, (name, done, rows)
                         passes.add(variant, rows / seconds)
-                    log.info("%s: round %d of %d done", name, round_ + 1, args.rounds)
+                    log.info("%s: round %d done (at most %d)", name, round_ + 1, args.rounds)
+                rounds.record(results, name)
                 med = passes.medians()
-                vs_single = med["sparktf_predict"] / med["single_process_tf"]
                 vs_udf = med["sparktf_predict"] / med["predict_batch_udf"]
-                results["models"][name] = {
+                entry = {
                     "rows": rows,
                     "rows_per_s": passes.report(0),
-                    "ratio_sparktf_vs_single_process": round(vs_single, 3),
                     "ratio_sparktf_vs_predict_batch_udf": round(vs_udf, 3),
-                    "ratio_spark_read_only_vs_single_process": round(
-                        med["spark_read_only"] / med["single_process_tf"], 3
-                    ),
                     "startup_s": {k: round(v, 2) for k, v in startup.items()},
-                    "peak_memory": {
-                        "single_process_tf": single_memory[name],
-                        "spark_executors_warm_up_both_variants": memory.report(),
-                    },
+                    "peak_memory": {"spark_executors_warm_up": memory.report()},
                 }
+                if name == KERAS:
+                    streaming_ratio = med["sparktf_predict_streaming"] / med["sparktf_predict"]
+                    entry["ratio_streaming_vs_batch"] = round(streaming_ratio, 3)
+                    entry["micro_batches_per_query"] = sorted({len(q) for q in micro_batches})
+                    # What a micro-batch costs besides its Spark job (offset and commit logs).
+                    trigger_ms = [
+                        d["triggerExecution"] - d.get("addBatch", 0)
+                        for q in micro_batches
+                        for d in q
+                    ]
+                    entry["micro_batch_overhead_ms_median"] = float(np.median(trigger_ms))
+                    results["models"][name] = entry
+                    goals[f"{name} / predict_batch_udf"] = common.goal(
+                        vs_udf, KERAS_GOALS["predict_batch_udf"]
+                    )
+                    goals[f"{name} / streaming vs batch"] = common.goal(
+                        streaming_ratio, KERAS_GOALS["streaming_vs_batch"]
+                    )
+                    continue
+                vs_single = med["sparktf_predict"] / med["single_process_tf"]
+                entry["ratio_sparktf_vs_single_process"] = round(vs_single, 3)
+                entry["ratio_spark_read_only_vs_single_process"] = round(
+                    med["spark_read_only"] / med["single_process_tf"], 3
+                )
+                entry["peak_memory"]["single_process_tf"] = single_memory[name]
+                results["models"][name] = entry
                 goal_single, goal_udf = GOALS[name]
                 goals[f"{name} / one TF process"] = common.goal(vs_single, goal_single)
                 goals[f"{name} / predict_batch_udf"] = common.goal(vs_udf, goal_udf)
@@ -423,6 +591,28 @@ def main(argv=None) -> int:
     results["goals"] = goals
     common.write_results(common.result_name("predict", args.tag), results)
     return 0
+
+
+def image_variants(df, model_dir: str, one_pass, batch_size: int, name: str) -> dict:
+    """The image models' variants: one TF process, sparktf.predict, predict_batch_udf and
+    Spark's own read (a reference)."""
+    import sparktf
+
+    udf = make_batch_udf(model_dir, batch_size, MODELS[name][2])
+    return {
+        "single_process_tf": one_pass,
+        "sparktf_predict": functools.partial(
+            spark_pass,
+            lambda df=df, model_dir=model_dir: sparktf.predict(
+                df, model_dir, batch_size=batch_size, keep_columns=["id"]
+            ),
+        ),
+        "predict_batch_udf": functools.partial(
+            spark_pass, lambda df=df, udf=udf: df.select("id", udf("image"))
+        ),
+        # Reference, no goal: Spark reading the same rows, no Python at all.
+        "spark_read_only": functools.partial(spark_pass, lambda df=df: df),
+    }
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 the same bytes from the same HDFS and plain ``tf.data.TFRecordDataset``, same run.
 
     .venv/bin/python bench/read.py [--records 20000] [--batch-size 256] [--shards 4] [--rounds 3]
-                                   [--datanodes 2]
+                                   [--budget SECONDS] [--datanodes 2]
 
 Converts a CIFAR-format dataset once (Spark, both formats, local disk), copies it to a
 throwaway HDFS with ``--datanodes`` DataNodes (bench/common.hdfs), then per round, round
@@ -253,7 +253,8 @@ def main(argv=None) -> int:
 
         native = native_available()
         with common.PeakMemory() as memory:
-            for _ in range(args.rounds):  # round robin: load drifts hit all alike
+            rounds = common.RoundBudget.from_args(args)
+            for _ in rounds:  # round robin: load drifts hit all alike
                 for fmt in (formats.TFRECORD, formats.PARQUET):
                     streams = {f"raw_stream_{fmt}_hdfs": raw_stream}
                     if native:
@@ -273,6 +274,7 @@ def main(argv=None) -> int:
                 result["petastorm_make_reader_rowwise_local_rows_per_s"] = round(
                     petastorm_rowwise(f"{local}/train/parquet", limit)
                 )
+        rounds.record(result)
         result["rows_per_s"] = rows_per_s.report(0)
         result["mb_per_s"] = mb_per_s.report(1)
         rates = rows_per_s.medians()

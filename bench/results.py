@@ -8,13 +8,15 @@
 Takes the newest ``<name>-<time>.json`` of each benchmark in ``--results`` (``--since``: only
 files written after that time), prints the goals table (benchmark, goal, value, target, met)
 and writes it to ``--output`` as a markdown page: when the run finished, the machine it ran
-on (from the result files' ``machine`` objects), the software stack, the table, how many goals
-were met and which files it came from. ``bench/all.sh`` calls it after a run; ``bench/gpu.sh``
-for its GPU results. ``--wall-s`` (bench/all.sh, after a run of every benchmark) first writes
-the result ``all-<time>.json`` with the goal ``all.wall_s`` (the whole run's wall time, at most
-:data:`WALL_GOAL_S`) and each benchmark's seconds (``--took``). ``--keep DIR`` copies the result
-files of the page into ``DIR`` (to be committed) and makes the page from there. Exits 1 when a
-benchmark named by ``--expect`` has no result.
+on (from the result files' ``machine`` objects), the software stack, how many rounds each
+benchmark ran (its ``rounds``, ``rounds_max`` and ``budget_s``: bench/common.RoundBudget),
+the table, how many goals were met and which files it came from. ``bench/all.sh`` calls it
+after a run; ``bench/gpu.sh`` for its GPU results. ``--wall-s`` (bench/all.sh, after a run
+of every benchmark) first writes the result ``all-<time>.json`` with the goal ``all.wall_s``
+(the whole run's wall time, at most :data:`WALL_GOAL_S`) and each benchmark's seconds
+(``--took``). ``--keep DIR`` copies the result files of the page into ``DIR`` (to be
+committed) and makes the page from there. Exits 1 when a benchmark named by ``--expect`` has
+no result.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "machine_line",
     "main",
     "page",
+    "rounds_line",
     "rows",
     "stack_line",
     "write_wall",
@@ -179,6 +182,24 @@ def machine_line(results: Mapping[str, Mapping]) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def rounds_line(results: Mapping[str, Mapping]) -> str:
+    """How many rounds each benchmark ran, from its result's ``rounds`` (with ``rounds_max``
+    when fewer ran, and ``budget_s`` when it had a budget); "" when no result records them."""
+    parts = []
+    for name, result in results.items():
+        ran = result.get("rounds")
+        if not isinstance(ran, int) or isinstance(ran, bool):
+            continue
+        text = f"{name} {ran}"
+        most = result.get("rounds_max")
+        if isinstance(most, int) and most != ran:
+            text += f" of at most {most}"
+        if isinstance(result.get("budget_s"), (int, float)):
+            text += f" (budget {result['budget_s']:g} s)"
+        parts.append(text)
+    return ", ".join(parts)
+
+
 def stack_line(packages: Sequence[str] = STACK_PACKAGES) -> str:
     """The installed versions of ``packages`` (and Python), as measured with: the stack of
     the interpreter that runs this script, which ``bench/all.sh`` also ran the benchmarks
@@ -234,6 +255,7 @@ def page(
         f"- **Finished:** {_finished(results)} (the machine's clock)",
         f"- **Machine:** {machine_line(results)}",
         f"- **Stack:** {stack}",
+        *([f"- **Rounds run:** {ran}"] if (ran := rounds_line(results)) else []),
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),

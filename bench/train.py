@@ -2,6 +2,7 @@
 measured in the same run.
 
     .venv/bin/python bench/train.py [--steps 80] [--batch-size 64] [--configs all] [--rounds 3]
+        [--budget SECONDS]
 
 Data: the synthetic CIFAR-format demo dataset (``sparktf.datasets.demo``, both formats, local
 disk; converted once and cached under .local/demo).
@@ -31,11 +32,12 @@ first trace) is start-up, reported apart as ``time_to_first_step_s``: the baseli
 the top of its script (before TensorFlow is imported) to the end of its first step,
 sparktf's from the call of ``fit`` (everything it does first: the plan, the cluster, the
 TensorFlow processes) to the end of the chief's first step. ``startup_overhead_s``: per
-round, sparktf's time to first step minus that round's baseline's. ``--rounds`` rounds,
-round robin (baseline, then each configuration), medians count. Goals:
-allreduce/files >= 0.9x, allreduce/spark >= 0.8x, ps/files >= 0.8x, ps/spark >= 0.7x the
-baseline; start-up overhead (median over the rounds, the worse strategy of each input mode)
-<= 3 s with files input (``train.startup_overhead_files_s``), <= 5 s with the spark feed
+round, sparktf's time to first step minus that round's baseline's. ``--rounds`` rounds (with
+``--budget``: as many as fit, at least 2; bench/common.py), round robin (baseline, then each
+configuration), medians count. Goals: allreduce/files >= 0.9x, allreduce/spark >= 0.8x,
+ps/files >= 0.8x, ps/spark >= 0.7x the baseline; start-up overhead (median over the rounds,
+the worse strategy of each input mode) <= 3 s with files input
+(``train.startup_overhead_files_s``), <= 5 s with the spark feed
 (``train.startup_overhead_spark_s``). Peak memory of the whole process tree is sampled.
 Prints JSON and writes it to bench/results/.
 """
@@ -302,7 +304,8 @@ def main(argv=None) -> int:
         data = demo.ensure_dataset("resnet20", spark)
         result["data"] = data
         with tempfile.TemporaryDirectory(prefix="sparktf-bench-train-") as tmp:
-            for r in range(args.rounds):
+            rounds = common.RoundBudget.from_args(args)
+            for r in rounds:
                 base = baseline(
                     data, args.batch_size, args.steps, args.threads, args.gpus, args.precision
                 )
@@ -344,6 +347,7 @@ def main(argv=None) -> int:
                         run["time_to_first_step_s"] or -1,
                         overheads.values[name][-1],
                     )
+        rounds.record(result)
         result["examples_per_sec"] = rates.report(1)
         result["time_to_first_step_s"] = first_step.report(2)
         result["startup_overhead_s"] = overheads.report(2)
