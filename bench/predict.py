@@ -39,7 +39,10 @@ each with the result ``id``, ``price``, ``kind``:
 * **sparktf.predict, streaming**: the same table read by ``readStream`` two files per
   trigger (``--micro-batches`` micro-batches), ``sparktf.predict``, ``writeStream`` to the
   ``noop`` sink with ``trigger(availableNow=True)`` and a fresh checkpoint per round; timed
-  from ``start()`` to the query's end.
+  from ``start()`` to the query's end;
+* **spark_read_only** and **spark_read_only_streaming** (references, no goal): Spark's own
+  batch and streaming pass over the same table, no Python: ``streaming_extra_s`` in the
+  result is what streaming adds to a query's time with sparktf and with Spark alone.
 
 Spark runs the ``local`` profile (``local-cluster[2,1,1024]``: two executors of one core,
 one TensorFlow thread per worker) in one session for both Spark variants; the models one
@@ -359,11 +362,12 @@ def make_keras_udf(model_dir: str, batch_size: int):
     )
 
 
-def streaming_pass(spark, table: str, model_dir: str, batch_size: int, scratch: str) -> list:
+def streaming_pass(spark, table: str, model_dir: str | None, batch_size: int, scratch: str) -> list:
     """One streaming query over the whole table, two files per micro-batch, to the ``noop``
-    sink (a fresh checkpoint each time); returns the ``durationMs`` of each micro-batch
-    that read rows (its phases: ``addBatch`` is the Spark job, the rest the trigger's own
-    offset and commit logs)."""
+    sink (a fresh checkpoint each time), through ``sparktf.predict`` (no model: Spark's own
+    streaming read, a reference); returns the ``durationMs`` of each micro-batch that read
+    rows (its phases: ``addBatch`` is the Spark job, the rest the trigger's own offset and
+    commit logs)."""
     import sparktf
 
     stream = (
@@ -371,10 +375,11 @@ def streaming_pass(spark, table: str, model_dir: str, batch_size: int, scratch: 
         .option("maxFilesPerTrigger", 2)
         .parquet(table)
     )
+    if model_dir is not None:
+        stream = sparktf.predict(stream, model_dir, batch_size=batch_size, keep_columns=["id"])
     checkpoint = tempfile.mkdtemp(prefix="checkpoint-", dir=scratch)
     query = (
-        sparktf.predict(stream, model_dir, batch_size=batch_size, keep_columns=["id"])
-        .writeStream.format("noop")
+        stream.writeStream.format("noop")
         .option("checkpointLocation", "file://" + checkpoint)
         .trigger(availableNow=True)
         .start()
@@ -524,6 +529,11 @@ def main(argv=None) -> int:
                             lambda df=df, udf=keras_udf: df.select("id", udf("numbers")),
                         ),
                         "sparktf_predict_streaming": streaming,
+                        # References, no goal: Spark's own read of the rows, batch and stream.
+                        "spark_read_only": functools.partial(spark_pass, lambda df=df: df),
+                        "spark_read_only_streaming": lambda table=table: streaming_pass(
+                            spark, table, None, args.batch_size, tmp
+                        ),
                     }
                 else:
                     variants = image_variants(df, model_dir, one_pass, args.batch_size, name)
@@ -560,6 +570,17 @@ def main(argv=None) -> int:
                 if name == KERAS:
                     streaming_ratio = med["sparktf_predict_streaming"] / med["sparktf_predict"]
                     entry["ratio_streaming_vs_batch"] = round(streaming_ratio, 3)
+                    # What streaming adds to a query's time, with sparktf and with Spark alone.
+                    entry["streaming_extra_s"] = {
+                        "sparktf_predict": round(
+                            rows / med["sparktf_predict_streaming"] - rows / med["sparktf_predict"],
+                            2,
+                        ),
+                        "spark_read_only": round(
+                            rows / med["spark_read_only_streaming"] - rows / med["spark_read_only"],
+                            2,
+                        ),
+                    }
                     entry["micro_batches_per_query"] = sorted({len(q) for q in micro_batches})
                     # What a micro-batch costs besides its Spark job (offset and commit logs).
                     trigger_ms = [
