@@ -60,6 +60,7 @@ PREFIXES = (
     "sparktf-node-",
     "sparktf-export-",
     "sparktf-submit-",
+    "sparktf-ps-",
 )
 # A directory with no owner file is left alone this long after its last change (seconds).
 UNOWNED_GRACE_S = 600.0

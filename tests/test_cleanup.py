@@ -54,11 +54,12 @@ def test_sweep_removes_only_this_users_scratch_whose_owner_is_gone(tmp_path):
     child = _python(
         "import sys, time; from sparktf import scratch\n"
         f"print(scratch.make_dir('sparktf-modeldir-', dir={base!r}))\n"
-        f"print(scratch.make_dir('sparktf-feed-abc-executor-0-', dir={base!r}), flush=True)\n"
+        f"print(scratch.make_dir('sparktf-feed-abc-executor-0-', dir={base!r}))\n"
+        f"print(scratch.make_dir('sparktf-ps-', dir={base!r}), flush=True)\n"  # the driver's ps
         "time.sleep(600)\n"
     )
     try:
-        theirs = [child.stdout.readline().strip(), child.stdout.readline().strip()]
+        theirs = [child.stdout.readline().strip() for _ in range(3)]
         assert all(os.path.isdir(p) for p in theirs)
         assert scratch.sweep([base]) == []  # alive: untouched
         os.kill(child.pid, signal.SIGKILL)

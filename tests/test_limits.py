@@ -208,6 +208,71 @@ def test_control_server_under_a_flood_answers_on_a_fixed_pool(caplog):
     assert 1 <= len(lines) <= 6, lines
 
 
+def test_a_handler_exception_answers_that_request_and_the_server_goes_on(caplog):
+    """One request the handler fails on is answered with the error (named to the client and
+    logged); the server, and the same connection, go on answering."""
+    from sparktf.train.wire.frames import Codec, FramedClient, FramedServer, FrameError
+
+    def handler(msg):
+        if msg == "boom":
+            raise ValueError("no such thing")
+        return msg
+
+    secret = secrets.token_bytes(32)
+    srv = FramedServer(Codec(secret), handler, what="test server", limits=LIMITS)
+    port = srv.listen(LOOPBACK)
+    try:
+        client = FramedClient((LOOPBACK, port), Codec(secret), what="test server", timeout_s=5.0)
+        with pytest.raises(FrameError, match="could not answer the request: ValueError: no such"):
+            client.request("boom")
+        assert client.request("hello") == "hello"  # the same connection
+        other = FramedClient((LOOPBACK, port), Codec(secret), what="test server", timeout_s=5.0)
+        assert other.request("again") == "again"
+        assert not srv.stopped
+        client.close()
+        other.close()
+    finally:
+        srv.stop()
+    assert any("could not answer a request" in r.getMessage() for r in caplog.records)
+
+
+def test_the_control_client_never_goes_through_a_proxy(monkeypatch):
+    """With http_proxy set (and no no_proxy), the control client still talks to the driver
+    directly: a proxy would see every message and its token."""
+    proxy = socket.create_server((LOOPBACK, 0))
+    proxy.settimeout(0.2)
+    seen: list[bytes] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = proxy.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                seen.append(conn.recv(4096))
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, f"http://{LOOPBACK}:{proxy.getsockname()[1]}")
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    srv = ControlServer(LOOPBACK, limits=LIMITS, threads=2)
+    try:
+        key = "executor-0"
+        client = ControlClient(srv.url, srv.issue_token(key), key)
+        assert client.post("beat", {"progress": {"step": 3}}, timeout=5.0)["stop"] is False
+        assert srv.snapshot()[key].progress == {"step": 3}
+    finally:
+        srv.close()
+        done.set()
+        thread.join(2.0)
+        proxy.close()
+    assert seen == [], seen
+
+
 @pytest.mark.parametrize(
     ("name", "value", "field", "expected"),
     [

@@ -2,20 +2,21 @@
 
 Each is ``python -m sparktf.train.process.main``
 (:func:`sparktf.train.process.launcher.start_process`), told its
-role through the control channel like any executor's process, with a temporary directory
-for its error file. :meth:`DriverPs.failure` reports one that exited; :meth:`DriverPs.stop`
-waits for them to leave after the run's stop or abort and kills what does not.
+role through the control channel like any executor's process, with a private scratch
+directory for its error file (``sparktf-ps-*``: a later run sweeps it when this one was
+killed, :mod:`sparktf.scratch`). :meth:`DriverPs.failure` reports one that exited;
+:meth:`DriverPs.stop` waits for them to leave after the run's stop or abort and kills what
+does not.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 
+from sparktf import scratch
 from sparktf.train.driver import roles as roles_lib
 from sparktf.train.plan import ProcessSpec, Role
 from sparktf.train.process import launcher
@@ -39,7 +40,7 @@ class DriverPs:
         for key in keys:
             if not roles_lib.is_driver_key(key):
                 raise ValueError(f"{key!r} is not a key of the driver's processes")
-            tmp = tempfile.mkdtemp(prefix="sparktf-ps-")
+            tmp = scratch.make_dir("sparktf-ps-")  # swept by a later run if this one is killed
             own = spec.for_node(key, control_token=issue_token(key))
             proc = launcher.start_process(own, os.path.join(tmp, "error.json"))
             self.processes.append((key, proc, tmp))
@@ -70,4 +71,4 @@ class DriverPs:
                 log.warning("%s on the driver did not exit; killing it", key)
                 proc.kill()
                 proc.wait()
-            shutil.rmtree(tmp, ignore_errors=True)
+            scratch.remove_dir(tmp)

@@ -70,6 +70,7 @@ NONCE_BYTES = 12  # AES-GCM's nonce; random per frame (a run sends far fewer tha
 IDLE_S = ConnectionLimits.idle_s  # connections silent this long are closed (clients poll)
 MAX_CONNECTIONS = ConnectionLimits.max_connections  # the default of all open connections
 RETRY_PAUSE_S = 0.05  # before a client's second try (doubled for each further one)
+MAX_ERROR_CHARS = 2000  # of a handler's error sent back to the client
 KEY_CONTEXT = b"sparktf-reservation"  # the keys' derivation label (part of the wire format)
 
 REQUEST, ANSWER = b"Q", b"A"  # directions: a request cannot be reflected as an answer
@@ -291,8 +292,13 @@ class FramedServer(SelectorServer):
             except Rejected as exc:
                 self.rejects.reject(conn.peer, str(exc))
                 return False
-            answer = self._handler(request.get("msg"))
-            reply, _ = self._codec.seal(ANSWER, {"re": nonce.hex(), "msg": answer})
+            try:
+                answer = self._handler(request.get("msg"))
+                reply, _ = self._codec.seal(ANSWER, {"re": nonce.hex(), "msg": answer})
+            except Exception as exc:  # this request's failure, answered; the server goes on
+                self._log.exception("%s: could not answer a request from %s", self.what, conn.peer)
+                error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+                reply, _ = self._codec.seal(ANSWER, {"re": nonce.hex(), "error": error})
             try:
                 sock.sendall(reply)
             except OSError:
@@ -406,4 +412,6 @@ class FramedClient:
             raise self._error(f"{self._where} sent an invalid answer: {exc}") from None
         if payload.get("re") != nonce.hex():
             raise self._error(f"{self._where} sent an answer to another request (replayed?)")
+        if "error" in payload:
+            raise self._error(f"{self._where} could not answer the request: {payload['error']}")
         return payload.get("msg")
