@@ -338,6 +338,14 @@ def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, 
             dtype="uint8",
         )
     assert "column 'pixels': the row with id=2 has values that are not integers" in str(info.value)
+    # the failed write left nothing: neither the dataset nor its temporary sibling
+    assert not [p for p in os.listdir(tmp_path) if "numbers" in p], os.listdir(tmp_path)
+    from sparktf import storage
+
+    with pytest.raises(storage.PathExistsError, match="already exists"):
+        write_table(
+            targets, str(tmp_path / "values-y"), input_col="features", label_col="y", id_col="id"
+        )
 
 
 @pytest.fixture(scope="module")

@@ -279,3 +279,21 @@ def test_primed_input_raises_the_first_fetch_error_in_the_consumer():
         next(primed)
     with pytest.raises(StopIteration):
         next(primed)
+
+
+def test_an_unreadable_error_file_leaves_the_exit_code_to_tell(tmp_path, caplog):
+    """A TensorFlow process's error file cut short, not JSON or missing fields is ignored
+    (logged), so the launcher reports the exit code instead of a JSON error."""
+    import json
+
+    from sparktf.train.process.launcher import read_error_file
+
+    good = {"type": "ValueError", "message": "bad", "traceback": "tb", "reported": True}
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps(good))
+    assert read_error_file(str(path)) == good
+    assert read_error_file(str(tmp_path / "none.json")) is None
+    for broken in ('{"type": "ValueError", "mess', "[1, 2]", '{"type": "ValueError"}', ""):
+        path.write_text(broken)
+        assert read_error_file(str(path)) is None, broken
+    assert sum("unreadable error file" in r.getMessage() for r in caplog.records) == 4

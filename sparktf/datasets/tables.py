@@ -238,8 +238,9 @@ def write_table(
 
     Args:
         df: the rows to write.
-        data_dir: the dataset directory (local path, ``file://`` or ``hdfs://``); it gets
-            ``train/parquet/*.parquet`` and the manifest.
+        data_dir: the dataset directory (local path, ``file://`` or ``hdfs://``), which must
+            not exist: it gets ``train/parquet/*.parquet`` and the manifest, written beside
+            it and renamed in whole once complete (:func:`sparktf.storage.publish`).
         input_col: the feature column: a Spark ML ``Vector``, an ``array`` of numbers (nested
             arrays are flattened) or ``numpy.save`` bytes.
         label_col: the label column: integer class labels (integral doubles, as
@@ -281,20 +282,26 @@ def write_table(
     )
     label_field = table.label
     label_type = "binary" if label_field.shape else formats.spark_type(label_field)
-    parquet = storage.join(data_dir, "train", "parquet")
     out_schema = f"`{feature}` binary, label {label_type}, id bigint"
-    table.rows.mapInArrow(table.encoder, out_schema).write.parquet(storage.spark_uri(parquet))
-    files, records = _parquet_records(df.sparkSession, parquet)
-    total = sum(records)
-    fields = [*table.fields, formats.Field("id", "int64")]
-    split = {
-        "records": total,
-        "files": [f"train/parquet/{name}" for name in files],
-        "file_records": records,
-    }
-    classes = table.num_classes
-    manifest = formats.table_manifest("dataframe", fields, {"train": split}, num_classes=classes)
-    storage.write_text(formats.manifest_path(data_dir), json.dumps(manifest, indent=1))
+    # Written beside data_dir and renamed in whole: a failed or killed write leaves no
+    # dataset that looks complete (storage.publish cleans its leftovers).
+    with storage.publish(data_dir) as tmp:
+        parquet = storage.join(tmp, "train", "parquet")
+        encoded = table.rows.mapInArrow(table.encoder, out_schema)
+        encoded.write.parquet(storage.spark_uri(parquet))
+        files, records = _parquet_records(df.sparkSession, parquet)
+        total = sum(records)
+        fields = [*table.fields, formats.Field("id", "int64")]
+        split = {
+            "records": total,
+            "files": [f"train/parquet/{name}" for name in files],
+            "file_records": records,
+        }
+        classes = table.num_classes
+        manifest = formats.table_manifest(
+            "dataframe", fields, {"train": split}, num_classes=classes
+        )
+        storage.write_text(formats.manifest_path(tmp), json.dumps(manifest, indent=1))
     feature_field = table.feature
     log.info(
         "wrote %d rows (%s %s features, %s) to %s",

@@ -53,6 +53,7 @@ __all__ = [
     "NodeFailed",
     "NodeSetup",
     "join_cluster",
+    "read_error_file",
     "run_child",
     "run_node",
     "start_process",
@@ -255,9 +256,8 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
         if code == EXIT_ABORTED:  # it left because the run was aborted elsewhere
             log.info("TensorFlow process %s left: the run was aborted", label)
             return
-        if os.path.exists(error_file):
-            with open(error_file) as f:
-                err = json.load(f)
+        err = read_error_file(error_file)
+        if err is not None:
             detail = f"{err['type']}: {err['message']}\n{err['traceback']}"
             reported = bool(err.get("reported"))
         else:  # it died without a word (killed, out of memory): tell the driver now
@@ -266,6 +266,8 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
                 if code < 0
                 else f"exited with code {code} without reporting an error"
             )
+            if os.path.exists(error_file):
+                detail += " (its error file could not be read)"
             reported = _report_death(spec, f"{label}, pid {child.pid}", detail)
         message = f"TensorFlow process {label} exited with code {code}: {detail}"
         if reported:
@@ -277,6 +279,24 @@ def run_child(spec: ProcessSpec, *, label: str) -> None:
         raise NodeFailed(message)
     finally:
         scratch.remove_dir(tmp)
+
+
+def read_error_file(path: str) -> dict | None:
+    """The error a TensorFlow process wrote before it exited (``type``, ``message``,
+    ``traceback``, ``reported``), or None when there is none or it cannot be read (cut short,
+    not JSON, fields missing: logged), so that the exit code still tells what happened."""
+    try:
+        with open(path) as f:
+            err = json.load(f)
+        if all(isinstance(err.get(k), str) for k in ("type", "message", "traceback")):
+            return err
+        problem = "fields missing"
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    log.warning("ignoring the unreadable error file %s (%s)", path, problem)
+    return None
 
 
 def _report_death(spec: ProcessSpec, label: str, why: str) -> bool:

@@ -200,9 +200,10 @@ def main(argv: list[str]) -> None:
         log.error("failed: %s: %s\n%s", err["type"], err["message"], err["traceback"])
         done.set()
         err["reported"] = control.send("error", err, attempts=2) is not None
-        try:
-            with open(error_file, "w") as f:
+        try:  # written whole, then renamed: the launcher never reads half of it
+            with open(error_file + ".tmp", "w") as f:
                 json.dump(err, f)
+            os.replace(error_file + ".tmp", error_file)
         except OSError:
             pass
         exit_process(1)
