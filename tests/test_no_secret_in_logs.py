@@ -208,3 +208,21 @@ def test_a_debug_run_logs_none_of_its_secrets(spark, mnist_data, tmp_path, spied
                 found.append("raw bytes")
             leaks += [f"{name} ({form!r}) in {where}" for form in found]
     assert not leaks, "\n".join(leaks)
+
+
+def test_a_local_session_authenticates_its_rpc_with_a_secret_no_command_line_shows(spark):
+    """The local profile's session has Spark's RPC authentication on (another user of the
+    machine could otherwise reach the driver's ports and read the task closures), with a
+    fresh secret that no process's command line carries."""
+    import psutil
+
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.authenticate") == "true"
+    secret = conf.get("spark.authenticate.secret", "")
+    assert len(secret) >= 32, "no secret of the application's own"
+    shown = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if secret in " ".join(proc.info["cmdline"] or []):
+            shown.append(proc.info["pid"])
+    assert shown == [], f"the secret is on the command line of {shown}"
+    assert spark.range(4).repartition(2).count() == 4  # the executors authenticate too

@@ -34,7 +34,8 @@ def test_defaults_protect_remote_masters_and_the_user_setting_wins():
     for master in ("yarn", "k8s://https://k:443", "spark://h:7077"):
         assert spark.transport_defaults(master, {}) == PROTECTED
     for master in ("local", "local[4]", "local-cluster[2,1,1024]", ""):
-        assert spark.transport_defaults(master, {}) == {}
+        assert spark.transport_defaults(master, {}) == {"spark.authenticate": "true"}
+        assert spark.transport_defaults(master, {"spark.authenticate": "false"}) == {}
     given = {"spark.authenticate": "false", "spark.io.encryption.enabled": "true"}
     assert spark.transport_defaults("yarn", given) == {"spark.network.crypto.enabled": "true"}
 
@@ -43,7 +44,7 @@ def test_profiles_turn_the_transport_on_and_overrides_turn_it_off(clean_env):
     for profile in ("standalone", "yarn", "k8s"):
         conf = spark.profile_conf(profile)
         assert {key: conf[key] for key in PROTECTED} == PROTECTED, profile
-    assert "spark.authenticate" not in spark.session_conf("local")
+    assert spark.session_conf("local")["spark.authenticate"] == "true"  # another user: no
     off = spark.session_conf("yarn", {"spark.network.crypto.enabled": "false"})
     assert off["spark.network.crypto.enabled"] == "false" and off["spark.authenticate"] == "true"
 

@@ -41,6 +41,9 @@ TRANSPORT_SETTINGS = {
     "spark.network.crypto.enabled": "true",
     "spark.io.encryption.enabled": "true",
 }
+# On one machine: RPC authentication, with a fresh secret per application (Spark makes one
+# for local[N]; sparktf for local-cluster, given to the JVM in a private file).
+LOCAL_TRANSPORT_SETTINGS = {"spark.authenticate": "true"}
 SECRET_CONF = "spark.authenticate.secret"
 SECRET_FILE_ENV = "SPARKTF_SPARK_SECRET_FILE"
 
@@ -62,11 +65,12 @@ def _on(conf: Mapping[str, str], key: str) -> bool:
 def transport_defaults(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     """The transport settings sparktf adds for ``master``: where its executors may run on
     other machines (``remote_executors``), each of ``TRANSPORT_SETTINGS`` that ``conf`` (the
-    user's configuration: profile, command line, overrides) does not set; a setting the user
-    gives, ``false`` included, wins. Nothing on a local master."""
-    if not remote_executors(master):
-        return {}
-    return {key: value for key, value in TRANSPORT_SETTINGS.items() if key not in conf}
+    user's configuration: profile, command line, overrides) does not set; on a local master
+    (``local``, ``local[N]``, ``local-cluster``) RPC authentication only, since another user
+    of the machine could otherwise connect to the driver's ports and read the task closures
+    (loopback needs no encryption). A setting the user gives, ``false`` included, wins."""
+    wanted = TRANSPORT_SETTINGS if remote_executors(master) else LOCAL_TRANSPORT_SETTINGS
+    return {key: value for key, value in wanted.items() if key not in conf}
 
 
 def transport_secret(master: str, conf: Mapping[str, str]) -> str | None:
