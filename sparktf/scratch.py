@@ -61,6 +61,7 @@ PREFIXES = (
     "sparktf-export-",
     "sparktf-submit-",
     "sparktf-ps-",
+    "sparktf-token-",
 )
 # A directory with no owner file is left alone this long after its last change (seconds).
 UNOWNED_GRACE_S = 600.0

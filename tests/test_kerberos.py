@@ -362,6 +362,42 @@ def test_spnego_and_the_token_lifecycle(as_client, monkeypatch):
 
 
 @pytest.mark.e2e
+def test_a_failure_after_the_token_is_obtained_cancels_it_and_stops_its_renewer(
+    as_client, monkeypatch
+):
+    """Between obtaining the run's token and handing it out (writing its credentials file),
+    a failure leaves no token live or renewed, and no token directory."""
+    import threading
+
+    from sparktf import scratch
+
+    url = as_client.webhdfs_url
+    obtained = []
+    real_get = delegation.get_delegation_token
+
+    def get(at):
+        obtained.append(real_get(at))
+        return obtained[-1]
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(delegation, "get_delegation_token", get)
+    monkeypatch.setattr(delegation, "token_file", no_room)
+    before = {d for base in scratch.scratch_bases() for d in os.listdir(base)}
+    with pytest.raises(OSError, match="No space left"):
+        with delegation.run_delegation(url):
+            pass  # not reached
+    assert len(obtained) == 1
+    with pytest.raises(delegation.DelegationTokenError):  # cancelled
+        delegation.renew_delegation_token(url, obtained[0])
+    assert not [t for t in threading.enumerate() if t.name == "sparktf-token-renewer"]
+    after = {d for base in scratch.scratch_bases() for d in os.listdir(base)}
+    assert not [d for d in after - before if d.startswith("sparktf-token-")]
+    assert "SPARKTF_HDFS_DELEGATION_TOKEN" not in os.environ
+
+
+@pytest.mark.e2e
 def test_a_job_without_ticket_or_keytab_fails_before_spark(krb_hdfs, tmp_path):
     started = time.monotonic()
     out = krb_hdfs.job(

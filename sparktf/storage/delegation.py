@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from urllib.parse import urlparse
 
+from sparktf import scratch
 from sparktf.security import kerberos, redact
 from sparktf.storage import hdfs
 from sparktf.storage.errors import NameNodeUnreachableError, StorageError
@@ -191,25 +190,26 @@ def run_delegation(url: str | None = None) -> Iterator[str | None]:
         yield None
         return
     token = get_delegation_token(url)
-    try:
+    renewer: TokenRenewer | None = None
+    directory: str | None = None
+    try:  # from here on, whatever fails: the renewer stopped, the token cancelled
         expires = renew_delegation_token(url, token)
         renewer = TokenRenewer(lambda: renew_delegation_token(url, token), expires).start()
-    except BaseException:
-        _cancel_quietly(url, token)
-        raise
-    log.info("HDFS delegation token for the run obtained from %s", url)
-    directory = tempfile.mkdtemp(prefix="sparktf-token-")  # mode 700
-    os.environ[kerberos.TOKEN_ENV] = token
-    rpc = urlparse(hdfs.default_fs() or "").netloc
-    if rpc:  # for the executor JVMs that Spark gives no token (sparktf.security.spark_settings)
-        os.environ[kerberos.TOKEN_FILE_ENV] = token_file(token, rpc, directory)
-    try:
+        log.info("HDFS delegation token for the run obtained from %s", url)
+        # private (0700), swept by a later run when this process is killed
+        directory = scratch.make_dir("sparktf-token-")
+        os.environ[kerberos.TOKEN_ENV] = token
+        rpc = urlparse(hdfs.default_fs() or "").netloc
+        if rpc:  # for the executor JVMs Spark gives no token (sparktf.security.spark_settings)
+            os.environ[kerberos.TOKEN_FILE_ENV] = token_file(token, rpc, directory)
         yield token
     finally:
         for name in (kerberos.TOKEN_ENV, kerberos.TOKEN_FILE_ENV):
             os.environ.pop(name, None)
-        shutil.rmtree(directory, ignore_errors=True)
-        renewer.stop()
+        if directory is not None:
+            scratch.remove_dir(directory)
+        if renewer is not None:
+            renewer.stop()
         _cancel_quietly(url, token)
 
 
