@@ -265,3 +265,31 @@ def app_settings(directory) -> dict[str, str]:
 def assert_transport_protected(settings: dict[str, str]) -> None:
     """The application ran with authentication, RPC and I/O encryption on."""
     assert {key: settings.get(key) for key in PROTECTED} == PROTECTED, settings
+
+
+def test_private_settings_reach_a_new_jvm_in_a_private_file_not_its_command_line(monkeypatch):
+    """The shared secret and a delegation token for remote executors: PySpark would put a
+    builder setting on the driver JVM's command line (``/proc/*/cmdline``, readable by every
+    local user); a JVM yet to start reads them from a 0600 file named in
+    PYSPARK_SUBMIT_ARGS, removed afterwards."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from sparktf.spark.transport import private_for_new_jvm
+
+    monkeypatch.setattr(SparkContext, "_gateway", None)
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    private = {
+        "spark.authenticate.secret": "s3cr3t-value",
+        "spark.executorEnv.SPARKTF_HDFS_DELEGATION_TOKEN": "tok-9",
+    }
+    builder = SparkSession.Builder()
+    with private_for_new_jvm(builder, private) as built:
+        assert all(v not in str(built._options) for v in private.values())
+        args = shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])
+        path = args[args.index("--extra-properties-file") + 1]
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        text = open(path).read()
+        assert all(f"{k} {v}" in text or f"{k}={v}" in text for k, v in private.items()), text
+        assert args[-1] == "pyspark-shell"
+    assert "PYSPARK_SUBMIT_ARGS" not in os.environ and not os.path.exists(path)

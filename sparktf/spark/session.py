@@ -28,7 +28,7 @@ from sparktf.spark.profiles import (
 )
 from sparktf.spark.transport import (
     SECRET_CONF,
-    secret_for_new_jvm,
+    private_for_new_jvm,
     transport_defaults,
     transport_secret,
 )
@@ -96,8 +96,9 @@ def get_session(
     ``profile`` defaults to ``$SPARKTF_PROFILE`` or "local". When launched by spark-submit,
     the submitted settings are kept and the profile is not read. Otherwise a master whose
     executors may run elsewhere gets ``TRANSPORT_SETTINGS`` unless the configuration sets
-    them, and the shared secret a standalone master needs (``transport_secret``) goes to the
-    JVM in a private file, never on its command line.
+    them, and the shared secret a standalone master needs (``transport_secret``) and the
+    run's delegation token for executors on other machines go to the JVM in a private file,
+    never on its command line (:func:`~sparktf.spark.transport.private_for_new_jvm`).
 
     Raises:
         TransportError: authentication on, a standalone master, and its secret not known.
@@ -121,7 +122,7 @@ def get_session(
         # .venv/bin/python would not be found there.
         os.environ["PYSPARK_PYTHON"] = os.path.abspath(python)
     builder = SparkSession.builder.appName(app_name)
-    secret = None
+    private: dict[str, str] = {}
     if launched_by_spark_submit():
         kerberos.preflight()
         token = os.environ.get(kerberos.TOKEN_ENV)
@@ -138,9 +139,14 @@ def get_session(
         use_local_spark_home(conf.get("spark.master", ""))  # work dirs out of site-packages
         log.info("starting Spark (%s profile, master %s)", profile, conf.get("spark.master"))
         secret = conf.pop(SECRET_CONF, None) or transport_secret(conf.get("spark.master", ""), conf)
+        if secret:
+            private[SECRET_CONF] = secret
+        token_key = f"spark.executorEnv.{kerberos.TOKEN_ENV}"  # for executors elsewhere
+        if token_key in conf:
+            private[token_key] = conf.pop(token_key)
         for key, value in conf.items():
             builder = builder.config(key, value)
-    with secret_for_new_jvm(builder, secret) as builder:
+    with private_for_new_jvm(builder, private) as builder:
         spark = builder.getOrCreate()
     default = "INFO" if _debug_logging() else "WARN"
     spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", default))

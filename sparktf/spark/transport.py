@@ -23,7 +23,7 @@ __all__ = [
     "read_secret",
     "remote_executors",
     "secret_file",
-    "secret_for_new_jvm",
+    "private_for_new_jvm",
     "transport_defaults",
     "transport_secret",
     "transport_warning",
@@ -174,18 +174,22 @@ def transport_warning(conf: Mapping[str, str]) -> str | None:
 
 
 @contextmanager
-def secret_for_new_jvm(builder, secret: str | None) -> Iterator[Any]:
-    """The builder, with ``secret`` given to the application without a command line: PySpark
-    starts the driver's JVM with every setting as a ``--conf`` argument, so a JVM yet to start
-    reads it from a private properties file (``--extra-properties-file`` through
-    ``PYSPARK_SUBMIT_ARGS``); to a running JVM it goes as a setting."""
+def private_for_new_jvm(builder, private: Mapping[str, str]) -> Iterator[Any]:
+    """The builder, with the ``private`` settings (the shared secret, a delegation token for
+    remote executors) given to the application without a command line: PySpark starts the
+    driver's JVM with every setting as a ``--conf`` argument, which any local user reads in
+    ``/proc/*/cmdline``, so a JVM yet to start reads them from a private properties file
+    (``--extra-properties-file`` through ``PYSPARK_SUBMIT_ARGS``); to a running JVM they go
+    as settings."""
     from pyspark import SparkContext
 
-    if secret is None:
+    if not private:
         yield builder
         return
     if getattr(SparkContext, "_gateway", None) is not None:
-        yield builder.config(SECRET_CONF, secret)
+        for key, value in private.items():
+            builder = builder.config(key, value)
+        yield builder
         return
     import shlex
     import shutil
@@ -194,7 +198,7 @@ def secret_for_new_jvm(builder, secret: str | None) -> Iterator[Any]:
     scratch = tempfile.mkdtemp(prefix="sparktf-secret-")
     before = os.environ.get("PYSPARK_SUBMIT_ARGS")
     try:
-        path = write_private_conf(Path(scratch) / "secret.conf", {SECRET_CONF: secret})
+        path = write_private_conf(Path(scratch) / "secret.conf", dict(private))
         args = f"--extra-properties-file {shlex.quote(str(path))} {before or 'pyspark-shell'}"
         os.environ["PYSPARK_SUBMIT_ARGS"] = args
         yield builder
