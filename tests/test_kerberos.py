@@ -146,10 +146,13 @@ def test_the_client_follows_the_credentials(krb_env, monkeypatch):
 
 
 def test_negotiate_header_only_where_needed(monkeypatch):
+    import types
+
     import requests
 
     auth = NegotiateAuth(lambda: None)
-    monkeypatch.setattr(NegotiateAuth, "header", lambda self, url: "Negotiate AAAA")
+    context = types.SimpleNamespace(token=b"\0\0\0", host="nn", close=lambda: None)
+    monkeypatch.setattr(NegotiateAuth, "context", lambda self, url: context)
     plain = requests.Request("GET", "http://nn:9870/webhdfs/v1/a?op=GETFILESTATUS").prepare()
     assert auth(plain).headers["Authorization"] == "Negotiate AAAA"
     redirect = requests.Request("GET", "http://dn:9864/webhdfs/v1/a?op=OPEN&delegation=x")
@@ -395,6 +398,49 @@ def test_a_failure_after_the_token_is_obtained_cancels_it_and_stops_its_renewer(
     after = {d for base in scratch.scratch_bases() for d in os.listdir(base)}
     assert not [d for d in after - before if d.startswith("sparktf-token-")]
     assert "SPARKTF_HDFS_DELEGATION_TOKEN" not in os.environ
+
+
+@pytest.mark.e2e
+def test_a_server_that_cannot_prove_it_is_the_namenode_is_not_believed(as_client):
+    """SPNEGO asks for mutual authentication, and the answer must prove it: an impostor on
+    the NameNode's host name that answers 200 without the service's reply token gets the
+    client's ticket, but its answer raises instead of being used."""
+    import http.server
+    import threading
+    from urllib.parse import urlparse
+
+    import requests
+
+    seen = []
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization", ""))
+            body = b'{"FileStatus": {"type": "FILE", "length": 1}}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    host = urlparse(as_client.webhdfs_url).hostname
+    server = http.server.HTTPServer(("127.0.0.1", 0), Impostor)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        session = requests.Session()
+        session.auth = NegotiateAuth(kerberos.credential)
+        url = f"http://{host}:{server.server_port}/webhdfs/v1/x?op=GETFILESTATUS"
+        with pytest.raises(kerberos.KerberosError, match="answered without authenticating itself"):
+            session.get(url, timeout=10)
+        assert seen and seen[0].startswith("Negotiate "), seen  # it was asked, it could not
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 @pytest.mark.e2e

@@ -23,6 +23,7 @@ __all__ = [
     "Credential",
     "GssError",
     "GssUnavailableError",
+    "SpnegoContext",
     "acquire",
     "default_realm",
     "spnego_token",
@@ -244,31 +245,85 @@ def acquire(principal: str | None = None, keytab: str | None = None) -> Credenti
     return cred
 
 
-def spnego_token(host: str, credential: Credential | None = None) -> bytes:
-    """The first SPNEGO token (the bytes of ``Authorization: Negotiate``) for the service
-    ``HTTP@host``, made with ``credential`` (else the default credentials).
+class SpnegoContext:
+    """One SPNEGO exchange with the service ``HTTP@host``, mutual authentication asked:
+    :attr:`token` is the first token (the bytes of ``Authorization: Negotiate``), and
+    :meth:`verify` checks the service's reply token (``WWW-Authenticate: Negotiate``), which
+    proves that the server holds the service's key. :meth:`close` (or the end of a ``with``
+    block) releases the context.
 
     Raises GssError naming ``host`` when the context cannot be started (no ticket, no service
     principal ``HTTP/host`` in the realm, clock skew)."""
-    lib, minor = _lib(), _uint32(0)
-    target = _import_name(f"HTTP@{host}", _OID_HOSTBASED_SERVICE)
-    context, out, mech = ctypes.c_void_p(), _Buffer(), _oid(_OID_SPNEGO)
-    try:
-        major = lib.gss_init_sec_context(
-            ctypes.byref(minor), credential.handle if credential else None, context, target,
-            ctypes.byref(mech), _GSS_C_MUTUAL_FLAG | _GSS_C_SEQUENCE_FLAG, 0, None, None, None,
-            ctypes.byref(out), None, None,
-        )  # fmt: skip
-        _check(major, minor, f"cannot start a SPNEGO context with HTTP@{host}")
-        if major not in (0, _GSS_S_CONTINUE_NEEDED) or not out.length:
-            raise GssError(f"SPNEGO with HTTP@{host} gave no token (GSS status {major:#x})")
-        return ctypes.string_at(out.value, out.length)
-    finally:
-        if out.value:
-            lib.gss_release_buffer(ctypes.byref(minor), ctypes.byref(out))
-        if context.value:
-            lib.gss_delete_sec_context(ctypes.byref(minor), context, None)
-        _release_name(target)
+
+    def __init__(self, host: str, credential: Credential | None = None):
+        self.host = host
+        self._credential = credential
+        self._target = _import_name(f"HTTP@{host}", _OID_HOSTBASED_SERVICE)
+        self._context, self._mech = ctypes.c_void_p(), _oid(_OID_SPNEGO)
+        try:
+            major, self.token = self._step(None, f"cannot start a SPNEGO context with HTTP@{host}")
+            if major not in (0, _GSS_S_CONTINUE_NEEDED) or not self.token:
+                raise GssError(f"SPNEGO with HTTP@{host} gave no token (GSS status {major:#x})")
+            self.complete = major == 0
+        except BaseException:
+            self.close()
+            raise
+
+    def _step(self, reply: bytes | None, what: str) -> tuple[int, bytes]:
+        lib, minor, out = _lib(), _uint32(0), _Buffer()
+        given = None
+        if reply is not None:
+            raw = ctypes.create_string_buffer(reply, len(reply))
+            given = _Buffer(len(reply), ctypes.cast(raw, ctypes.c_void_p))
+        try:
+            major = lib.gss_init_sec_context(
+                ctypes.byref(minor), self._credential.handle if self._credential else None,
+                self._context, self._target, ctypes.byref(self._mech),
+                _GSS_C_MUTUAL_FLAG | _GSS_C_SEQUENCE_FLAG, 0, None,
+                ctypes.byref(given) if given is not None else None, None,
+                ctypes.byref(out), None, None,
+            )  # fmt: skip
+            _check(major, minor, what)
+            return major, ctypes.string_at(out.value, out.length) if out.value else b""
+        finally:
+            if out.value:
+                lib.gss_release_buffer(ctypes.byref(minor), ctypes.byref(out))
+
+    def verify(self, reply: bytes) -> None:
+        """Checks the service's reply token; GssError when it does not complete the mutual
+        authentication (a server that does not hold the service's key, a forged reply)."""
+        major, _ = self._step(reply, f"the SPNEGO reply of HTTP@{self.host}")
+        if major != 0:
+            raise GssError(
+                f"HTTP@{self.host} did not complete the mutual authentication (GSS status "
+                f"{major:#x})"
+            )
+        self.complete = True
+
+    def close(self) -> None:
+        lib, minor = _lib(), _uint32(0)
+        if self._context.value:
+            lib.gss_delete_sec_context(ctypes.byref(minor), self._context, None)
+            self._context = ctypes.c_void_p()
+        if getattr(self, "_target", None) is not None:
+            _release_name(self._target)
+            self._target = None
+
+    def __enter__(self) -> SpnegoContext:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def spnego_token(host: str, credential: Credential | None = None) -> bytes:
+    """The first SPNEGO token (the bytes of ``Authorization: Negotiate``) for the service
+    ``HTTP@host``, made with ``credential`` (else the default credentials), the context then
+    released (:class:`SpnegoContext` keeps it to check the server's reply).
+
+    Raises GssError naming ``host`` when the context cannot be started."""
+    with SpnegoContext(host, credential) as context:
+        return context.token
 
 
 def default_realm() -> str | None:
