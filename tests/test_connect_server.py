@@ -217,7 +217,10 @@ def test_server_settings_are_the_local_profiles_on_loopback(monkeypatch):
     assert "spark.pyspark.driver.python" not in conf  # the server's driver is the JVM
     assert conf["spark.executorEnv.SPARKTF_WEBHDFS_URL"] == "http://127.0.0.1:9870"
     assert conf["spark.scheduler.barrier.maxConcurrentTasksCheck.interval"] == "1s"
-    assert spark.SECRET_CONF not in conf and "spark.authenticate" not in conf
+    # RPC authentication on loopback too, a fresh secret per server (another local user
+    # could otherwise reach its driver's ports)
+    assert conf["spark.authenticate"] == "true" and len(conf[spark.SECRET_CONF]) == 64
+    assert connect.server_conf(None, 4321)[spark.SECRET_CONF] != conf[spark.SECRET_CONF]
     custom = connect.server_conf("local-cluster[3,2,512]", 1, {"spark.task.cpus": "2"})
     assert connect.expected_slots(custom["spark.master"], custom) == 3
     assert connect.expected_slots(MASTER, conf) == 2

@@ -344,7 +344,12 @@ def test_training_data_from_npy_bytes_and_arrays_is_what_the_model_reads(spark, 
 
     with pytest.raises(storage.PathExistsError, match="already exists"):
         write_table(
-            targets, str(tmp_path / "values-y"), input_col="features", label_col="y", id_col="id"
+            targets,
+            str(tmp_path / "values-y"),
+            input_col="features",
+            label_col="y",
+            id_col="id",
+            labels="values",
         )
 
 
