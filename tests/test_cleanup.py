@@ -149,7 +149,7 @@ def test_an_aborted_process_removes_its_scratch_and_feed_dirs(tmp_path):
 # A spark-submit that says where its properties file is, and which signal it got.
 FAKE_SUBMIT = """#!/bin/sh
 for arg in "$@"; do
-  [ "$prev" = --extra-properties-file ] && props="$arg"
+  case "$prev" in --extra-properties-file|--properties-file) props="$arg" ;; esac
   prev="$arg"
 done
 trap 'echo TERM > "$OUT/signal"; exit 143' TERM

@@ -60,7 +60,21 @@ def test_a_profile_without_them_gets_them_unless_the_user_turns_one_off(clean_en
     argv = command_line(tmp_path, str(bare), *off, "predict", "--export", "m")
     assert "spark.authenticate=true" not in argv and "spark.authenticate=false" in argv
     assert "spark.network.crypto.enabled=true" in argv
-    assert "--extra-properties-file" not in argv  # YARN makes its secret itself
+    # YARN makes its secret itself: the profile is the one properties file
+    assert "--extra-properties-file" not in argv and argv.count("--properties-file") == 1
+    assert argv[argv.index("--properties-file") + 1] == str(bare)
+
+
+# How spark-submit is given a private properties file: --extra-properties-file from Spark 4.1,
+# --properties-file (the defaults copied in) on 4.0 (the petastorm stack).
+PROPERTIES_FLAGS = ("--extra-properties-file", "--properties-file")
+
+
+def properties_file(argv: list[str]) -> str:
+    """The private properties file spark-submit's ``argv`` names (on 4.0 the one
+    --properties-file, which holds the profile's lines too)."""
+    flag = next(f for f in PROPERTIES_FLAGS if f in argv)
+    return argv[argv.index(flag) + 1]
 
 
 def command_line(tmp_path, profile: str, *argv: str) -> list[str]:
@@ -84,14 +98,15 @@ def test_standalone_gets_the_cluster_secret_in_a_private_file_never_on_the_comma
         scratch,
     )
     assert secret not in " ".join(argv)
-    path = argv[argv.index("--extra-properties-file") + 1]
+    path = properties_file(argv)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert spark.read_conf_file(path) == {spark.SECRET_CONF: secret}
+    assert spark.read_conf_file(path)[spark.SECRET_CONF] == secret  # (4.0: the profile's too)
+    assert argv.count("--properties-file") == 1
     # through main: the printed command has no secret either, and the scratch is gone
     assert submit.main(["--dry-run", "--profile", "standalone", "--conf", closed, "predict"]) == 0
     printed = shlex.split(capsys.readouterr().out)
-    assert "--extra-properties-file" in printed and secret not in " ".join(printed)
-    assert not os.path.exists(printed[printed.index("--extra-properties-file") + 1])
+    assert secret not in " ".join(printed)
+    assert not os.path.exists(properties_file(printed))
 
 
 def test_standalone_without_a_secret_fails_before_spark_unless_auth_is_off(clean_env):
@@ -287,7 +302,7 @@ def test_private_settings_reach_a_new_jvm_in_a_private_file_not_its_command_line
     with private_for_new_jvm(builder, private) as built:
         assert all(v not in str(built._options) for v in private.values())
         args = shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])
-        path = args[args.index("--extra-properties-file") + 1]
+        path = properties_file(args)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         text = open(path).read()
         assert all(f"{k} {v}" in text or f"{k}={v}" in text for k, v in private.items()), text

@@ -26,7 +26,8 @@ lists them) or a Python file (``jobs/train_resnet.py``). What it adds to spark-s
   turned on unless the profile or a ``--conf`` sets them (``false`` turns one off); a
   standalone master's shared secret comes from ``$SPARKTF_SPARK_SECRET_FILE`` or the
   ``scripts/spark-cluster.sh`` cluster's ``secret.conf``, and reaches spark-submit in a
-  private file (``--extra-properties-file``), never on its command line;
+  private file (``--extra-properties-file``; on Spark 4.0 ``--properties-file`` with the
+  defaults copied in), never on its command line;
 - the driver's console shows warnings and sparktf's progress (``log4j2.properties``);
   ``--log-level DEBUG`` brings Spark's INFO lines back.
 
@@ -212,7 +213,10 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         extra += ["--conf", "spark.driver.host=127.0.0.1"]
         extra += ["--conf", "spark.driver.bindAddress=127.0.0.1"]
 
-    extra += _transport(command, profile, master, scratch)
+    transport = _transport(command, profile, master, scratch, profile_file)
+    if transport[:1] == ["--properties-file"]:  # Spark 4.0: the profile's lines are in it
+        profile_file, transport = Path(transport[1]), transport[2:]
+    extra += transport
 
     name = job_name(command.job)
     n = _executors_needed(name, command.job_args)
@@ -280,18 +284,24 @@ def _log_level(command: Command, env: dict[str, str]) -> str:
     return level
 
 
-def _transport(command: Command, profile: dict, master: str, scratch: Path) -> list[str]:
+def _transport(
+    command: Command, profile: dict, master: str, scratch: Path, profile_file: Path
+) -> list[str]:
     """The options that protect Spark's transport on ``master`` (``spark.transport_defaults``:
     authentication, RPC and I/O encryption, unless the profile or the command line set them)
-    and the shared secret a standalone master needs, in a private file under ``scratch``
-    (``--extra-properties-file``), never on the command line."""
+    and the shared secret the master needs, in a private file under ``scratch``
+    (``spark.private_properties_args``), never on the command line. On Spark 4.0 that file
+    also holds ``profile_file``'s lines and comes first, as ``--properties-file`` (the
+    caller uses it in the profile's place)."""
     user = {**profile, **command.confs()}
     added = spark.transport_defaults(master, user)
     options = [arg for key, value in added.items() for arg in ("--conf", f"{key}={value}")]
     secret = spark.transport_secret(master, {**user, **added})
     if secret is not None:
-        path = spark.write_private_conf(scratch / "secret.conf", {spark.SECRET_CONF: secret})
-        options += ["--extra-properties-file", str(path)]
+        given = spark.private_properties_args(
+            scratch / "secret.conf", {spark.SECRET_CONF: secret}, base=profile_file
+        )
+        options = given + options if given[0] == "--properties-file" else options + given
     return options
 
 

@@ -69,6 +69,7 @@ from sparktf.spark.transport import (
     SECRET_FILE_ENV,
     TRANSPORT_SETTINGS,
     TransportError,
+    private_properties_args,
     read_secret,
     remote_executors,
     secret_file,
@@ -123,6 +124,7 @@ __all__ = [
     "transport_secret",
     "transport_warning",
     "wait_for_executors",
+    "private_properties_args",
     "write_private_conf",
     "yarn_site",
 ]

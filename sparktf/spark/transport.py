@@ -24,6 +24,7 @@ __all__ = [
     "remote_executors",
     "secret_file",
     "private_for_new_jvm",
+    "private_properties_args",
     "transport_defaults",
     "transport_secret",
     "transport_warning",
@@ -135,12 +136,38 @@ def read_secret(path: str | os.PathLike) -> str:
     raise TransportError(f"{path}: no '{SECRET_CONF} VALUE' line and not a secret alone")
 
 
-def write_private_conf(path: str | os.PathLike, conf: Mapping[str, str]) -> Path:
-    """Writes ``conf`` as a spark-defaults style file only this user can read (a new file)."""
+def write_private_conf(
+    path: str | os.PathLike, conf: Mapping[str, str], *, above: str = ""
+) -> Path:
+    """Writes ``conf`` as a spark-defaults style file only this user can read (a new file),
+    after the lines ``above`` (a later line wins)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
+        if above:
+            out.write(above if above.endswith("\n") else above + "\n")
         out.writelines(f"{key} {value}\n" for key, value in conf.items())
     return Path(path)
+
+
+def private_properties_args(
+    path: str | os.PathLike, conf: Mapping[str, str], *, base: str | os.PathLike | None = None
+) -> list[str]:
+    """spark-submit arguments that load ``conf`` from the new private file ``path`` on top
+    of the properties file ``base`` (default: spark-defaults): ``--extra-properties-file``
+    (Spark 4.1 on). Spark 4.0 lacks it, so there ``--properties-file`` of a file holding
+    ``base``'s lines (``$SPARK_CONF_DIR/spark-defaults.conf``, else ``$SPARK_HOME/conf/...``
+    by default), then ``conf``: it takes the place of ``base``."""
+    import pyspark
+
+    major, minor = (int(part) for part in pyspark.__version__.split(".")[:2])
+    if (major, minor) >= (4, 1):
+        return ["--extra-properties-file", str(write_private_conf(path, conf))]
+    if base is None:
+        home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+        conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf")
+        base = Path(conf_dir) / "spark-defaults.conf"
+    above = Path(base).read_text() if Path(base).is_file() else ""
+    return ["--properties-file", str(write_private_conf(path, conf, above=above))]
 
 
 def transport_warning(conf: Mapping[str, str]) -> str | None:
@@ -179,7 +206,7 @@ def private_for_new_jvm(builder, private: Mapping[str, str]) -> Iterator[Any]:
     remote executors) given to the application without a command line: PySpark starts the
     driver's JVM with every setting as a ``--conf`` argument, which any local user reads in
     ``/proc/*/cmdline``, so a JVM yet to start reads them from a private properties file
-    (``--extra-properties-file`` through ``PYSPARK_SUBMIT_ARGS``); to a running JVM they go
+    (:func:`private_properties_args` through ``PYSPARK_SUBMIT_ARGS``); to a running JVM they go
     as settings."""
     from pyspark import SparkContext
 
@@ -198,8 +225,8 @@ def private_for_new_jvm(builder, private: Mapping[str, str]) -> Iterator[Any]:
     scratch = tempfile.mkdtemp(prefix="sparktf-secret-")
     before = os.environ.get("PYSPARK_SUBMIT_ARGS")
     try:
-        path = write_private_conf(Path(scratch) / "secret.conf", dict(private))
-        args = f"--extra-properties-file {shlex.quote(str(path))} {before or 'pyspark-shell'}"
+        given = private_properties_args(Path(scratch) / "secret.conf", private)
+        args = f"{shlex.join(given)} {before or 'pyspark-shell'}"
         os.environ["PYSPARK_SUBMIT_ARGS"] = args
         yield builder
     finally:
