@@ -213,9 +213,7 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         extra += ["--conf", "spark.driver.host=127.0.0.1"]
         extra += ["--conf", "spark.driver.bindAddress=127.0.0.1"]
 
-    transport = _transport(command, profile, master, scratch, profile_file)
-    if transport[:1] == ["--properties-file"]:  # Spark 4.0: the profile's lines are in it
-        profile_file, transport = Path(transport[1]), transport[2:]
+    transport, profile_file = _transport(command, profile, master, scratch, profile_file)
     extra += transport
 
     name = job_name(command.job)
@@ -286,13 +284,13 @@ def _log_level(command: Command, env: dict[str, str]) -> str:
 
 def _transport(
     command: Command, profile: dict, master: str, scratch: Path, profile_file: Path
-) -> list[str]:
+) -> tuple[list[str], Path]:
     """The options that protect Spark's transport on ``master`` (``spark.transport_defaults``:
     authentication, RPC and I/O encryption, unless the profile or the command line set them)
     and the shared secret the master needs, in a private file under ``scratch``
-    (``spark.private_properties_args``), never on the command line. On Spark 4.0 that file
-    also holds ``profile_file``'s lines and comes first, as ``--properties-file`` (the
-    caller uses it in the profile's place)."""
+    (``spark.private_properties_args``), never on the command line; and the properties file
+    to give spark-submit: ``profile_file``, or on Spark 4.0 that private file, which then
+    holds the profile's lines too (4.0 has no ``--extra-properties-file``)."""
     user = {**profile, **command.confs()}
     added = spark.transport_defaults(master, user)
     options = [arg for key, value in added.items() for arg in ("--conf", f"{key}={value}")]
@@ -301,8 +299,10 @@ def _transport(
         given = spark.private_properties_args(
             scratch / "secret.conf", {spark.SECRET_CONF: secret}, base=profile_file
         )
-        options = given + options if given[0] == "--properties-file" else options + given
-    return options
+        if given[0] == "--properties-file":  # in the profile's place
+            return options, Path(given[1])
+        options += given
+    return options, profile_file
 
 
 def _yarn_here(command: Command, profile: dict, env: dict[str, str]) -> list[str]:
