@@ -287,23 +287,31 @@ def single_process(model_dir: str, table: str, shape, batch_size: int):
     return startup, one_pass
 
 
+def load_in_task(model_dir: str, signature: str):
+    """(root, signature function) of the SavedModel, loaded in a Spark task with the
+    TensorFlow threads sparktf.predict uses there (the task's CPUs)."""
+    import tensorflow as tf
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    threads = context.cpus() if context is not None else 0
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        pass
+    root = tf.saved_model.load(model_dir)
+    return root, root.signatures[signature]
+
+
 def make_batch_udf(model_dir: str, batch_size: int, shape: tuple[int, ...]):
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import types as T
 
     def make_predict_fn():
         import tensorflow as tf
-        from pyspark import TaskContext
 
-        context = TaskContext.get()
-        threads = context.cpus() if context is not None else 0
-        try:  # the same threads as sparktf.predict uses
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:
-            pass
-        root = tf.saved_model.load(model_dir)
-        fn = root.signatures["predict_images"]
+        root, fn = load_in_task(model_dir, "predict_images")
 
         def predict(images: np.ndarray) -> dict:
             batch = decode_npy(images.reshape(-1), shape)
@@ -329,17 +337,8 @@ def make_keras_udf(model_dir: str, batch_size: int):
 
     def make_predict_fn():
         import tensorflow as tf
-        from pyspark import TaskContext
 
-        context = TaskContext.get()
-        threads = context.cpus() if context is not None else 0
-        try:  # the same threads as sparktf.predict uses
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:
-            pass
-        root = tf.saved_model.load(model_dir)
-        fn = root.signatures["serving_default"]
+        root, fn = load_in_task(model_dir, "serving_default")
 
         def predict(numbers: np.ndarray) -> dict:
             out = fn(numbers=tf.constant(numbers, tf.float32))
