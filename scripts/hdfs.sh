@@ -8,8 +8,8 @@
 # SPARKTF_HDFS_DIR (.local/hdfs), SPARKTF_HDFS_CONF_DIR (conf/hadoop), SPARKTF_HDFS_DATANODES (1).
 # --datanodes N starts N DataNodes (each on its own 127.0.0.1 ports; one replica per block, so
 # the files spread over them); keep N the same across restarts of one --dir.
-# `start` returns once HDFS accepts writes and prints HDFS_URI=... and WEBHDFS_URL=...;
-# it writes core-site.xml and hdfs-site.xml into the conf dir. Several instances can run side
+# `start` returns once HDFS accepts writes and prints HDFS_URI=..., WEBHDFS_URL=... and
+# HADOOP_CONF_DIR=..., the conf dir into which it writes core-site.xml and hdfs-site.xml. Several instances can run side
 # by side with different ports and directories. `stop` leaves no JVM behind and removes the
 # configuration files its `start` wrote.
 # --kerberos secures it with Hadoop's MiniKdc (realm EXAMPLE.COM, KDC on 127.0.0.1, a free port,
@@ -17,11 +17,13 @@
 # principal is SPARKTF_HDFS_KRB_USER (the login name) @EXAMPLE.COM, a superuser of this HDFS.
 # WebHDFS then asks for SPNEGO; `start` waits until that principal writes, and also prints
 # KRB5_CONFIG=, SPARKTF_HDFS_PRINCIPAL= and SPARKTF_HDFS_KEYTAB=. Keys are new at every start.
+# Every line is NAME=VALUE: `set -a; eval "$(scripts/hdfs.sh start --kerberos)"; set +a` exports
+# them, and sparktf (jobs, `sparktf submit`, plain spark-submit) needs nothing more.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; shift || true
-case "$cmd" in -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$cmd" in -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 PORT="${SPARKTF_HDFS_PORT:-8020}"
 HTTP_PORT="${SPARKTF_WEBHDFS_PORT:-9870}"
 DIR="${SPARKTF_HDFS_DIR:-$ROOT/.local/hdfs}"
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
     --conf-dir) CONF_DIR="$2"; shift 2 ;;
     --datanodes) DATANODES="$2"; shift 2 ;;
     --kerberos) KERBEROS=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hdfs.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -191,6 +193,8 @@ case "$cmd" in
       done
     fi
     write_conf "$HDFS_URI" "$WEBHDFS_URL"
+    CONF_DIR="$(cd "$CONF_DIR" && pwd)"
+    echo "HADOOP_CONF_DIR=$CONF_DIR" >> "$READY"  # the client configuration, for Spark's JVMs
     cat "$READY"
     ;;
   stop)

@@ -271,6 +271,7 @@ class KrbHdfs:
     environment of a client holding the user's keytab (no ticket cache of the machine's)."""
 
     def __init__(self, values: dict[str, str], conf_dir, base):
+        self.printed = values
         self.uri, self.webhdfs_url = values["HDFS_URI"], values["WEBHDFS_URL"]
         self.principal = values["SPARKTF_HDFS_PRINCIPAL"]
         self.keytab = values["SPARKTF_HDFS_KEYTAB"]
@@ -286,6 +287,18 @@ class KrbHdfs:
 
     def path(self, *parts: str) -> str:
         return self.uri + "/" + "/".join(p.strip("/") for p in parts)
+
+    def as_user(self, command, timeout: float = 540):
+        """``command``, from the checkout, in this process's environment with the machine's
+        Kerberos and Hadoop settings taken out and the lines ``hdfs.sh start`` printed
+        exported, nothing else: what a user who followed the docs runs in (the venv's
+        ``bin`` on ``PATH``, as ``source .venv/bin/activate`` puts it)."""
+        machine = ("SPARKTF_HDFS", "SPARKTF_WEBHDFS", "SPARKTF_TEST_HDFS", "PYSPARK_")
+        env = {k: v for k, v in os.environ.items() if k not in KRB_ENV}
+        env = {k: v for k, v in env.items() if not k.startswith(machine)}
+        env.update(self.printed)
+        env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+        return helpers.run_command(command, env=env, cwd=ROOT, timeout=timeout)
 
     def job(self, script: str, *args: str, keytab: bool = True, timeout: float = 420):
         """``jobs/SCRIPT`` as its own application on this HDFS, with the keytab (or with no
@@ -465,70 +478,54 @@ def test_a_job_without_ticket_or_keytab_fails_before_spark(krb_hdfs, tmp_path):
 
 
 @pytest.mark.e2e
-def test_convert_train_both_strategies_predict(krb_hdfs, tmp_path):
-    """The whole path on the Kerberized HDFS: convert, train (all-reduce and ps, files input,
-    checkpoints and export there), predict; the jobs log no token."""
-    from sparktf.datasets.synthetic import write_mnist
+def test_the_documented_commands_with_only_what_hdfs_sh_prints(krb_hdfs, tmp_path):
+    """What a user does (docs/reliability.md "Running on a Kerberized cluster"): export the
+    lines `hdfs.sh start --kerberos` printed, nothing else, then `scripts/submit.sh`
+    convert -> train (all-reduce, files input, checkpoints and export on the Kerberized HDFS)
+    -> predict, and plain `spark-submit jobs/train_resnet.py --steps 5` (ps) with `--data` on
+    it. The executors of the submitted training have no keytab, so what they do on HDFS goes
+    by the run's token; each job cancels its token and none logs it."""
+    from sparktf.datasets.synthetic import write_cifar10
 
-    write_mnist(tmp_path / "raw", n_train=64, n_test=16)
-    data = krb_hdfs.path("e2e", "mnist")
-    # Executors without the keytab: what they read and write on HDFS goes by the run's token.
+    write_cifar10(tmp_path / "raw", n_train=48, n_test=16, train_files=2)
+    data = krb_hdfs.path("e2e", "cifar")
     profile = tmp_path / "no-keytab-on-executors.conf"
     local = (ROOT / "conf" / "spark" / "local.conf").read_text()
     profile.write_text(local + "\nspark.executorEnv.SPARKTF_HDFS_KEYTAB /nonexistent.keytab\n")
+    small = ["--model-config", '{"num_residual_units": [1, 1, 1]}', "--batch-size", "8"]
+    submit = [ROOT / "scripts" / "submit.sh"]
     logs = []
-    out = krb_hdfs.job("convert_mnist.py", "--input", str(tmp_path / "raw"), "--output", data)
-    logs.append(out.stderr)
-    assert out.returncode == 0, out.stderr[-4000:]
-    exports = {}
-    for strategy, extra in (("allreduce", ["--num-workers", "2"]), ("ps", ["--num-ps", "1"])):
+
+    def run(*command):
+        out = krb_hdfs.as_user(command)
+        logs.append(out.stdout + out.stderr)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+        assert "Can't get Kerberos realm" not in logs[-1]
+        return out
+
+    run(*submit, "jobs/convert_cifar10.py", "--input", tmp_path / "raw", "--output", data)
+    summaries = {}
+    for strategy, command, extra in (
+        ("allreduce", [*submit, "--profile", profile], ["--input-mode", "files"]),
+        ("ps", ["spark-submit"], ["--strategy", "ps", "--num-ps", "1"]),
+    ):
         result = tmp_path / f"{strategy}.json"
-        out = krb_hdfs.job(
-            "train.py",
-            "--model",
-            "mnist_mlp",
-            "--model-config",
-            '{"hidden_units": 8}',
-            "--data",
-            data,
-            "--model-dir",
-            krb_hdfs.path("e2e", f"model-{strategy}"),
-            "--strategy",
-            strategy,
-            *extra,
-            "--input-mode",
-            "files",
-            "--steps",
-            "4",
-            "--batch-size",
-            "8",
-            "--result-json",
-            str(result),
-            "--profile",
-            str(profile),
-        )
-        logs.append(out.stderr)
-        assert out.returncode == 0, out.stderr[-4000:]
+        out = run(
+            *command, "jobs/train_resnet.py", "--data", data, "--steps", str(5), *small, *extra,
+            "--model-dir", krb_hdfs.path("e2e", f"model-{strategy}"), "--result-json", result,
+        )  # fmt: skip
         summary = json.loads(result.read_text())
-        assert summary["final_step"] >= 4
+        assert (summary["final_step"], summary["strategy"]) == (5, strategy)
         assert summary["export_dir"].startswith(krb_hdfs.uri), summary
         assert summary["last_checkpoint"].startswith(krb_hdfs.uri), summary
-        exports[strategy] = summary["export_dir"]
-        assert "delegation token of the run cancelled" in out.stderr
+        assert "delegation token of the run cancelled" in out.stdout + out.stderr
+        summaries[strategy] = summary
     predictions = krb_hdfs.path("e2e", "predictions")
-    out = krb_hdfs.job(
-        "predict.py",
-        "--export",
-        exports["allreduce"],
-        "--input",
-        f"{data}/test/parquet",
-        "--output",
-        predictions,
-        "--profile",
-        str(profile),
-    )
-    logs.append(out.stderr)
-    assert out.returncode == 0, out.stderr[-4000:]
+    run(
+        *submit, "--profile", profile, "jobs/predict.py",
+        "--export", summaries["allreduce"]["export_dir"],
+        "--input", f"{data}/test/parquet", "--output", predictions,
+    )  # fmt: skip
     from sparktf import storage
 
     with pytest.MonkeyPatch.context() as env:

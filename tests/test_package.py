@@ -157,6 +157,21 @@ def test_submit_counts_executors_on_yarn_and_standalone(clean_env, capsys, tmp_p
     assert "spark.cores.max=4" in argv and "spark.task.cpus=2" in argv
 
 
+def test_submit_gives_the_kerberos_configuration_to_every_jvm(clean_env, capsys, tmp_path):
+    """Java does not read KRB5_CONFIG: with Kerberos on, the driver and executor JVMs get it
+    as java.security.krb5.conf, after the options the profile or the command line give."""
+    clean_env.setenv("SPARKTF_HDFS_PRINCIPAL", "alice@EXAMPLE.TEST")
+    clean_env.setenv("KRB5_CONFIG", str(tmp_path / "krb5.conf"))
+    flag = f"-Djava.security.krb5.conf={tmp_path / 'krb5.conf'}"
+    argv = dry_run(capsys, "--conf", "spark.executor.extraJavaOptions=-Dmine=1", "predict")
+    options = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if "extraJavaOptions=" in a}
+    assert flag in options["spark.driver.extraJavaOptions"].split()
+    assert "-Dlog4j2.configurationFile" in options["spark.driver.extraJavaOptions"]
+    assert options["spark.executor.extraJavaOptions"] == f"-Dmine=1 {flag}"
+    clean_env.delenv("SPARKTF_HDFS_PRINCIPAL")  # Kerberos off: nothing added
+    assert not any("krb5" in arg for arg in dry_run(capsys, "predict"))
+
+
 # ----------------------------------------------------------------------------- placement
 
 STANDALONE_DEFAULT = placement.Cluster("standalone", (placement.Node(1, 1024),) * 2)

@@ -29,7 +29,10 @@ lists them) or a Python file (``jobs/train_resnet.py``). What it adds to spark-s
   private file (``--extra-properties-file``; on Spark 4.0 ``--properties-file`` with the
   defaults copied in), never on its command line;
 - the driver's console shows warnings and sparktf's progress (``log4j2.properties``);
-  ``--log-level DEBUG`` brings Spark's INFO lines back.
+  ``--log-level DEBUG`` brings Spark's INFO lines back;
+- with Kerberos on (``SPARKTF_HDFS_PRINCIPAL`` or the Hadoop configuration), the Kerberos
+  configuration ``KRB5_CONFIG`` names passed to the driver and executor JVMs
+  (``-Djava.security.krb5.conf``), which do not read that variable.
 
 ``--dry-run`` prints the spark-submit command instead of running it. The exit code is the
 job's (128 + N when a signal N ended spark-submit). SIGTERM and SIGHUP are passed on to
@@ -54,6 +57,7 @@ from pathlib import Path
 
 from sparktf import cli, paths, placement, scratch, spark
 from sparktf.jobs.catalog import JOBS
+from sparktf.security import kerberos
 
 __all__ = ["Command", "FLAGS", "SHIP_ENV_CONF", "build", "job_name", "main", "parse"]
 
@@ -183,10 +187,7 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
     python = env.get("SPARKTF_PYTHON", sys.executable)
     submit = env.get("SPARKTF_SPARK_SUBMIT") or _spark_submit(python)
     env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = python
-    extra: list[str] = []
-    if _log_level(command, env).upper() != "DEBUG":
-        log4j = spark.log4j_conf().resolve().as_uri()
-        extra += ["--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={log4j}"]
+    extra = _java_options(command, profile, env)
 
     master = command.option("--master", "spark.master")
     master_given = master is not None
@@ -269,6 +270,43 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         *command.job_args,
     ]
     return argv, env
+
+
+def _java_options(command: Command, profile: dict, env: dict[str, str]) -> list[str]:
+    """The JVM options sparktf adds, after those the profile or the command line give: the
+    driver console's log4j configuration (unless ``--log-level DEBUG``), and with Kerberos
+    on, the ``KRB5_CONFIG`` file as ``java.security.krb5.conf`` of the driver and executor
+    JVMs (Java does not read that variable; the driver's JVM logs in before the job runs)."""
+    added: dict[str, list[str]] = {"spark.driver.extraJavaOptions": []}
+    if _log_level(command, env).upper() != "DEBUG":
+        log4j = spark.log4j_conf().resolve().as_uri()
+        added["spark.driver.extraJavaOptions"].append(f"-Dlog4j2.configurationFile={log4j}")
+    if kerberos.enabled() and env.get("KRB5_CONFIG"):
+        flag = f"-D{kerberos.KRB5_CONF_PROPERTY}={env['KRB5_CONFIG']}"
+        added["spark.driver.extraJavaOptions"].append(flag)
+        added["spark.executor.extraJavaOptions"] = [flag]
+    options = []
+    for key, flags in added.items():
+        given = {**profile, **command.confs()}.get(key, "")
+        flags = [flag for flag in flags if flag.split("=", 1)[0] not in given]
+        if flags:  # one setting with both: the command line's own goes (it would win)
+            command.before = _without_conf(command.before, key)
+            options += ["--conf", f"{key}={' '.join([given, *flags]).strip()}"]
+    return options
+
+
+def _without_conf(args: list[str], key: str) -> list[str]:
+    """``args`` without its ``--conf key=...`` settings."""
+    kept, i = [], 0
+    while i < len(args):
+        pair = args[i + 1] if args[i] == "--conf" and i + 1 < len(args) else None
+        if pair is not None and pair.startswith(key + "="):
+            i += 2
+            continue
+        if not args[i].startswith(f"--conf={key}="):
+            kept.append(args[i])
+        i += 1
+    return kept
 
 
 def _log_level(command: Command, env: dict[str, str]) -> str:

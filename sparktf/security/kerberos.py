@@ -31,6 +31,7 @@ from sparktf.security import gss, hadoop_conf
 
 __all__ = [
     "KEYTAB_ENV",
+    "KRB5_CONF_PROPERTY",
     "PRINCIPAL_ENV",
     "TOKEN_ENV",
     "TOKEN_FILE_ENV",
@@ -53,6 +54,8 @@ KEYTAB_ENV = "SPARKTF_HDFS_KEYTAB"
 TOKEN_ENV = "SPARKTF_HDFS_DELEGATION_TOKEN"
 # The run's token as a Hadoop credentials file, for executor JVMs on this machine.
 TOKEN_FILE_ENV = "SPARKTF_HDFS_TOKEN_FILE"
+# The Java system property naming the Kerberos configuration (Java ignores KRB5_CONFIG).
+KRB5_CONF_PROPERTY = "java.security.krb5.conf"
 # Credentials are acquired again this many seconds before they expire.
 _REFRESH_MARGIN_S = 300.0
 
@@ -210,10 +213,10 @@ def spark_settings(spark_conf: Mapping[str, str] | None = None) -> dict[str, str
         settings[f"spark.executorEnv.{TOKEN_ENV}"] = token
     krb5_conf = os.environ.get("KRB5_CONFIG")
     if krb5_conf:
-        flag = f"-Djava.security.krb5.conf={krb5_conf}"
+        flag = f"-D{KRB5_CONF_PROPERTY}={krb5_conf}"
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             options = spark_conf.get(key, "")
-            if "java.security.krb5.conf" not in options:
+            if KRB5_CONF_PROPERTY not in options:
                 settings[key] = f"{options} {flag}".strip()
     return settings
 

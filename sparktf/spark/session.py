@@ -125,8 +125,7 @@ def get_session(
     private: dict[str, str] = {}
     if launched_by_spark_submit():
         kerberos.preflight()
-        token = os.environ.get(kerberos.TOKEN_ENV)
-        settings = {f"spark.executorEnv.{kerberos.TOKEN_ENV}": token} if token else {}
+        settings = _kerberos_under_submit()
         for key, value in {**settings, **(overrides or {})}.items():
             builder = builder.config(key, value)
     else:
@@ -154,6 +153,45 @@ def get_session(
     # the executors are not relaunched (and reported lost) while the JVM shuts down.
     atexit.register(_stop_at_exit, spark)
     return spark
+
+
+def _kerberos_under_submit() -> dict[str, str]:
+    """Kerberos for a driver that spark-submit started: its JVM already runs, so the Kerberos
+    configuration ``KRB5_CONFIG`` names is set in it now (``java.security.krb5.conf``, unless
+    spark-submit gave one), before Spark's first Hadoop login; the JVM logs in with this
+    process's keytab (``kerberos.login``) unless spark-submit logged it in already
+    (``--principal``/``--keytab``); and the settings the executors
+    need (``kerberos.spark_settings``: that option for their JVMs, the run's token), which
+    apply because they start with this SparkContext. Empty when Kerberos is off (a token
+    this driver was given still goes to the executors)."""
+    if not kerberos.enabled():
+        token = os.environ.get(kerberos.TOKEN_ENV)
+        return {f"spark.executorEnv.{kerberos.TOKEN_ENV}": token} if token else {}
+        return {}
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    jvm = SparkContext._jvm
+    krb5_conf = os.environ.get("KRB5_CONFIG")
+    if krb5_conf and not jvm.java.lang.System.getProperty(kerberos.KRB5_CONF_PROPERTY):
+        jvm.java.lang.System.setProperty(kerberos.KRB5_CONF_PROPERTY, krb5_conf)
+        try:  # forget a configuration read before (Spark opens sun.security.krb5 to us)
+            jvm.sun.security.krb5.Config.refresh()
+        except Exception as exc:  # not read before: nothing to forget
+            log.debug("Kerberos configuration not refreshed: %s", exc)
+        log.info("Kerberos: the driver JVM reads %s (KRB5_CONFIG)", krb5_conf)
+    who = kerberos.login()
+    users = jvm.org.apache.hadoop.security.UserGroupInformation
+    if who.keytab and not users.isLoginKeytabBased():
+        principal = who.principal or kerberos.credential().principal
+        users.loginUserFromKeytab(principal, who.keytab)
+        log.info("Kerberos: the driver JVM logged in as %s from %s", principal, who.keytab)
+    settings = kerberos.spark_settings(dict(SparkConf().getAll()))
+    settings = {key: value for key, value in settings.items() if key.startswith("spark.executor")}
+    token = os.environ.get(kerberos.TOKEN_ENV)  # a token this driver was given
+    if token:
+        settings.setdefault(f"spark.executorEnv.{kerberos.TOKEN_ENV}", token)
+    return settings
 
 
 def _stop_at_exit(spark) -> None:
