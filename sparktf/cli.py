@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sparktf import paths, remote
+from sparktf import errors, paths, remote
 from sparktf.errors import SparktfError
 
 __all__ = [
@@ -178,6 +178,7 @@ def run(
         sys.exit(130)
     except Exception as exc:  # the job failed: say why in one line, keep the details at debug
         log.debug("traceback", exc_info=True)
+        exc = errors.background_failure() or exc  # what made it fail, where a watch found it
         log.error("%s: %s", type(exc).__name__, words(str(exc)))
         sys.exit(1)
     sys.exit(code or 0)

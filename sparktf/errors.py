@@ -13,7 +13,18 @@ storage, ``RuntimeError`` for a failed run), so both ``except SparktfError`` and
 
 from __future__ import annotations
 
-__all__ = ["SparktfError", "SparktfRuntimeError", "SparktfTypeError", "SparktfValueError"]
+__all__ = [
+    "SparktfError",
+    "SparktfRuntimeError",
+    "SparktfTypeError",
+    "SparktfValueError",
+    "background_failure",
+    "set_background_failure",
+]
+
+# A failure a background watch found (executors that cannot start): it explains the error
+# the main thread sees next, such as "SparkContext was shut down".
+_background: list[BaseException] = []
 
 
 class SparktfError(Exception):
@@ -30,3 +41,13 @@ class SparktfTypeError(SparktfError, TypeError):
 
 class SparktfRuntimeError(SparktfError, RuntimeError):
     """A failure while running, where no more specific sparktf error applies."""
+
+
+def set_background_failure(error: BaseException) -> None:
+    """Records ``error``, found by a background thread, as the cause of what fails next."""
+    _background[:] = [error]
+
+
+def background_failure() -> BaseException | None:
+    """The failure a background thread recorded, if any (``cli.run`` reports it)."""
+    return _background[0] if _background else None

@@ -183,3 +183,32 @@ def test_a_script_that_never_stops_its_session_ends_quietly(tmp_path):
     assert run.stdout.strip() == "9900"
     noise = [line for line in run.stderr.splitlines() if " WARN " in line or " ERROR " in line]
     assert noise == [], "\n".join(noise[:20])
+
+
+def test_a_job_whose_executors_cannot_start_fails_naming_their_first_error(tmp_path):
+    """Every executor JVM dies at start (here a -javaagent that does not exist; on a cluster
+    a missing Kerberos configuration or jar): Spark would relaunch them for as long as the
+    job runs. The job fails within 2 minutes, naming the executor's first error, and leaves
+    no executor behind."""
+    import time
+
+    import psutil
+
+    write_mnist(tmp_path / "raw", n_train=16, n_test=8)
+    started = time.monotonic()
+    run = helpers.run_command(
+        [ROOT / "scripts" / "submit.sh", "--conf",
+         "spark.executor.extraJavaOptions=-javaagent:/nonexistent/agent.jar",
+         "jobs/convert_mnist.py", "--input", tmp_path / "raw", "--output", tmp_path / "out"],
+        cwd=ROOT, env=_env(), timeout=180,
+    )  # fmt: skip
+    output = run.stdout + run.stderr  # (the Python driver's log comes through its stdout)
+    assert run.returncode == 1, output[-3000:]
+    assert time.monotonic() - started < 120
+    said = [line for line in output.splitlines() if "ERROR sparktf:" in line]
+    assert len(said) == 1 and "ExecutorStartError" in said[0], output[-3000:]
+    assert "/nonexistent/agent.jar" in said[0] and "launches died" in said[0]
+    assert not (tmp_path / "out").exists()
+    time.sleep(2)
+    left = [p for p in psutil.process_iter(["cmdline"]) if "agent.jar" in str(p.info["cmdline"])]
+    assert left == []

@@ -117,3 +117,38 @@ def test_a_local_cluster_writes_its_work_dir_under_sparktf_home_and_removes_it(t
     assert after == "False"  # removed with the clean stop
     now = set(os.listdir(installed)) if installed.is_dir() else set()
     assert now == before
+
+
+def test_launches_that_died_before_registering_and_their_first_error(tmp_path):
+    """What the executor start watch counts: directories of executors that never registered
+    and whose process is gone; and the line of their stderr it names."""
+    from sparktf.spark import launches
+
+    app = tmp_path / "work" / "app-1"
+    for name, text in (
+        ("0", 'Spark Executor Command: "java" "-javaagent:/x.jar"\n========\n'
+         "WARNING: Using incubator modules\n"
+         "Error opening zip file or JAR manifest missing : /x.jar\nagent library failed\n"),
+        ("1", "Spark Executor Command: ...\nstarted\n"),
+        ("2", ""),
+    ):  # fmt: skip
+        (app / name).mkdir(parents=True)
+        (app / name / "stderr").write_text(text)
+    roots = [tmp_path / "work"]
+    assert [p.name for p in launches.failed_launches(roots, "app-1", {"1"})] == ["0", "2"]
+    assert launches.failed_launches(roots, "app-2", set()) == []
+    ours = '"spark://CoarseGrainedScheduler@127.0.0.1:4040"'
+    (app / "3").mkdir()
+    (app / "3" / "stderr").write_text(f'Spark Executor Command: "java" "--driver-url" {ours}\n')
+    only = launches.failed_launches(roots, "app-1", set(), driver=ours[9:])
+    assert [p.name for p in only] == ["3"]  # another driver's, of the same app id: not ours
+    assert launches.first_error(app / "0") == (
+        "Error opening zip file or JAR manifest missing : /x.jar"
+    )
+    assert launches.first_error(app / "1") == "started"  # no error word: the last line
+    assert launches.first_error(app / "2") == "(stderr is empty)"
+    os.chdir(app / "2")  # a live process works there: it is still starting
+    try:
+        assert [p.name for p in launches.failed_launches(roots, "app-1", {"1"})] == ["0", "3"]
+    finally:
+        os.chdir(tmp_path)

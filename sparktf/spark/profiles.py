@@ -32,6 +32,7 @@ __all__ = [
     "profile_file",
     "read_conf_file",
     "spark_cluster_dir",
+    "worked_in",
     "yarn_site",
 ]
 
@@ -259,7 +260,7 @@ def remove_work_dir(app_id: str | None, *, settle_s: float = 3.0) -> None:
         return
     work = Path(home) / "work" / app_id
     deadline = time.monotonic() + settle_s
-    while _worked_in(work):
+    while worked_in(work):
         if time.monotonic() > deadline:
             log.debug("%s: left to the application that still runs there", work)
             return
@@ -267,7 +268,7 @@ def remove_work_dir(app_id: str | None, *, settle_s: float = 3.0) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _worked_in(path: Path) -> bool:
+def worked_in(path: Path) -> bool:
     """Whether a live process has its working directory in ``path`` (Linux's ``/proc``;
     elsewhere: False)."""
     inside = str(path)

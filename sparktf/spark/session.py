@@ -18,6 +18,7 @@ from sparktf import remote as connect
 from sparktf.remote import is_connect
 from sparktf.security import kerberos
 from sparktf.security.redact import quiet_py4j
+from sparktf.spark import launches
 from sparktf.spark.profiles import (
     PROPAGATED_ENV,
     cluster_master,
@@ -149,6 +150,7 @@ def get_session(
         spark = builder.getOrCreate()
     default = "INFO" if _debug_logging() else "WARN"
     spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", default))
+    launches.watch(spark.sparkContext)  # executors that die at start fail it, not hang it
     # A script that ends without spark.stop() ends quietly: stopped here, before Python exits,
     # the executors are not relaunched (and reported lost) while the JVM shuts down.
     atexit.register(_stop_at_exit, spark)
