@@ -204,3 +204,48 @@ def test_submit_args():
         "--conf",
         "spark.pyspark.python=./environment/bin/python",
     ]
+
+
+@pytest.mark.integration
+def test_the_shared_copy_is_named_and_checked_by_content(hdfs, tmp_path, monkeypatch):
+    """On the cluster's HDFS the environment is named by its sha256, a copy that does not
+    hash the same is replaced rather than trusted by its name, and two first submits racing
+    end with one checked copy."""
+    import threading
+
+    from sparktf import storage
+
+    archive = tmp_path / "env-0123456789abcdef.tar.gz"
+    archive.write_bytes(os.urandom(300_000))
+    digest = shipenv.content_digest(archive)
+    assert (tmp_path / (archive.name + ".sha256")).read_text().startswith(digest)
+    envs = hdfs.path("shipenv-test", "envs")
+    storage.delete(envs)
+
+    first = shipenv.shared_copy(archive, envs)
+    assert first == f"{envs}/env-{digest[:32]}.tar.gz"
+    assert storage.size(first) == archive.stat().st_size
+    # the same name, other bytes (cut short, or put there by someone else): not used
+    with storage.open_file(first, "wb") as f:
+        f.write(b"not the environment")
+    assert shipenv.shared_copy(archive, envs) == first
+    assert b"".join(storage.iter_blocks(first)) == archive.read_bytes()
+
+    storage.delete(envs)  # two first submits at once
+    results, failures = [], []
+
+    def submit():
+        try:
+            results.append(shipenv.shared_copy(archive, envs))
+        except Exception as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and results == [first, first]
+    assert storage.listdir(envs) == [first]  # no temporary copy left
+    assert b"".join(storage.iter_blocks(first)) == archive.read_bytes()
+    storage.delete(hdfs.path("shipenv-test"))

@@ -365,26 +365,18 @@ def _yarn_here(command: Command, profile: dict, env: dict[str, str]) -> list[str
 
 
 def _shared(archive: Path) -> str | Path:
-    """The packed environment on the cluster's HDFS (copied there once, published whole):
-    YARN localizes an archive it reads from HDFS once per node and keeps it for later
-    applications, where a local file would be uploaded to each application's staging
-    directory and unpacked again. The local archive where there is no HDFS."""
+    """The packed environment on the cluster's HDFS (``shipenv.shared_copy``: named and
+    checked by its sha256): YARN localizes an archive it reads from HDFS once per node and
+    keeps it for later applications, where a local file would be uploaded to each
+    application's staging directory and unpacked again. The local archive where there is
+    no HDFS."""
     from sparktf import storage
+    from sparktf.console import shipenv
 
     fs = storage.default_fs()
     if fs is None:
         return archive
-    target = f"{fs}/user/{storage.hdfs_user()}/.sparktf/envs/{archive.name}"
-    if not storage.exists(target):
-        log.info("copying the environment to %s (once)", target)
-        storage.makedirs(target.rsplit("/", 1)[0])
-        tmp = storage.temp_sibling(target)
-        try:
-            storage.copy_file(str(archive), tmp)
-            storage.rename(tmp, target)
-        finally:
-            storage.delete(tmp)  # nothing left when the copy failed
-    return target
+    return shipenv.shared_copy(archive, f"{fs}/user/{storage.hdfs_user()}/.sparktf/envs")
 
 
 def _spark_submit(python: str) -> str:
