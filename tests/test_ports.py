@@ -68,3 +68,31 @@ def test_tensorflow_port_pins_the_server_port_or_names_a_bad_value(monkeypatch):
             launcher.tensorflow_port()
     monkeypatch.delenv("TENSORFLOW_PORT")
     assert 0 < launcher.tensorflow_port() < 65536
+
+
+def test_tensorflow_binds_its_server_to_every_interface_whatever_the_cluster_says():
+    """The documented exception (docs/reliability.md, "What listens"): TensorFlow's gRPC
+    server takes no address (``ServerDef`` has ``port`` only) and listens on every interface
+    even when the cluster spec names 127.0.0.1. When a TensorFlow release lets it bind to the
+    cluster address, this fails, and sparktf should bind it there."""
+    import json
+    import subprocess
+    import sys
+
+    from tensorflow.core.protobuf import tensorflow_server_pb2
+
+    assert "address" not in {f.name for f in tensorflow_server_pb2.ServerDef.DESCRIPTOR.fields}
+    port = ports.free_port()
+    script = (
+        "import json, psutil, tensorflow as tf\n"
+        f"spec = tf.train.ClusterSpec({{'worker': ['127.0.0.1:{port}']}})\n"
+        "server = tf.distribute.Server(spec, job_name='worker', task_index=0)\n"
+        "print(json.dumps([c.laddr.ip for c in psutil.Process().net_connections('tcp')\n"
+        f"       if c.status == 'LISTEN' and c.laddr.port == {port}]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    bound = eval(out.stdout.strip().splitlines()[-1])  # a list of address strings
+    assert bound and set(bound) <= {"0.0.0.0", "::"}, bound
