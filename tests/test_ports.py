@@ -94,5 +94,5 @@ def test_tensorflow_binds_its_server_to_every_interface_whatever_the_cluster_say
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    bound = eval(out.stdout.strip().splitlines()[-1])  # a list of address strings
+    bound = json.loads(out.stdout.strip().splitlines()[-1])
     assert bound and set(bound) <= {"0.0.0.0", "::"}, bound
