@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -483,8 +484,10 @@ def test_the_documented_commands_with_only_what_hdfs_sh_prints(krb_hdfs, tmp_pat
     lines `hdfs.sh start --kerberos` printed, nothing else, then `scripts/submit.sh`
     convert -> train (all-reduce, files input, checkpoints and export on the Kerberized HDFS)
     -> predict, and plain `spark-submit jobs/train_resnet.py --steps 5` (ps) with `--data` on
-    it. The executors of the submitted training have no keytab, so what they do on HDFS goes
-    by the run's token; each job cancels its token and none logs it."""
+    it; then `python jobs/evaluate.py`, a job started without spark-submit. The executors
+    (but those of plain spark-submit) have no keytab, so what they do on HDFS goes by the
+    run's token; each job cancels its token and none logs it, and no process's command line
+    holds a token or a secret at any time."""
     from sparktf.datasets.synthetic import write_cifar10
 
     write_cifar10(tmp_path / "raw", n_train=48, n_test=16, train_files=2)
@@ -503,6 +506,8 @@ def test_the_documented_commands_with_only_what_hdfs_sh_prints(krb_hdfs, tmp_pat
         assert "Can't get Kerberos realm" not in logs[-1]
         return out
 
+    watch = _CommandLines()  # no process's command line holds a token or a secret
+    watch.start()
     run(*submit, "jobs/convert_cifar10.py", "--input", tmp_path / "raw", "--output", data)
     summaries = {}
     for strategy, command, extra in (
@@ -526,11 +531,53 @@ def test_the_documented_commands_with_only_what_hdfs_sh_prints(krb_hdfs, tmp_pat
         "--export", summaries["allreduce"]["export_dir"],
         "--input", f"{data}/test/parquet", "--output", predictions,
     )  # fmt: skip
+    # and a job started without spark-submit, its executors on the run's token alone
+    metrics = krb_hdfs.path("e2e", "eval.json")
+    run(
+        sys.executable, "jobs/evaluate.py", "--profile", profile,
+        "--export", summaries["allreduce"]["export_dir"], "--data", data, "--split", "test",
+        "--output", metrics,
+    )  # fmt: skip
+    watch.stop()
+    assert watch.seen > 100 and watch.found == [], watch.found[:3]
     from sparktf import storage
 
     with pytest.MonkeyPatch.context() as env:
         for name, value in krb_hdfs.env.items():
             env.setenv(name, value)
         assert storage.listdir(predictions)
+        assert json.loads(storage.read_bytes(metrics))["examples"] == 16
     for text in logs:
         _no_token_in(text)
+
+
+class _CommandLines(threading.Thread):
+    """Reads every process's command line (``/proc/*/cmdline``) every 0.2 s and keeps those
+    that carry a delegation token or Spark's shared secret. (The path of the run's private
+    token file, ``HADOOP_TOKEN_FILE_LOCATION``, may be there: it is not the token.)"""
+
+    MARKS = (kerberos.TOKEN_ENV, "delegation=", "spark.authenticate.secret=")
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.found: list[str] = []
+        self.seen = 0
+        self._stop_event = threading.Event()
+
+    def run(self):
+        while not self._stop_event.wait(0.2):
+            for entry in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        line = f.read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:  # not a process, or gone
+                    continue
+                self.seen += 1
+                for mark in self.MARKS:
+                    if mark in line:
+                        at = line.index(mark)
+                        self.found.append(line[max(0, at - 40) : at + 200])
+
+    def stop(self):
+        self._stop_event.set()
+        self.join()
