@@ -287,3 +287,70 @@ def test_limits_from_the_environment(monkeypatch, name, value, field, expected):
     monkeypatch.setenv(name, "-1")
     with pytest.raises(ValueError, match=name):
         ConnectionLimits.from_env()
+
+
+def _register_nodes(address, secret: bytes, source: str, ids: list[int], out) -> None:
+    """One simulated host: its nodes register at once, each on a connection of its own that
+    it closes after the answer (what a node of a barrier stage does); ``out`` gets the
+    failures."""
+    failures = []
+
+    def node(executor_id: int) -> None:
+        meta = {"executor_id": executor_id, "host": source, "port": 20000 + executor_id}
+        try:
+            client = reservation.AuthClient(address, secret=secret, source=source)
+            try:
+                client.register(meta, gathers=True)
+            finally:
+                client.close()
+        except Exception as exc:  # reported to the test
+            failures.append(f"{executor_id}: {exc!r}")
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put(failures)
+
+
+def test_a_thousand_nodes_from_fifty_hosts_start_up_against_the_driver_server():
+    """No ceiling at 256 processes: 1,000 nodes on 50 addresses (127.0.0.2-51, one process
+    each, its 20 nodes at once) register with the real reservation server under its default
+    limits sized for the run; none is refused, every one gets its own control token, and the
+    server is done with them all (it stops: the nodes learn the cluster from each other)."""
+    import multiprocessing
+
+    n, hosts = 1000, 50
+    secret = secrets.token_bytes(32)
+    srv = reservation.AuthServer(
+        n, secret=secret, bind_host=LOOPBACK, issue_token=lambda meta: f"t{meta['executor_id']}"
+    )
+    srv.start()
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    started = time.monotonic()
+    try:
+        procs = [
+            context.Process(
+                target=_register_nodes,
+                args=(srv.address, secret, f"127.0.0.{2 + h}", list(range(h, n, hosts)), out),
+            )
+            for h in range(hosts)
+        ]
+        for proc in procs:
+            proc.start()
+        failures = [failure for _ in procs for failure in out.get(timeout=120)]
+        for proc in procs:
+            proc.join(30)
+        elapsed = time.monotonic() - started
+        assert failures == []
+        assert srv.reservations.done() and srv.reservations.all_served.is_set()
+        nodes = srv.reservations.get()
+        assert sorted(node["executor_id"] for node in nodes) == list(range(n))
+        assert {node["host"] for node in nodes} == {f"127.0.0.{2 + h}" for h in range(hosts)}
+        assert srv._server.rejects.total == 0  # nobody displaced or refused
+        logging.getLogger(__name__).info("1000 nodes registered in %.1f s", elapsed)
+        assert elapsed < 120  # a hang guard; bench/README.md records the time measured
+    finally:
+        srv.stop()

@@ -50,6 +50,7 @@ from sparktf.train.driver.ps import DriverPs
 from sparktf.train.feed.job import FeedJob
 from sparktf.train.plan import ProcessSpec, Role, RunPlan
 from sparktf.train.wire.control import ControlServer
+from sparktf.train.wire.limits import ConnectionLimits
 
 __all__ = ["BenchOptions", "ClusterRun"]
 
@@ -124,7 +125,10 @@ class ClusterRun:
         await_executors(self.spark, scaling.num_executors, run.failure.startup_timeout_s)
         address = reservation.driver_address(self.spark)  # loopback on the local profile
         self.control = ControlServer(
-            address.advertise, bind_host=address.bind, on_event=self._first_error.record
+            address.advertise,
+            bind_host=address.bind,
+            on_event=self._first_error.record,
+            limits=ConnectionLimits.for_run(scaling.num_executors),
         )
         spec = ProcessSpec(
             plan=plan,

@@ -136,13 +136,36 @@ def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
         "authkey": authkey,
     }
     keep_issued_token(None)  # a reused worker: nothing of an earlier run's node
+    barrier = _barrier_context()
     client = AuthClient(setup.server_addr, secret=setup.secret)
     try:
-        client.register(node)
-        cluster_info = client.await_reservations()
+        client.register(node, gathers=barrier is not None)
+        if barrier is None:  # not a barrier task (a test): ask the driver until all are in
+            cluster_info = client.await_reservations()
     finally:
-        client.close()
+        client.close()  # the driver's server is not held while the others register
+    if barrier is not None:
+        cluster_info = gather_cluster(barrier, node)
     return NodeContext(executor_id, job_name, task_index, mgr, authkey, cluster_info)
+
+
+def _barrier_context():
+    """This task's ``BarrierTaskContext`` when it runs in a barrier stage, else None."""
+    from pyspark import BarrierTaskContext, TaskContext
+
+    task = TaskContext.get()
+    return BarrierTaskContext.get() if isinstance(task, BarrierTaskContext) else None
+
+
+def gather_cluster(barrier, node: dict) -> list[dict]:
+    """Every node of the run, learnt from the other barrier tasks (``allGather``, through
+    Spark's own authenticated RPC) rather than from the driver: the start-up of N nodes
+    costs the driver one short connection per node, not N held until the last registers.
+    Each node's manager authkey stays out of it (only this node's own is kept): the nodes
+    need each other's host and role, and the driver has every authkey from ``REG``."""
+    public = {key: value for key, value in node.items() if key != "authkey"}
+    nodes = [json.loads(text) for text in barrier.allGather(json.dumps(public))]
+    return [node if n["executor_id"] == node["executor_id"] else n for n in nodes]
 
 
 def run_node(setup: NodeSetup, executor_ids: Iterator[int]) -> None:

@@ -318,7 +318,8 @@ class FramedClient:
     """Sends requests to a :class:`FramedServer` on one connection and checks the answers.
 
     ``what`` names the server in errors; they are raised as ``error`` (a subclass of
-    :class:`FrameError` of the caller's choosing).
+    :class:`FrameError` of the caller's choosing). ``source``: the local address to connect
+    from (default: the one the route gives).
 
     Raises:
         OSError: when the server cannot be reached.
@@ -333,14 +334,18 @@ class FramedClient:
         timeout_s: float,
         retries: int = 3,
         error: type[FrameError] = FrameError,
+        source: str | None = None,
     ):
         self.address = tuple(address)
+        self._source = (source, 0) if source else None  # the local address to connect from
         self._codec = codec
         self._where = f"the {what} at {self.address}"
         self._timeout_s = timeout_s
         self._retries = retries
         self._error = error
-        self.sock = socket.create_connection(self.address, timeout=timeout_s)
+        self.sock = socket.create_connection(
+            self.address, timeout=timeout_s, source_address=self._source
+        )
 
     def request(self, msg: Any) -> Any:
         """Sends ``msg`` (reconnecting when the connection broke) and returns the answer.
@@ -384,7 +389,9 @@ class FramedClient:
         """A new connection for try ``attempt`` (1: the second), after a pause."""
         self.sock.close()
         time.sleep(RETRY_PAUSE_S * 2 ** (attempt - 1))
-        self.sock = socket.create_connection(self.address, timeout=self._timeout_s)
+        self.sock = socket.create_connection(
+            self.address, timeout=self._timeout_s, source_address=self._source
+        )
 
     def _read(self, size: int) -> bytes:
         data = bytearray()

@@ -156,6 +156,20 @@ class ConnectionLimits:
             message_deadline_s=_env_number(ENV_MESSAGE_DEADLINE_S, cls.message_deadline_s, float),
         )
 
+    @classmethod
+    def for_run(cls, processes: int) -> ConnectionLimits:
+        """:meth:`from_env`, raised where a run of ``processes`` TensorFlow processes needs
+        more: every process may connect at once (``max_connections`` at least ``processes``
+        plus ``max_per_peer``), all from one address (``max_per_peer`` at least
+        ``processes``: one large host). The limits stay against abuse, not against scale."""
+        base = cls.from_env()
+        return cls(
+            max_connections=max(base.max_connections, processes + base.max_per_peer),
+            max_per_peer=max(base.max_per_peer, processes),
+            message_deadline_s=base.message_deadline_s,
+            idle_s=base.idle_s,
+        )
+
 
 DEFAULT_LIMITS = ConnectionLimits()
 

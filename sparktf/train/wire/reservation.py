@@ -135,7 +135,8 @@ class ReservationBook:
             raise SparktfValueError(f"a cluster needs at least one node, not {required}")
         self.required = required
         self._issue_token = issue_token
-        self.all_served = threading.Event()  # every node fetched the complete list
+        # every node fetched the complete list, or registered to learn it from the others
+        self.all_served = threading.Event()
         self._on_stop = on_stop
         self._lock = threading.Lock()
         self._nodes: list[dict] = []
@@ -166,6 +167,13 @@ class ReservationBook:
             self._nodes.append(meta)
         return {"ok": True, "token": token}
 
+    def _served_one(self) -> None:
+        """One node needs nothing more of the server."""
+        with self._lock:
+            self._served += 1
+            if self._served >= self.required:
+                self.all_served.set()
+
     def done(self) -> bool:
         """Whether every required node has registered."""
         with self._lock:
@@ -177,16 +185,16 @@ class ReservationBook:
             return "ERR"
         kind = msg.get("type")
         if kind == "REG" and isinstance(msg.get("data"), dict):
-            return self._register(msg["data"])
+            answer = self._register(msg["data"])
+            if answer != "ERR" and msg.get("gathers") is True:
+                self._served_one()  # it learns the cluster from the other nodes, not here
+            return answer
         if kind == "QUERY":
             return self.done()
         if kind == "QINFO":
             info = self.get()
             if len(info) >= self.required:
-                with self._lock:
-                    self._served += 1
-                    if self._served >= self.required:
-                        self.all_served.set()
+                self._served_one()
             return info
         if kind == "STOP":
             self._on_stop()
@@ -222,7 +230,8 @@ class AuthServer:
     ``TFOS_SERVER_PORT`` when set (TensorFlowOnSpark's setting), else any.
 
     ``issue_token``: see :class:`ReservationBook`; ``limits``: see
-    :class:`~sparktf.train.wire.frames.FramedServer`.
+    :class:`~sparktf.train.wire.frames.FramedServer` (default: sized for ``count`` nodes,
+    :meth:`~sparktf.train.wire.limits.ConnectionLimits.for_run`).
 
     Raises:
         ValueError: when ``count`` is below 1 or ``secret`` shorter than 16 bytes.
@@ -242,7 +251,11 @@ class AuthServer:
         self.advertise_host = advertise_host or bind_host
         self.address: tuple[str, int] | None = None
         self._server = FramedServer(
-            Codec(secret), self._answer, what=WHAT, logger=log, limits=limits
+            Codec(secret),
+            self._answer,
+            what=WHAT,
+            logger=log,
+            limits=limits or ConnectionLimits.for_run(count),
         )
         self.reservations = ReservationBook(
             count, on_stop=self._server.request_stop, issue_token=issue_token
@@ -298,7 +311,14 @@ class AuthClient:
         OSError: when the server cannot be reached.
     """
 
-    def __init__(self, server_addr, *, secret: bytes, timeout_s: float = CLIENT_TIMEOUT_S):
+    def __init__(
+        self,
+        server_addr,
+        *,
+        secret: bytes,
+        timeout_s: float = CLIENT_TIMEOUT_S,
+        source: str | None = None,
+    ):
         self.server_addr = tuple(server_addr)
         self._client = FramedClient(
             self.server_addr,
@@ -307,6 +327,7 @@ class AuthClient:
             timeout_s=timeout_s,
             retries=tfos_reservation.MAX_RETRIES,
             error=ReservationError,
+            source=source,
         )
         log.debug("connected to the reservation server at %s", self.server_addr)
 
@@ -322,14 +343,19 @@ class AuthClient:
             msg["data"] = msg_data
         return self._client.request(msg)
 
-    def register(self, reservation: dict) -> Any:
+    def register(self, reservation: dict, *, gathers: bool = False) -> Any:
         """Registers this node; returns ``"OK"`` (TensorFlowOnSpark's answer). A control token
         in the answer is kept (:func:`sparktf.train.wire.control.keep_issued_token`).
+        ``gathers``: the node learns the cluster from the other nodes (Spark's barrier
+        ``allGather``) and will not ask the server for it.
 
         Raises:
             ReservationError: when the server refused the registration.
         """
-        answer = self.request("REG", reservation)
+        msg: dict[str, Any] = {"type": "REG", "data": reservation}
+        if gathers:
+            msg["gathers"] = True
+        answer = self._client.request(msg)
         if isinstance(answer, dict) and isinstance(answer.get("token"), str):
             control.keep_issued_token(answer["token"])
             return "OK"
