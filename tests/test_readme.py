@@ -353,6 +353,11 @@ def test_plain_python_sessions_follow_the_cluster_and_size_the_run(tmp_path, mon
     monkeypatch.delenv("SPARKTF_SPARK_MASTER")
     local = session_overrides(session_conf("local"), ScalingConfig(num_workers=3))
     assert local["spark.master"] == "local-cluster[3,1,1024]"
+    # executors with two task slots each hold two processes: fewer executors, not more
+    two = {"spark.master": "local-cluster[1,2,2048]"}
+    assert "spark.master" not in session_overrides(two, ScalingConfig(num_workers=2))
+    four = session_overrides(two, ScalingConfig(num_workers=4))
+    assert four["spark.master"] == "local-cluster[2,2,2048]"
     monkeypatch.setenv("SPARKTF_LOG_LEVEL", "DEBUG")
     assert "spark.driver.extraJavaOptions" not in session_conf("local")
 

@@ -257,16 +257,16 @@ def test_run_is_recorded_params_metrics_evaluations_and_export(
 def test_a_run_that_fails_is_recorded_failed_with_its_error(
     spark, mnist_data, tmp_path, file_store
 ):
-    """One all-reduce worker on the session's two executors cannot start: the MLflow run
+    """Three all-reduce workers on the session's two task slots cannot start: the MLflow run
     exists with its parameters, ends FAILED and carries the error."""
     from sparktf.train import ConfigError, RunConfig, ScalingConfig, TrainConfig, fit
 
-    with pytest.raises(ConfigError, match="exactly 1 Spark executors") as error:
+    with pytest.raises(ConfigError, match="needs 3 task slots") as error:
         fit(
             TrainConfig(
                 model="mnist_softmax", data=str(mnist_data / "data"), steps=2, batch_size=8
             ),
-            ScalingConfig(strategy="allreduce", num_workers=1),
+            ScalingConfig(strategy="allreduce", num_workers=3),
             RunConfig(
                 model_dir=str(tmp_path / "model"), tracking={"mlflow_tracking_uri": file_store}
             ),
@@ -277,4 +277,4 @@ def test_a_run_that_fails_is_recorded_failed_with_its_error(
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FAILED"
     assert str(error.value) in run.data.tags["sparktf.error"]
-    assert run.data.params["num_workers"] == "1"
+    assert run.data.params["num_workers"] == "3"

@@ -32,6 +32,7 @@ from sparktf.placement import PlacementError
 from sparktf.remote import remote_url
 from sparktf.spark import (
     executor_sizing,
+    executor_slots,
     is_connect,
     job_session,
     launched_by_spark_submit,
@@ -224,23 +225,30 @@ def _fitted(master: str, conf: dict[str, str], n: int) -> dict[str, str]:
 
 
 def session_overrides(conf: dict[str, str], scaling) -> dict[str, str]:
-    """Spark settings the run needs: GPUs, and executors sized to the run (one per TensorFlow
-    process): a local-cluster master's count, a standalone master's ``spark.cores.max``, YARN's
-    and Kubernetes' ``spark.executor.instances``; standalone and YARN executors that do not
+    """Spark settings the run needs: GPUs, and executors sized to the run (as many as give
+    each TensorFlow process a task slot: one per process unless an executor has several
+    slots, ``spark.executor.cores`` / ``spark.task.cpus``): a local-cluster master's count, a
+    standalone master's ``spark.cores.max``, YARN's and Kubernetes'
+    ``spark.executor.instances``; standalone and YARN executors that do not
     fit the cluster shrunk to fit (what ``sparktf submit`` does too)."""
     overrides = dict(gpu_spark_conf(scaling))
     master = conf.get("spark.master", "")
     n = scaling.num_executors
     match = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*(\d+)\]", master)
-    if match and int(match.group(1)) != n:
-        overrides["spark.master"] = f"local-cluster[{n},{match.group(2)},{match.group(3)}]"
+    if match:  # as many executors as hold n processes, several each when they have the slots
+        per = executor_slots({**conf, "spark.executor.cores": match.group(2)})
+        if int(match.group(1)) != -(-n // per):
+            count = -(-n // per)
+            overrides["spark.master"] = f"local-cluster[{count},{match.group(2)},{match.group(3)}]"
     elif master.startswith("spark://"):
         overrides.update(_fitted(master, conf, n))
         cores = overrides.get("spark.executor.cores", conf.get("spark.executor.cores", "1"))
-        overrides["spark.cores.max"] = str(n * int(cores))
+        per = executor_slots({**conf, **overrides, "spark.executor.cores": cores})
+        overrides["spark.cores.max"] = str(-(-n // per) * int(cores))
     elif master == "yarn" or master.startswith("k8s://"):
         overrides.update(_fitted(master, conf, n))
-        overrides["spark.executor.instances"] = str(n)
+        per = executor_slots({**conf, **overrides})
+        overrides["spark.executor.instances"] = str(-(-n // per))
     elif master == "local" or master.startswith("local["):
         # local[N] runs tasks in the driver: no executors, no TensorFlow processes (plain
         # spark-submit's default master). The same machine with executors instead:

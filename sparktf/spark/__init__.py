@@ -24,6 +24,7 @@ from __future__ import annotations
 from sparktf.remote import is_connect
 from sparktf.spark.failures import (
     ExecutorCountError,
+    executor_slots,
     is_spark_error,
     placement_problem,
     registered_executors,
@@ -106,6 +107,7 @@ __all__ = [
     "quiet_py4j",
     "read_conf_file",
     "read_secret",
+    "executor_slots",
     "registered_executors",
     "remote_executors",
     "run_tasks",

@@ -17,10 +17,12 @@ __all__ = [
     "ExecutorCountError",
     "is_spark_error",
     "placement_problem",
+    "executor_slots",
     "registered_executors",
     "spark_error_text",
     "spark_failure",
     "task_error",
+    "task_slots",
     "wait_for_executors",
 ]
 
@@ -78,9 +80,12 @@ def registered_executors(sc) -> int:
 
 
 def wait_for_executors(sc, count: int, timeout_s: float) -> None:
-    """Waits until exactly ``count`` executors are registered; raises ExecutorCountError when
-    more are, when fewer are after ``timeout_s``, and at once on a ``local[N]`` master (it has
-    no executors) or a cluster that can never hold them (``placement_problem``)."""
+    """Waits until the registered executors give the application ``count`` task slots (a run
+    of ``count`` processes takes any ``count`` slots: several on one executor when it has
+    them, and executors beyond what it needs are left to other work); raises
+    ExecutorCountError when they do not within ``timeout_s``, and at once on a ``local[N]``
+    master (it has no executors) or a cluster that can never hold them
+    (``placement_problem``)."""
     sc = connect.classic_context(sc, "waiting for the executors")
     master = sc.master
     if master == "local" or master.startswith("local["):
@@ -89,27 +94,42 @@ def wait_for_executors(sc, count: int, timeout_s: float) -> None:
             f"tasks run in the driver); use local-cluster[{count},1,1024] (e.g. "
             f"--master 'local-cluster[{count},1,1024]', or sparktf submit, which sizes it)"
         )
-    problem = placement_problem(sc, count)
+    per_executor = executor_slots(dict(sc.getConf().getAll()))
+    executors = -(-count // per_executor)  # the fewest executors that hold the run
+    problem = placement_problem(sc, executors)
     if problem:
-        raise ExecutorCountError(f"the run needs {count} Spark executors: {problem}")
+        raise ExecutorCountError(f"the run needs {count} task slots: {problem}")
     deadline = time.monotonic() + timeout_s
     while True:
-        have = registered_executors(sc)
-        if have == count:
+        have = task_slots(sc)
+        if have is None or have >= count:
             return
-        if have > count:
-            raise ExecutorCountError(
-                f"the run needs exactly {count} Spark executors (one per TensorFlow process) "
-                f"but {have} are registered: extra executors would receive tasks meant for "
-                "TensorFlow processes. Size the Spark application (e.g. local-cluster"
-                f"[{count},1,1024], spark.executor.instances={count}) or change the scaling"
-            )
         if time.monotonic() > deadline:
             raise ExecutorCountError(
-                f"the run needs {count} Spark executors; only {have} "
-                f"registered within {timeout_s:.0f} s"
+                f"the run needs {count} task slots (one per TensorFlow process); the "
+                f"{registered_executors(sc)} executors registered within {timeout_s:.0f} s "
+                f"give {have}"
             )
         time.sleep(0.5)
+
+
+def executor_slots(conf: dict[str, str]) -> int:
+    """Task slots of one executor: ``spark.executor.cores`` / ``spark.task.cpus`` (1 when
+    they are not set, as on local-cluster[N,1,M])."""
+    cores = int(conf.get("spark.executor.cores", "1") or 1)
+    return max(1, cores // max(1, int(conf.get("spark.task.cpus", "1") or 1)))
+
+
+def task_slots(sc) -> int | None:
+    """The task slots of the registered executors, as the scheduler counts them (None when
+    this Spark does not say)."""
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception as exc:  # another Spark version
+        log.debug("cannot read the scheduler's task slots: %s", exc)
+        return None
 
 
 def placement_problem(sc, count: int) -> str | None:

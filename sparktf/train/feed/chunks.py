@@ -259,6 +259,30 @@ def write_chunk(directory: str, batch) -> str:
 # ----------------------------------------------------------------------------- feeding side
 
 
+def _local_node(nodes: dict[int, dict], here: str) -> dict:
+    """The TensorFlow process this feeding task writes to: one of those on its host (the
+    feed goes through a Unix socket and a local directory), chosen by the task's partition,
+    so that the partitions of a pass spread over the processes of a host whatever executor
+    each runs in (several processes may share an executor, and executors may run none).
+
+    Raises:
+        FeedError: no process of the run runs on this host.
+    """
+    from pyspark import TaskContext
+
+    local = [nodes[i] for i in sorted(nodes) if nodes[i].get("host") == here]
+    if not local:
+        hosts = sorted({str(n.get("host")) for n in nodes.values()})
+        raise FeedError(
+            f"a feeding task ran on host {here}, which runs no TensorFlow process of this "
+            f"run (they run on {', '.join(hosts)}): in spark input mode every host with "
+            "executors of the session must run one; use the files input mode, or a session "
+            "whose executors are on those hosts"
+        )
+    task = TaskContext.get()
+    return local[(task.partitionId() if task is not None else 0) % len(local)]
+
+
 def make_feeder(
     nodes: dict[int, dict],
     token: str,
@@ -271,8 +295,9 @@ def make_feeder(
     """The ``mapInArrow`` function of the feeding job.
 
     ``nodes`` maps a TensorFlowOnSpark executor id to its TFManager ``{"addr", "authkey",
-    "key"}``; ``token`` and ``control_url`` identify the run and its driver. Yields one
-    summary row per task (:data:`SUMMARY_SCHEMA`). A task ends early, without writing, once
+    "key", "host"}`` (a task feeds a process of its own host: ``_local_node``); ``token``
+    and ``control_url`` identify the run and its driver. Yields one summary row per task
+    (:data:`SUMMARY_SCHEMA`). A task ends early, without writing, once
     its TensorFlow process has stopped reading or the driver has ended the run; it fails
     promptly when the driver aborts the run (no task is killed: killing a PySpark worker
     would orphan TensorFlowOnSpark's processes in it).
@@ -286,14 +311,7 @@ def make_feeder(
 
         flags = _run_flags(RunFlags, control_url, token)
 
-        executor_id = util.read_executor_id()
-        node = nodes.get(executor_id)
-        if node is None:
-            raise FeedError(
-                f"a feeding task ran on executor {executor_id}, which runs no TensorFlow "
-                f"process of this run: in spark input mode every executor must hold one "
-                f"(executors {sorted(nodes)})"
-            )
+        node = _local_node(nodes, util.get_ip_address())
         mgr = connect_manager(node["addr"], node["authkey"])
         queue = input_queue(mgr)
         target = _await_feed_dir(mgr, token, node["key"], feed_timeout_s, flags)

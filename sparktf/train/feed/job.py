@@ -154,7 +154,12 @@ class FeedJob:
             keys = list(self.nodes)
             df = self._frame(2 * len(keys))
             executors = {
-                int(n["executor_id"]): {"addr": n["addr"], "authkey": n["authkey"], "key": key}
+                int(n["executor_id"]): {
+                    "addr": n["addr"],
+                    "authkey": n["authkey"],
+                    "key": key,
+                    "host": n["host"],
+                }
                 for key, n in self.nodes.items()
             }
             feeder = chunks.make_feeder(
