@@ -2,12 +2,13 @@
 # A real local HDFS on 127.0.0.1 (NameNode + DataNodes in one JVM, Hadoop's MiniDFSCluster).
 #
 #   scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR]
-#                                     [--datanodes N] [--kerberos]
+#                                     [--datanodes N] [--kerberos] [--host ADDRESS]
 #
 # Environment equivalents: SPARKTF_HDFS_PORT (8020), SPARKTF_WEBHDFS_PORT (9870),
 # SPARKTF_HDFS_DIR (.local/hdfs), SPARKTF_HDFS_CONF_DIR (conf/hadoop), SPARKTF_HDFS_DATANODES (1).
 # --datanodes N starts N DataNodes (each on its own 127.0.0.1 ports; one replica per block, so
-# the files spread over them); keep N the same across restarts of one --dir.
+# the files spread over them); keep N the same across restarts of one --dir. --host binds and
+# advertises another address than 127.0.0.1 (a host of scripts/netcluster.sh).
 # `start` returns once HDFS accepts writes and prints HDFS_URI=..., WEBHDFS_URL=... and
 # HADOOP_CONF_DIR=..., the conf dir into which it writes core-site.xml and hdfs-site.xml. Several instances can run side
 # by side with different ports and directories. `stop` leaves no JVM behind and removes the
@@ -32,6 +33,7 @@ START_TIMEOUT="${SPARKTF_HDFS_START_TIMEOUT:-120}"
 JARS="${SPARKTF_HADOOP_JARS:-$ROOT/.local/hadoop/lib}"
 DATANODES="${SPARKTF_HDFS_DATANODES:-1}"
 KERBEROS=0
+HOST="${SPARKTF_HDFS_HOST:-127.0.0.1}"
 KRB_USER="${SPARKTF_HDFS_KRB_USER:-$(id -un)}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --conf-dir) CONF_DIR="$2"; shift 2 ;;
     --datanodes) DATANODES="$2"; shift 2 ;;
     --kerberos) KERBEROS=1; shift ;;
+    --host) HOST="$2"; shift 2 ;;
     -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hdfs.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -120,7 +123,7 @@ probe_write() {  # $1 = webhdfs url: create, then delete, a small file through W
   curl -sS -m 10 -f -X DELETE "$1/webhdfs/v1$f?op=DELETE&user.name=${USER:-root}" >/dev/null
 }
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_busy() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
 case "$cmd" in
   start)
@@ -136,7 +139,7 @@ case "$cmd" in
       echo "hdfs.sh: --kerberos needs hadoop-minikdc in $JARS; run scripts/setup.sh" >&2; exit 1
     fi
     for p in "$PORT" "$HTTP_PORT"; do
-      if port_busy "$p"; then echo "hdfs.sh: port $p on 127.0.0.1 is in use" >&2; exit 1; fi
+      if port_busy "$p"; then echo "hdfs.sh: port $p on $HOST is in use" >&2; exit 1; fi
     done
     rm -f "$READY"
     krb_jvm=() krb_args=()
@@ -163,7 +166,7 @@ case "$cmd" in
         -Dlog4j.configuration=file:/dev/null -Djava.net.preferIPv4Stack=true \
         "${krb_jvm[@]}" -cp "$JARS/*" "$ROOT/scripts/hdfs/MiniHdfs.java" \
         --nn-port "$PORT" --http-port "$HTTP_PORT" --base-dir "$DIR/cluster" --ready-file "$READY" \
-        --datanodes "$DATANODES" "${krb_args[@]}" > "$LOG" 2>&1 < /dev/null
+        --datanodes "$DATANODES" --host "$HOST" "${krb_args[@]}" > "$LOG" 2>&1 < /dev/null
     ) &
     echo $! > "$PIDFILE"
     deadline=$((SECONDS + START_TIMEOUT))

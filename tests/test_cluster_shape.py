@@ -40,7 +40,7 @@ def test_one_process_on_a_session_of_two_executors_fed_by_spark(spark, mnist_dat
         RunConfig(model_dir=str(tmp_path / "model"), failure={"feed_timeout_s": 60.0}),
         spark=spark,
     )
-    assert result.fed_rows == 100  # the whole epoch, from tasks on both executors
+    assert result.fed_rows == {"executor-0": 100}  # the epoch, from tasks on both executors
     assert result.final_step == 10
     assert_nothing_left()
 
@@ -63,5 +63,6 @@ def test_two_processes_in_one_executor_with_two_slots(mnist_data, tmp_path):
     assert "master local-cluster[1,2,2048]" in run.stderr  # not resized to two executors
     summary = json.loads(result.read_text())
     assert (summary["final_step"], summary["strategy"]) == (4, "allreduce")
-    assert summary["fed_rows"] > 0
+    fed = summary["fed_rows"]
+    assert len(fed) == 2 and all(rows > 0 for rows in fed.values()), fed  # both were fed
     assert_nothing_left()

@@ -264,7 +264,7 @@ def test_a_run_that_fails_is_recorded_failed_with_its_error(
     with pytest.raises(ConfigError, match="needs 3 task slots") as error:
         fit(
             TrainConfig(
-                model="mnist_softmax", data=str(mnist_data / "data"), steps=2, batch_size=8
+                model="mnist_softmax", data=str(mnist_data / "data"), steps=2, batch_size=6
             ),
             ScalingConfig(strategy="allreduce", num_workers=3),
             RunConfig(

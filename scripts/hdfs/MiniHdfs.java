@@ -34,7 +34,8 @@ import org.apache.hadoop.minikdc.MiniKdc;
 import org.apache.hadoop.security.UserGroupInformation;
 
 public class MiniHdfs {
-  static final String HOST = "127.0.0.1";
+  // The address every server binds and advertises: 127.0.0.1, or --host (a multi-host test's).
+  static String HOST = "127.0.0.1";
 
   public static void main(String[] args) throws Exception {
     int nnPort = 8020;
@@ -56,6 +57,7 @@ public class MiniHdfs {
         case "--datanodes": dataNodes = Integer.parseInt(args[i + 1]); break;
         case "--kerberos-dir": krbDir = args[i + 1]; break;
         case "--kerberos-user": krbUser = args[i + 1]; break;
+        case "--host": HOST = args[i + 1]; break;
         default: throw new IllegalArgumentException("unknown option " + args[i]);
       }
     }
@@ -79,8 +81,11 @@ public class MiniHdfs {
     conf.setBoolean("dfs.webhdfs.enabled", true);
     conf.set("dfs.namenode.rpc-bind-host", HOST);
     conf.set("dfs.namenode.http-bind-host", HOST);
-    // DataNodes: MiniDFSCluster binds each to 127.0.0.1 on free ports of its own
-    // (dfs.datanode.{address,http.address,ipc.address} = 127.0.0.1:0).
+    // DataNodes: each on HOST, on free ports of its own (MiniDFSCluster's own default is
+    // 127.0.0.1:0; checkDataNodeAddrConfig keeps these).
+    conf.set("dfs.datanode.address", HOST + ":0");
+    conf.set("dfs.datanode.http.address", HOST + ":0");
+    conf.set("dfs.datanode.ipc.address", HOST + ":0");
     conf.set("hadoop.proxyuser.root.hosts", "*");
     conf.set("hadoop.proxyuser.root.groups", "*");
 
@@ -94,6 +99,7 @@ public class MiniHdfs {
         .nameNodePort(nnPort)
         .nameNodeHttpPort(httpPort)
         .numDataNodes(dataNodes)
+        .checkDataNodeAddrConfig(true)
         .format(format)
         .manageNameDfsDirs(true)
         .build();
