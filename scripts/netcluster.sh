@@ -114,7 +114,7 @@ case "$cmd" in
     [ "${1:-}" = "--" ] && shift
     dir="$(state_of "$name")"
     [ -e "$dir/$h.mnt" ] || die "no host $h in cluster $name"
-    exec nsenter --mount="$dir/$h.mnt" --net="/run/netns/$name-$h" -- "$@"
+    exec nsenter --mount="$dir/$h.mnt" --net="/run/netns/$name-$h" --wd="$PWD" -- "$@"
     ;;
   status)
     name="${1:-sparktf}"; dir="$(state_of "$name")"

@@ -20,12 +20,13 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     why = multihost.namespaces_usable()
     if why:
         pytest.skip(f"multi-host tests {why}")
-    state = tmp_path_factory.mktemp("netcluster")
     name = multihost.new_name()
+    # not under /tmp: each host has its own /tmp, and the shared files live here
+    state = multihost.Path("/run") / f"sparktf-test-{name}"
     out = multihost.helpers.run_command(
         [multihost.SCRIPT, "start", *multihost.HOSTS, "--name", name],
         env={**multihost.os.environ, "SPARKTF_NETCLUSTER_DIR": str(state)},
@@ -40,6 +41,7 @@ def cluster(tmp_path_factory):
         yield made
     finally:
         made.stop()
+        multihost.shutil.rmtree(state, ignore_errors=True)
 
 
 def _on_driver(cluster, *argv, timeout=600):
@@ -61,11 +63,10 @@ def test_convert_train_predict_across_hosts(cluster):
         f"    storage.copy_file('/tmp/raw/' + f, {raw!r} + '/' + f)\n"
     )
     _on_driver(cluster, sys.executable, "-c", upload)
-    jobs = ROOT / "jobs"
-    _on_driver(cluster, sys.executable, jobs / "convert_mnist.py", "--profile", "standalone",
-               "--input", raw, "--output", data)  # fmt: skip
+    submit = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
+    _on_driver(cluster, *submit, "jobs/convert_mnist.py", "--input", raw, "--output", data)
     _on_driver(
-        cluster, sys.executable, jobs / "train_mnist.py", "--profile", "standalone",
+        cluster, *submit, "jobs/train_mnist.py",
         "--strategy", "allreduce", "--num-workers", "2", "--input-mode", "files",
         "--data", data, "--steps", "4", "--batch-size", "8",
         "--model-dir", f"{uri}/models/mnist", "--result-json", "/tmp/result.json",
@@ -74,7 +75,7 @@ def test_convert_train_predict_across_hosts(cluster):
     assert (summary["final_step"], summary["strategy"]) == (4, "allreduce")
     assert summary["export_dir"].startswith(uri)
     _on_driver(
-        cluster, sys.executable, jobs / "predict.py", "--profile", "standalone",
+        cluster, *submit, "jobs/predict.py",
         "--export", summary["export_dir"], "--input", f"{data}/test/parquet",
         "--output", f"{uri}/predictions/mnist",
     )  # fmt: skip

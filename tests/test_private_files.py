@@ -30,6 +30,7 @@ from sparktf.train.feed import chunks as feed
 pytestmark = pytest.mark.unit  # tests of another tier carry their own mark
 
 OTHER_UID = 54321  # a user that owns nothing here
+LOOPBACK = "127.0.0.1"  # the control server's address, and so the feeding task's host
 
 
 def mode(path) -> int:
@@ -70,7 +71,7 @@ def one_node_feeder(tf_manager, control, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "executor_id").write_text("0")
     feeder = feed.make_feeder(
-        {0: {"addr": mgr.address, "authkey": authkey, "key": "executor-0"}},
+        {0: {"addr": mgr.address, "authkey": authkey, "key": "executor-0", "host": LOOPBACK}},
         control.token,
         control.url,
         feed_timeout_s=5,
@@ -126,7 +127,7 @@ def test_feed_dir_and_chunks_written_by_the_feeder_are_private(
                 {"id": np.arange(rows), "label": np.arange(rows) % 10}
             )
             feeder = feed.make_feeder(
-                {0: {"addr": mgr.address, "authkey": authkey, "key": key}},
+                {0: {"addr": mgr.address, "authkey": authkey, "key": key, "host": LOOPBACK}},
                 control.token,
                 control.url,
                 feed_timeout_s=30,
@@ -456,3 +457,17 @@ def test_predict_ignores_a_model_planted_in_the_cache(spark, models_on_hdfs):
         shutil.rmtree(target, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.remove(target + ".lock")
+
+
+def test_a_feeding_task_writes_to_a_process_of_its_own_host():
+    """Any executor of a host may run a feeding task: it picks one of that host's processes
+    by its partition, and where the run has none it fails naming the host and the run's."""
+    nodes = {
+        0: {"key": "executor-0", "host": "10.0.0.1"},
+        1: {"key": "executor-1", "host": "10.0.0.2"},
+        2: {"key": "executor-2", "host": "10.0.0.1"},
+    }
+    assert feed._local_node(nodes, "10.0.0.2")["key"] == "executor-1"
+    assert feed._local_node(nodes, "10.0.0.1")["key"] == "executor-0"  # partition 0 of none
+    with pytest.raises(feed.FeedError, match=r"host 10\.0\.0\.9,.*10\.0\.0\.1, 10\.0\.0\.2"):
+        feed._local_node(nodes, "10.0.0.9")

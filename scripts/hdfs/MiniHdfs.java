@@ -79,13 +79,18 @@ public class MiniHdfs {
     conf.setBoolean("dfs.permissions.enabled", true);  // "/" is made 0777 below
     conf.setInt("dfs.replication", 1);
     conf.setBoolean("dfs.webhdfs.enabled", true);
-    conf.set("dfs.namenode.rpc-bind-host", HOST);
-    conf.set("dfs.namenode.http-bind-host", HOST);
+    // MiniDFSCluster's own clients (its DataNodes, waitActive) reach the NameNode at
+    // localhost: with --host, the NameNode also listens on the host's loopback (a
+    // scripts/netcluster.sh host has no other interface than that and its address).
+    String nnBind = HOST.equals("127.0.0.1") ? HOST : "0.0.0.0";
+    conf.set("dfs.namenode.rpc-bind-host", nnBind);
+    conf.set("dfs.namenode.http-bind-host", nnBind);
     // DataNodes: each on HOST, on free ports of its own (MiniDFSCluster's own default is
     // 127.0.0.1:0; checkDataNodeAddrConfig keeps these).
     conf.set("dfs.datanode.address", HOST + ":0");
     conf.set("dfs.datanode.http.address", HOST + ":0");
     conf.set("dfs.datanode.ipc.address", HOST + ":0");
+
     conf.set("hadoop.proxyuser.root.hosts", "*");
     conf.set("hadoop.proxyuser.root.groups", "*");
 
@@ -98,11 +103,21 @@ public class MiniHdfs {
     final MiniDFSCluster cluster = new MiniDFSCluster.Builder(conf)
         .nameNodePort(nnPort)
         .nameNodeHttpPort(httpPort)
-        .numDataNodes(dataNodes)
-        .checkDataNodeAddrConfig(true)
+        .numDataNodes(0)
         .format(format)
         .manageNameDfsDirs(true)
         .build();
+    // The DataNodes reach the NameNode at HOST (MiniDFSCluster's own configuration names
+    // localhost): the NameNode hands clients the address a DataNode registered from.
+    Configuration dnConf = new Configuration(conf);
+    dnConf.setInt("dfs.replication", 1);
+    String nnAddress = HOST + ":" + cluster.getNameNodePort();
+    dnConf.set("fs.defaultFS", "hdfs://" + nnAddress);
+    dnConf.set("dfs.namenode.rpc-address", nnAddress);
+    dnConf.set("dfs.datanode.hostname", HOST);  // the name in WebHDFS redirects
+    cluster.startDataNodes(dnConf, dataNodes, null, true, null, null, null, null, null,
+        false, true, true, null, null, null);
+    cluster.waitActive();
     final Kerberos kerberos = krb;
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
       cluster.shutdown();

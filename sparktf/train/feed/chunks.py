@@ -259,6 +259,16 @@ def write_chunk(directory: str, batch) -> str:
 # ----------------------------------------------------------------------------- feeding side
 
 
+def _host_toward(url: str) -> str:
+    """This host's address toward the driver at ``url``: what its nodes registered as."""
+    from urllib.parse import urlsplit
+
+    from sparktf.train.wire.reservation import route_to
+
+    where = urlsplit(url)
+    return route_to(where.hostname, where.port or 80)
+
+
 def _local_node(nodes: dict[int, dict], here: str) -> dict:
     """The TensorFlow process this feeding task writes to: one of those on its host (the
     feed goes through a Unix socket and a local directory), chosen by the task's partition,
@@ -305,13 +315,12 @@ def make_feeder(
 
     def feed(batches: Iterator) -> Iterator:
         import pyarrow as pa
-        from tensorflowonspark import util
 
         from sparktf.train.wire.control import RunFlags
 
         flags = _run_flags(RunFlags, control_url, token)
 
-        node = _local_node(nodes, util.get_ip_address())
+        node = _local_node(nodes, _host_toward(control_url))
         mgr = connect_manager(node["addr"], node["authkey"])
         queue = input_queue(mgr)
         target = _await_feed_dir(mgr, token, node["key"], feed_timeout_s, flags)

@@ -44,7 +44,7 @@ from sparktf.train.feed.chunks import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.main import EXIT_ABORTED
 from sparktf.train.wire.control import ControlClient, issued_token, keep_issued_token
-from sparktf.train.wire.reservation import AuthClient
+from sparktf.train.wire.reservation import AuthClient, route_to
 from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
 
 __all__ = [
@@ -126,7 +126,7 @@ def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
     port = tensorflow_port()  # the TensorFlow server's (it listens on every interface)
     node = {
         "executor_id": executor_id,
-        "host": util.get_ip_address(),
+        "host": route_to(*setup.server_addr),  # the address that reaches the driver
         "job_name": job_name,
         "task_index": task_index,
         "port": port,

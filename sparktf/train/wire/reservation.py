@@ -91,6 +91,7 @@ __all__ = [
     "connect_driver_address",
     "driver_address",
     "encode",
+    "route_to",
     "server_ports",
 ]
 
@@ -398,8 +399,11 @@ def _ipv4(host: str) -> str:
         raise OSError(f"cannot resolve the driver address {host!r}: {exc}") from None
 
 
-def _route_to(host: str, port: int) -> str:
-    """The local IPv4 address this machine uses to reach ``host`` (no packet is sent)."""
+def route_to(host: str, port: int) -> str:
+    """The local IPv4 address this machine uses to reach ``host`` (no packet is sent): a
+    node's address as the driver and the other nodes see it. (TensorFlowOnSpark's guess
+    routes to 8.8.8.8, and on a host without a default route falls back to the host name,
+    which may resolve to loopback.)"""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.connect((_ipv4(host), port or 15002))
         return sock.getsockname()[0]
@@ -428,7 +432,7 @@ def connect_driver_address(spark) -> DriverAddress:
             )
         else:
             advertise = local_ip
-    advertise = advertise or _route_to(host, port)
+    advertise = advertise or route_to(host, port)
     if advertise in ("0.0.0.0", "::", "*"):
         raise SparktfValueError(
             f"{advertise} would listen on every interface: set {DRIVER_HOST_ENV} to the "
