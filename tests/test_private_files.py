@@ -467,7 +467,7 @@ def test_a_feeding_task_writes_to_a_process_of_its_own_host():
         1: {"key": "executor-1", "host": "10.0.0.2"},
         2: {"key": "executor-2", "host": "10.0.0.1"},
     }
-    assert feed._local_node(nodes, "10.0.0.2")["key"] == "executor-1"
-    assert feed._local_node(nodes, "10.0.0.1")["key"] == "executor-0"  # partition 0 of none
+    assert feed.local_node(nodes, "10.0.0.2")["key"] == "executor-1"
+    assert feed.local_node(nodes, "10.0.0.1")["key"] == "executor-0"  # partition 0 of none
     with pytest.raises(feed.FeedError, match=r"host 10\.0\.0\.9,.*10\.0\.0\.1, 10\.0\.0\.2"):
-        feed._local_node(nodes, "10.0.0.9")
+        feed.local_node(nodes, "10.0.0.9")

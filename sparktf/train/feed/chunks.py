@@ -60,6 +60,7 @@ __all__ = [
     "RUNNING",
     "STATE_KEY",
     "SUMMARY_SCHEMA",
+    "local_node",
     "FeedError",
     "FeedReader",
     "FeedTimeout",
@@ -269,7 +270,7 @@ def _host_toward(url: str) -> str:
     return route_to(where.hostname, where.port or 80)
 
 
-def _local_node(nodes: dict[int, dict], here: str) -> dict:
+def local_node(nodes: dict[int, dict], here: str) -> dict:
     """The TensorFlow process this feeding task writes to: one of those on its host (the
     feed goes through a Unix socket and a local directory), chosen by the task's partition,
     so that the partitions of a pass spread over the processes of a host whatever executor
@@ -305,7 +306,7 @@ def make_feeder(
     """The ``mapInArrow`` function of the feeding job.
 
     ``nodes`` maps a TensorFlowOnSpark executor id to its TFManager ``{"addr", "authkey",
-    "key", "host"}`` (a task feeds a process of its own host: ``_local_node``); ``token``
+    "key", "host"}`` (a task feeds a process of its own host: ``local_node``); ``token``
     and ``control_url`` identify the run and its driver. Yields one summary row per task
     (:data:`SUMMARY_SCHEMA`). A task ends early, without writing, once
     its TensorFlow process has stopped reading or the driver has ended the run; it fails
@@ -320,7 +321,7 @@ def make_feeder(
 
         flags = _run_flags(RunFlags, control_url, token)
 
-        node = _local_node(nodes, _host_toward(control_url))
+        node = local_node(nodes, _host_toward(control_url))
         mgr = connect_manager(node["addr"], node["authkey"])
         queue = input_queue(mgr)
         target = _await_feed_dir(mgr, token, node["key"], feed_timeout_s, flags)
