@@ -85,11 +85,9 @@ public class MiniHdfs {
     String nnBind = HOST.equals("127.0.0.1") ? HOST : "0.0.0.0";
     conf.set("dfs.namenode.rpc-bind-host", nnBind);
     conf.set("dfs.namenode.http-bind-host", nnBind);
-    // DataNodes: each on HOST, on free ports of its own (MiniDFSCluster's own default is
-    // 127.0.0.1:0; checkDataNodeAddrConfig keeps these).
-    conf.set("dfs.datanode.address", HOST + ":0");
-    conf.set("dfs.datanode.http.address", HOST + ":0");
-    conf.set("dfs.datanode.ipc.address", HOST + ":0");
+    // DataNodes: on 127.0.0.1 (MiniDFSCluster's own), on free ports of their own; with --host
+    // on HOST, started below.
+    boolean onLoopback = HOST.equals("127.0.0.1");
 
     conf.set("hadoop.proxyuser.root.hosts", "*");
     conf.set("hadoop.proxyuser.root.groups", "*");
@@ -103,21 +101,28 @@ public class MiniHdfs {
     final MiniDFSCluster cluster = new MiniDFSCluster.Builder(conf)
         .nameNodePort(nnPort)
         .nameNodeHttpPort(httpPort)
-        .numDataNodes(0)
+        .numDataNodes(onLoopback ? dataNodes : 0)
         .format(format)
         .manageNameDfsDirs(true)
         .build();
-    // The DataNodes reach the NameNode at HOST (MiniDFSCluster's own configuration names
-    // localhost): the NameNode hands clients the address a DataNode registered from.
-    Configuration dnConf = new Configuration(conf);
-    dnConf.setInt("dfs.replication", 1);
-    String nnAddress = HOST + ":" + cluster.getNameNodePort();
-    dnConf.set("fs.defaultFS", "hdfs://" + nnAddress);
-    dnConf.set("dfs.namenode.rpc-address", nnAddress);
-    dnConf.set("dfs.datanode.hostname", HOST);  // the name in WebHDFS redirects
-    cluster.startDataNodes(dnConf, dataNodes, null, true, null, null, null, null, null,
-        false, true, true, null, null, null);
-    cluster.waitActive();
+    if (!onLoopback) {
+      // With --host the DataNodes reach the NameNode at HOST (MiniDFSCluster's own
+      // configuration names localhost): the NameNode hands clients the address a DataNode
+      // registered from, and its name (WebHDFS redirects).
+      Configuration dnConf = new Configuration(conf);
+      dnConf.setInt("dfs.replication", 1);
+      String nnAddress = HOST + ":" + cluster.getNameNodePort();
+      dnConf.set("fs.defaultFS", "hdfs://" + nnAddress);
+      dnConf.set("dfs.namenode.rpc-address", nnAddress);
+      dnConf.set("dfs.datanode.address", HOST + ":0");
+      dnConf.set("dfs.datanode.http.address", HOST + ":0");
+      dnConf.set("dfs.datanode.ipc.address", HOST + ":0");
+      dnConf.set("dfs.datanode.hostname", HOST);
+      cluster.startDataNodes(dnConf, dataNodes, null, true, null, null, null, null, null,
+          false, true, true, null, null, null);
+      cluster.waitActive();
+      conf.setInt("dfs.replication", 1);  // MiniDFSCluster lowered it to the 0 it started
+    }
     final Kerberos kerberos = krb;
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
       cluster.shutdown();
