@@ -240,7 +240,10 @@ def shared_copy(archive: Path, directory: str) -> str:
         storage.copy_file(str(archive), tmp)
         try:
             storage.rename(tmp, target)
-        except storage.PathExistsError:  # another submit published it in the meantime
+        except storage.StorageError:  # another submit published it in the meantime?
+            # (HDFS refuses a rename onto an existing file without saying why)
+            if not storage.exists(target):
+                raise
             if _digest_of(target) != want:
                 raise ShipEnvError(
                     f"{target} appeared while this submit copied the environment, and its "
