@@ -29,6 +29,9 @@ def namespaces_usable() -> str | None:
     """Why namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
         return "needs root"
+    for where in (ROOT, Path(sys.prefix)):
+        if str(where.resolve()).startswith(("/tmp/", "/dev/shm/")):
+            return f"cannot see {where} from its hosts: each has a private /tmp and /dev/shm"
     if not shutil.which("ip") or not shutil.which("nsenter"):
         return "needs iproute2 and util-linux"
     name = f"stfprobe{os.getpid()}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -26,16 +25,9 @@ SCRIPT = ROOT / "scripts" / "netcluster.sh"
 
 def _namespaces_usable() -> str | None:
     """Why namespaces cannot be made here, or None."""
-    if os.geteuid() != 0:
-        return "needs root"
-    if not shutil.which("ip") or not shutil.which("nsenter"):
-        return "needs iproute2 and util-linux"
-    name = f"stfprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create a network namespace: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
+    from tests.multihost import namespaces_usable
+
+    return namespaces_usable()
 
 
 @pytest.fixture

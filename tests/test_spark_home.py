@@ -119,7 +119,7 @@ def test_a_local_cluster_writes_its_work_dir_under_sparktf_home_and_removes_it(t
     assert now == before
 
 
-def test_launches_that_died_before_registering_and_their_first_error(tmp_path):
+def test_launches_that_died_before_registering_and_their_first_error(tmp_path, monkeypatch):
     """What the executor start watch counts: directories of executors that never registered
     and whose process is gone; and the line of their stderr it names."""
     from sparktf.spark import launches
@@ -147,8 +147,5 @@ def test_launches_that_died_before_registering_and_their_first_error(tmp_path):
     )
     assert launches.first_error(app / "1") == "started"  # no error word: the last line
     assert launches.first_error(app / "2") == "(stderr is empty)"
-    os.chdir(app / "2")  # a live process works there: it is still starting
-    try:
-        assert [p.name for p in launches.failed_launches(roots, "app-1", {"1"})] == ["0", "3"]
-    finally:
-        os.chdir(tmp_path)
+    monkeypatch.chdir(app / "2")  # a live process works there: it is still starting
+    assert [p.name for p in launches.failed_launches(roots, "app-1", {"1"})] == ["0", "3"]
