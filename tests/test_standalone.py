@@ -138,7 +138,7 @@ def test_the_default_cluster_runs_the_readme_commands_as_written(tmp_path):
         error = [line for line in said.splitlines() if "ERROR sparktf" in line]
         assert error, said[-3000:]
         assert error[-1].endswith(
-            "the run needs 3 Spark executors: each executor asks 1 core and 1g; the 2 ALIVE "
+            "the run needs 3 task slots: each executor asks 1 core and 1g; the 2 ALIVE "
             "workers offer 1 core and 1g each: 2 of the 3 executors the run needs fit"
         ), error[-1]
     finally:
