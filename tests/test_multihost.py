@@ -9,11 +9,14 @@ namespaces cannot be made (not root, or a container without the capability).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests import multihost
+from tests import helpers, multihost
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -26,10 +29,10 @@ def cluster():
         pytest.skip(f"multi-host tests {why}")
     name = multihost.new_name()
     # not under /tmp: each host has its own /tmp, and the shared files live here
-    state = multihost.Path("/run") / f"sparktf-test-{name}"
-    out = multihost.helpers.run_command(
+    state = Path("/run") / f"sparktf-test-{name}"
+    out = helpers.run_command(
         [multihost.SCRIPT, "start", *multihost.HOSTS, "--name", name],
-        env={**multihost.os.environ, "SPARKTF_NETCLUSTER_DIR": str(state)},
+        env={**os.environ, "SPARKTF_NETCLUSTER_DIR": str(state)},
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
@@ -41,7 +44,7 @@ def cluster():
         yield made
     finally:
         made.stop()
-        multihost.shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _on_driver(cluster, *argv, timeout=600):
