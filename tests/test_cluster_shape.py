@@ -1,7 +1,8 @@
 """Any cluster shape: a run of N TensorFlow processes takes any N task slots of the session.
 
 A session with more executors than the run needs just works (the others stay free for other
-work), an executor with several task slots holds several processes, and only too few slots
+work), an executor with several task slots holds several processes (``TrainResult.processes``
+says where each ran), and only too few slots
 is an error (``test_tracking.py`` fails a run of 3 on 2 slots). In the ``spark`` input mode a
 feeding task writes to a process of its own host, whichever executor it runs in.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 
 import pytest
 
@@ -45,24 +47,41 @@ def test_one_process_on_a_session_of_two_executors_fed_by_spark(spark, mnist_dat
     assert_nothing_left()
 
 
+SHAPES_SCRIPT = """
+import json, sys
+from sparktf.spark import get_session
+from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
+
+data, out = sys.argv[1], sys.argv[2]
+spark = get_session("shapes", overrides={"spark.master": "local-cluster[3,2,1024]"})
+results = {}
+for workers, mode in ((2, "spark"), (4, "files")):
+    train = TrainConfig(model="mnist_softmax", data=data, steps=4, batch_size=8, input_mode=mode)
+    scaling = ScalingConfig(strategy="allreduce", num_workers=workers, threads_per_worker=1)
+    run = RunConfig(model_dir=f"{out}/model-{workers}", failure={"feed_timeout_s": 60.0})
+    results[workers] = fit(train, scaling, run, spark=spark).to_dict()
+spark.stop()
+print(json.dumps(results))
+"""
+
+
 @pytest.mark.e2e
-def test_two_processes_in_one_executor_with_two_slots(mnist_data, tmp_path):
-    """A profile whose one executor has two task slots (local-cluster[1,2,2048]): the job
-    keeps it (it holds the run), both all-reduce processes run in that executor, fed by
-    Spark, and train to the requested step."""
-    profile = tmp_path / "two-slots.conf"
-    local = (ROOT / "conf" / "spark" / "local.conf").read_text()
-    profile.write_text(local + "\nspark.master local-cluster[1,2,2048]\n")
-    result = tmp_path / "result.json"
-    args = ["--profile", profile, "--strategy", "allreduce", "--num-workers", "2"]
-    args += ["--input-mode", "spark", "--data", mnist_data / "data", "--steps", "4"]
-    args += ["--batch-size", "8", "--model-dir", tmp_path / "model", "--result-json", result]
-    command = [sys.executable, ROOT / "jobs" / "train_mnist.py", *args, "--log-level", "INFO"]
-    run = helpers.run_command(command, cwd=ROOT, timeout=400)
+def test_two_and_four_processes_on_three_executors_of_two_slots(mnist_data, tmp_path):
+    """A session of 3 executors with 2 task slots each (``local-cluster[3,2,1024]``, the
+    Python API: nothing resizes it) trains 2 all-reduce workers fed by Spark, then 4 from
+    files: two processes share an executor, and each run reaches its step."""
+    script = tmp_path / "shapes.py"
+    script.write_text(SHAPES_SCRIPT)
+    run = helpers.run_command(
+        [sys.executable, script, mnist_data / "data", tmp_path], cwd=ROOT, timeout=400
+    )
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "master local-cluster[1,2,2048]" in run.stderr  # not resized to two executors
-    summary = json.loads(result.read_text())
-    assert (summary["final_step"], summary["strategy"]) == (4, "allreduce")
-    fed = summary["fed_rows"]
-    assert len(fed) == 2 and all(rows > 0 for rows in fed.values()), fed  # both were fed
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    two, four = results["2"], results["4"]
+    assert (two["final_step"], four["final_step"]) == (4, 4)
+    assert len(two["fed_rows"]) == 2 and all(rows > 0 for rows in two["fed_rows"].values())
+    assert sorted(four["processes"]) == ["chief:0", "worker:0", "worker:1", "worker:2"]
+    executors = Counter(where["executor"] for where in four["processes"].values())
+    assert len(executors) <= 3 and max(executors.values()) == 2, executors
+    assert all(where["host"] == "127.0.0.1" for where in four["processes"].values())
     assert_nothing_left()

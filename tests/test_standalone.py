@@ -427,23 +427,40 @@ def test_allreduce_training_from_files_then_predict_on_the_cluster(
 
 
 SESSION_SCRIPT = """
-import json
-from sparktf.spark import get_session
+import json, sys, time
+from sparktf.spark import get_session, registered_executors
+from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
 small = {"spark.executor.cores": "1", "spark.executor.memory": "1g", "spark.task.cpus": "1",
-         "spark.cores.max": "1", "spark.ui.enabled": "false"}
+         "spark.cores.max": "3", "spark.ui.enabled": "false"}
 spark = get_session("sparktf-session", profile="standalone", overrides=small)
 conf = dict(spark.sparkContext.getConf().getAll())
 total = spark.sparkContext.parallelize(range(10), 2).sum()
 keys = ("spark.authenticate", "spark.network.crypto.enabled", "spark.io.encryption.enabled")
-print(json.dumps({"sum": total, **{key: conf.get(key) for key in keys}}))
+said = {"sum": total, **{key: conf.get(key) for key in keys}}
+data, model_dir = sys.argv[1:3]
+deadline = time.monotonic() + 60
+while registered_executors(spark.sparkContext) < 3 and time.monotonic() < deadline:
+    time.sleep(0.5)
+said["executors"] = registered_executors(spark.sparkContext)
+result = fit(
+    TrainConfig(model="mnist_mlp", data=data, steps=4, batch_size=16, input_mode="files"),
+    ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
+    RunConfig(model_dir=model_dir),
+    spark=spark,
+)
+said["result"] = {"final_step": result.final_step, "processes": result.processes}
 spark.stop()
+print(json.dumps(said))
 """
 
 
-def test_a_session_from_plain_python_joins_the_protected_cluster(cluster, tmp_path):
+def test_a_session_from_plain_python_joins_the_protected_cluster(
+    cluster, mnist_on_cluster, tmp_path
+):
     """get_session(profile="standalone") outside spark-submit: the cluster of master.env, the
     transport settings on, and the secret handed to the JVM in a private file (the master
-    and its workers accept nothing else)."""
+    and its workers accept nothing else). The session has 3 executors, one more than the
+    all-reduce run it then trains with ``fit``: the run takes two of them."""
     script = tmp_path / "session.py"
     script.write_text(SESSION_SCRIPT)
     env = {
@@ -452,9 +469,15 @@ def test_a_session_from_plain_python_joins_the_protected_cluster(cluster, tmp_pa
         "PYTHONPATH": str(ROOT),
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
-    run = helpers.run_command([sys.executable, script], cwd=tmp_path, env=env, timeout=300)
+    model_dir = storage.join(mnist_on_cluster["base"], "model-session")
+    command = [sys.executable, script, mnist_on_cluster["data"], model_dir]
+    run = helpers.run_command(command, cwd=tmp_path, env=env, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     said = json.loads(run.stdout.strip().splitlines()[-1])
-    assert said == {"sum": 45, **{key: "true" for key in spark.TRANSPORT_SETTINGS}}
+    result = said.pop("result")
+    assert said == {"sum": 45, "executors": 3, **{k: "true" for k in spark.TRANSPORT_SETTINGS}}
+    assert result["final_step"] == 4
+    executors = {where["executor"] for where in result["processes"].values()}
+    assert sorted(result["processes"]) == ["chief:0", "worker:0"] and len(executors) == 2
     assert spark_secret(cluster) not in run.stdout + run.stderr
-    assert_ran_on_cluster(cluster, "sparktf-session", cores=1)
+    assert_ran_on_cluster(cluster, "sparktf-session", cores=3)

@@ -653,6 +653,10 @@ class TrainResult:
     # reports in order ({"n", "step", "metrics", "checkpoint"?}) across restarts
     value: Any = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    # where the last attempt's processes ran, by role name ("chief:0"): {"host": the
+    # address of its TensorFlow server, "executor": its Spark executor ("host:port"), or
+    # "driver" for a parameter server of the driver}
+    processes: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The result as plain data (JSON-able)."""

@@ -89,6 +89,8 @@ class ClusterRun:
         self.frame = frame
         self.control: ControlServer | None = None
         self.roles: dict[str, Role] = {}
+        # where each process runs, by role name (roles.placement), once started
+        self.placement: dict[str, dict[str, str | None]] = {}
         self.tfos = TfosCluster(spark)
         self.driver_ps = DriverPs()
         self.feed: FeedJob | None = None
@@ -156,8 +158,12 @@ class ClusterRun:
         self.control.publish_plans(
             {key: {**role.to_dict(), "name": role.name} for key, role in self.roles.items()}
         )
+        self.placement = roles_lib.placement(cluster_info, self.roles, address.advertise)
         for key, role in sorted(self.roles.items(), key=lambda kv: kv[1].name):
-            log.info("  %-9s %s", role.name, key)
+            where = self.placement[role.name]
+            log.info(
+                "  %-9s %s on %s (executor %s)", role.name, key, where["host"], where["executor"]
+            )
         checks = [self.tfos.failure]
         if plan.train.input_mode == "spark":
             nodes = self.tfos.nodes

@@ -175,6 +175,7 @@ def _run(
         best_export_dir=result.best_export,
         fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
         mlflow_run_id=tracker.run_id,
+        processes=dict(cluster.placement),
     )
     _log_done(plan, out)
     return out

@@ -29,6 +29,7 @@ __all__ = [
     "is_driver_key",
     "name_tf_tasks",
     "node_key",
+    "placement",
     "tfos_ps_count",
     "training_keys",
 ]
@@ -40,6 +41,23 @@ _TF_TASK = re.compile(r"/job:(chief|worker|ps)/(?:replica:\d+/)?task:(\d+)")
 def node_key(info: dict) -> str:
     """The key of one of TensorFlowOnSpark's nodes (an entry of its ``cluster_info``)."""
     return f"executor-{info['executor_id']}"
+
+
+def placement(
+    cluster_info: Sequence[dict], roles: dict[str, Role], driver_host: str
+) -> dict[str, dict[str, str | None]]:
+    """Where each process of the run is, by role name (``chief:0``): its host (the address
+    its TensorFlow server is reached at) and its Spark executor (``host:port``; ``driver``
+    for a parameter server of the driver)."""
+    nodes = {node_key(info): info for info in cluster_info}
+    where: dict[str, dict[str, str | None]] = {}
+    for key, role in sorted(roles.items(), key=lambda kv: (kv[1].role, kv[1].index)):
+        info = nodes.get(key)
+        if info is None:  # a parameter server of the driver
+            where[role.name] = {"host": driver_host, "executor": "driver"}
+        else:
+            where[role.name] = {"host": info["host"], "executor": info.get("executor")}
+    return where
 
 
 def is_driver_key(key: str) -> bool:

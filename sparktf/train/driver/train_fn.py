@@ -244,6 +244,7 @@ def _run(plan: RunPlan, spark, tracker, started: float, frame=None) -> TrainResu
         mlflow_run_id=tracker.run_id,
         value=done.get("value"),
         history=history,
+        processes=dict(cluster.placement),
     )
     log.info(
         "done: %s returned after %.1f s and %d report(s)%s",

@@ -137,6 +137,7 @@ def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
     }
     keep_issued_token(None)  # a reused worker: nothing of an earlier run's node
     barrier = _barrier_context()
+    node["executor"] = spark_executor(barrier)
     client = AuthClient(setup.server_addr, secret=setup.secret)
     try:
         client.register(node, gathers=barrier is not None)
@@ -155,6 +156,14 @@ def _barrier_context():
 
     task = TaskContext.get()
     return BarrierTaskContext.get() if isinstance(task, BarrierTaskContext) else None
+
+
+def spark_executor(barrier) -> str | None:
+    """The Spark executor this barrier task runs in, as Spark's scheduler names its address
+    (``host:port``, one per executor JVM); None outside a barrier stage."""
+    if barrier is None:
+        return None
+    return barrier.getTaskInfos()[barrier.partitionId()].address
 
 
 def gather_cluster(barrier, node: dict) -> list[dict]:
