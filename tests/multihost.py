@@ -10,12 +10,15 @@ put it on every node.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests import helpers
@@ -159,3 +162,113 @@ class MultiHost:
         helpers.run_command([SCRIPT, "stop", self.name], env=self.env, timeout=120)
         for proc in self.daemons:
             proc.wait(10)
+
+
+# ---------------------------------------------------------------------- what listens, who answers
+
+TF_PROCESS = "sparktf.train.process.main"  # a TensorFlow process's command line
+_LISTEN = re.compile(r"^LISTEN\s+\d+\s+\d+\s+(\S+):(\d+)\s+\S+\s*(.*)$")
+_PID = re.compile(r"pid=(\d+)")
+
+
+def listeners(cluster: MultiHost, host: str) -> list[dict]:
+    """The TCP ports listening on ``host`` now: {"host", "address", "port", "pids",
+    "commands"} (``ss -ltnp`` in the host's namespace)."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", f"{cluster.name}-{host}", "ss", "-ltnpH"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    found = []
+    for line in out.stdout.splitlines():
+        match = _LISTEN.match(line.strip())
+        if not match:
+            continue
+        pids = [int(pid) for pid in _PID.findall(match.group(3))]
+        found.append(
+            {
+                "host": host,
+                "address": match.group(1).strip("[]"),
+                "port": int(match.group(2)),
+                "pids": pids,
+                "commands": [_command_line(pid) for pid in pids],
+            }
+        )
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _is_daemon(listener: dict) -> bool:
+    """A port of the cluster's own daemons (the standalone worker), not of the run."""
+    return any("deploy.worker.Worker" in command for command in listener["commands"])
+
+
+class Prober:
+    """A probe on ``host`` (a process of its own there) that tries the ports it is given,
+    each once, as a stranger would: it connects, sends an HTTP request, and reads what comes
+    back. ``tests/probe.py`` is what runs there."""
+
+    def __init__(self, cluster: MultiHost, host: str):
+        script = Path(__file__).with_name("probe.py")
+        self.proc = subprocess.Popen(
+            cluster.command(host, sys.executable, script),
+            env=cluster.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.targets: list[dict] = []
+
+    def offer(self, target: dict, address: str) -> None:
+        self.targets.append(target)
+        self.proc.stdin.write(f"{address} {target['port']}\n")
+        self.proc.stdin.flush()
+
+    def answers(self) -> list[dict]:
+        """Every target offered, with what the probe got (``outcome``, ``sample``)."""
+        out, _ = self.proc.communicate(timeout=120)
+        results = [json.loads(line) for line in out.splitlines() if line.strip()]
+        assert len(results) == len(self.targets), (results, self.targets)
+        return [  # the probe answers in the order it was asked
+            {**target, "outcome": result["outcome"], "sample": result["sample"]}
+            for target, result in zip(self.targets, results)
+        ]
+
+
+def _loopback(address: str) -> bool:
+    return address.startswith(("127.", "::1", "::ffff:127."))
+
+
+def probe_run(
+    cluster: MultiHost,
+    job: subprocess.Popen,
+    hosts=("drv", "w1", "w2"),
+    on_new: Callable[[dict], None] = lambda listener: None,
+) -> list[dict]:
+    """While ``job`` runs, tries every port a process of the run listens on in ``hosts`` from
+    the outsider host ``out`` (each new port as soon as it is seen, every 0.3 s; ``on_new``
+    is called with it too); returns each listener with what the outsider got (``outcome``,
+    ``sample``) once the job is over. Ports bound to loopback are listed with the outcome
+    ``loopback``, not tried: the outsider has no route there."""
+    prober = Prober(cluster, "out")
+    seen: dict[tuple[str, str, int], dict] = {}
+    try:
+        while job.poll() is None:
+            for host in hosts:
+                for listener in listeners(cluster, host):
+                    key = (host, listener["address"], listener["port"])
+                    if key in seen or _is_daemon(listener):
+                        continue
+                    seen[key] = listener
+                    on_new(listener)
+                    if not _loopback(listener["address"]):
+                        prober.offer(listener, cluster.hosts[host])
+            time.sleep(0.3)
+    finally:
+        got = {(a["host"], a["address"], a["port"]): a for a in prober.answers()}
+    return [
+        {**listener, **got.get(key, {"outcome": "loopback", "sample": ""})}
+        for key, listener in seen.items()
+    ]

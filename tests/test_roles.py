@@ -115,3 +115,15 @@ def test_tensorflow_task_names_are_mapped_to_processes():
         ("/job:worker/task:0", "executor-1"),
     ]
     assert roles.name_tf_tasks("no task named", assigned) == []
+
+
+def test_placement_names_each_process_host_and_executor():
+    scaling = ScalingConfig(strategy="ps", num_workers=1, num_ps=1, ps_on_driver=True)
+    info = tfos_nodes(("chief", 0), ("ps", 0))
+    info[0]["executor"], info[1]["executor"] = "host0:7001", "host1:7002"
+    assigned = roles.assign_roles(info, scaling, ["drv:9000"])
+    assert roles.placement(info, assigned, "drv") == {
+        "chief:0": {"host": "host0", "executor": "host0:7001"},
+        "ps:0": {"host": "drv", "executor": "driver"},
+        "worker:0": {"host": "host1", "executor": "host1:7002"},
+    }

@@ -388,6 +388,12 @@ def test_control_oversize_content_length_is_refused_before_reading(control, capl
     )
 
 
+def test_control_answers_a_get_with_401_and_nothing_else(control, caplog):
+    response = exchange(control_addr(control), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status_of(response) == 401 and b"control token" in response
+    assert "GET request" in rejections(caplog, "control server")[-1]
+
+
 def test_control_wrong_token_is_rejected_and_logged(control, caplog):
     body = json.dumps({"token": "0" * 32, "key": "executor-0", "event": "error"}).encode()
     response = http_post(control_addr(control), body, {"Content-Length": str(len(body))})

@@ -308,3 +308,45 @@ def test_private_settings_reach_a_new_jvm_in_a_private_file_not_its_command_line
         assert all(f"{k} {v}" in text or f"{k}={v}" in text for k, v in private.items()), text
         assert args[-1] == "pyspark-shell"
     assert "PYSPARK_SUBMIT_ARGS" not in os.environ and not os.path.exists(path)
+
+
+# ----------------------------------------------------------------------------- the driver's UI
+
+
+@pytest.mark.parametrize(
+    ("conf", "guarded"),
+    [
+        ({"spark.master": "spark://m:7077"}, True),
+        ({"spark.master": "spark://m:7077", "spark.ui.enabled": "false"}, False),
+        ({"spark.master": "spark://m:7077", "spark.ui.filters": "my.Filter"}, False),
+        ({"spark.master": "spark://m:7077", "spark.sparktf.ui.protect": "false"}, False),
+        ({"spark.master": "yarn"}, False),  # the ResourceManager's proxy and its filter
+        ({"spark.master": "local-cluster[2,1,1024]"}, False),
+    ],
+)
+def test_the_ui_of_a_standalone_driver_asks_for_a_token(conf, guarded):
+    from sparktf.spark import ui
+
+    public, private = ui.protect_settings(conf)
+    assert bool(public) == bool(private) == guarded
+    if guarded:
+        assert public == {"spark.ui.filters": ui.JWS_FILTER}
+        key = private[ui.KEY_CONF]
+        assert len(key) == 43 and key != ui.protect_settings(conf)[1][ui.KEY_CONF]  # fresh
+
+
+def test_the_ui_token_is_an_hs256_jws_of_the_key():
+    import base64
+    import hashlib
+    import hmac
+    import json
+
+    from sparktf.spark import ui
+
+    key = base64.urlsafe_b64encode(b"k" * 32).rstrip(b"=").decode()
+    header, payload, signature = ui.bearer_token(key, "alice").split(".")
+    pad = lambda text: text + "=" * (-len(text) % 4)  # noqa: E731
+    assert json.loads(base64.urlsafe_b64decode(pad(header))) == {"alg": "HS256", "typ": "JWT"}
+    assert json.loads(base64.urlsafe_b64decode(pad(payload))) == {"sub": "alice"}
+    expected = hmac.new(b"k" * 32, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    assert base64.urlsafe_b64decode(pad(signature)) == expected

@@ -118,8 +118,11 @@ def run(dataset: str, args, spark=None) -> int:
     except (SourceError, OptionError, storage.PathExistsError, storage.UnknownSchemeError) as exc:
         raise cli.UsageError(for_command_line(str(exc))) from exc
     finally:
-        for spark in sessions:  # a clean stop: executors are not relaunched at exit
-            spark.stop()
+        if sessions:  # a clean stop: executors are not relaunched at exit
+            from sparktf.spark import stop_session
+
+            for spark in sessions:
+                stop_session(spark)
     return 0
 
 

@@ -18,7 +18,7 @@ from sparktf import remote as connect
 from sparktf.remote import is_connect
 from sparktf.security import kerberos
 from sparktf.security.redact import quiet_py4j
-from sparktf.spark import launches
+from sparktf.spark import launches, ui
 from sparktf.spark.profiles import (
     PROPAGATED_ENV,
     cluster_master,
@@ -127,7 +127,9 @@ def get_session(
     if launched_by_spark_submit():
         kerberos.preflight()
         settings = _kerberos_under_submit()
-        for key, value in {**settings, **(overrides or {})}.items():
+        submitted = _submitted_conf()
+        ui_public, private = ui.protect_settings({**submitted, **(overrides or {})})
+        for key, value in {**settings, **ui_public, **(overrides or {})}.items():
             builder = builder.config(key, value)
     else:
         profile = profile or os.environ.get("SPARKTF_PROFILE", "local")
@@ -144,10 +146,15 @@ def get_session(
         token_key = f"spark.executorEnv.{kerberos.TOKEN_ENV}"  # for executors elsewhere
         if token_key in conf:
             private[token_key] = conf.pop(token_key)
+        ui_public, ui_private = ui.protect_settings(conf)
+        conf.update(ui_public)
+        private.update(ui_private)
         for key, value in conf.items():
             builder = builder.config(key, value)
     with private_for_new_jvm(builder, private) as builder:
         spark = builder.getOrCreate()
+    if ui.KEY_CONF in private:  # the UI answers its user only: the user's token
+        ui.publish_token(spark.sparkContext, private[ui.KEY_CONF])
     default = "INFO" if _debug_logging() else "WARN"
     spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", default))
     launches.watch(spark.sparkContext)  # executors that die at start fail it, not hang it
@@ -196,6 +203,14 @@ def _kerberos_under_submit() -> dict[str, str]:
     return settings
 
 
+def _submitted_conf() -> dict[str, str]:
+    """The settings spark-submit gave the driver's JVM (already running)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
 def _stop_at_exit(spark) -> None:
     try:
         if not is_connect(spark) and spark.sparkContext._jsc is not None:
@@ -211,6 +226,7 @@ def stop_session(spark) -> None:
     app_id = None if is_connect(spark) else spark.sparkContext.applicationId
     spark.stop()
     remove_work_dir(app_id)
+    ui.forget_token(app_id)
 
 
 @contextmanager

@@ -277,6 +277,7 @@ class ModelDir:
         self._flushers: list = []
         self._staging_cleaned = False
         self._manager = None
+        self._options = None  # tf.train.CheckpointOptions (attach's io_device)
         self._keep = 1
 
     @property
@@ -293,19 +294,27 @@ class ModelDir:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def attach(self, checkpoint, *, keep: int) -> str | None:
+    def attach(self, checkpoint, *, keep: int, io_device: str | None = None) -> str | None:
         """Manages ``checkpoint`` (a ``tf.train.Checkpoint``) here, keeping ``keep`` saves,
         and restores the model directory's latest checkpoint into it; returns that
-        checkpoint's local prefix, or None for a fresh start."""
+        checkpoint's local prefix, or None for a fresh start.
+
+        ``io_device``: the device whose host reads and writes the files (this process's
+        CPU). Under ps it must be given: TensorFlow saves each variable on the device that
+        holds it, so a parameter server on another host would write its part into that
+        host's own directory of this path, which does not exist there."""
         import tensorflow as tf
 
         self._keep = keep
+        self._options = (
+            tf.train.CheckpointOptions(experimental_io_device=io_device) if io_device else None
+        )
         self._manager = tf.train.CheckpointManager(
             checkpoint, self.checkpoint_dir, max_to_keep=keep, checkpoint_name=CKPT_NAME
         )
         prefix = self._fetch_latest()
         if prefix:
-            checkpoint.restore(prefix).expect_partial()
+            checkpoint.restore(prefix, options=self._options).expect_partial()
             log.info("restored %s", prefix)
         return prefix
 
@@ -313,7 +322,7 @@ class ModelDir:
         """Saves the attached checkpoint as ``ckpt-<step>``; the writer mirrors it to the
         model directory, then keeps the ``keep`` newest checkpoints there (of any run).
         Returns the checkpoint's prefix (URI for the writer)."""
-        prefix = self._manager.save(checkpoint_number=step)
+        prefix = self._manager.save(checkpoint_number=step, options=self._options)
         if self.writer:
             prefix = self._push_checkpoint(prefix, step)
             log.info("checkpoint %s", prefix)

@@ -73,7 +73,7 @@ def build_training(
         warmstart.apply_trainable_scopes(model, plan.train.trainable_scopes)
         optimizer = task.make_optimizer(plan.steps_per_epoch, model)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    restored = _restore(tf, plan, model_dir, model, optimizer, global_step)
+    restored = _restore(tf, plan, role, model_dir, model, optimizer, global_step)
     start_step = int(global_step.numpy())
     common = dict(global_batch=plan.global_batch, seed=plan.train.seed)
     parts = (task, model, optimizer, global_step)
@@ -106,7 +106,9 @@ def make_strategy(tf, plan: RunPlan, role: Role):
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), None
 
 
-def _restore(tf, plan: RunPlan, model_dir: ModelDir, model, optimizer, global_step) -> str | None:
+def _restore(
+    tf, plan: RunPlan, role: Role, model_dir: ModelDir, model, optimizer, global_step
+) -> str | None:
     """The model directory's latest checkpoint (returned), else the fine-tuning source, if
     any."""
     train = plan.train
@@ -116,7 +118,13 @@ def _restore(tf, plan: RunPlan, model_dir: ModelDir, model, optimizer, global_st
         global_step=global_step,
         **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
     )
-    restored = model_dir.attach(checkpoint, keep=plan.run.checkpoint.keep)
+    # under ps the files are written here, not on the parameter servers' hosts
+    io_device = f"/job:{role.role}/replica:0/task:{role.index}/device:CPU:0"
+    restored = model_dir.attach(
+        checkpoint,
+        keep=plan.run.checkpoint.keep,
+        io_device=io_device if plan.scaling.strategy == "ps" else None,
+    )
     if train.warm_start_from and restored:
         log.info(
             "resuming from %s: --warm-start-from %s is ignored", restored, train.warm_start_from

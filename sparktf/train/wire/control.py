@@ -205,6 +205,13 @@ class ControlServer:
                     server.rejects.reject(self._peer(), answer["error"], kind="refused credentials")
                 self._reply(status, answer)
 
+            def _refuse_method(self):
+                # only POSTs carrying a token are answered: a stranger's GET learns nothing
+                server.rejects.reject(self._peer(), f"{self.command} request")
+                self._reply(401, {"error": "only POST requests with a control token"}, close=True)
+
+            do_GET = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method  # noqa: N815
+
             def log_error(self, format, *args):
                 # malformed HTTP (a request line that is not HTTP, an oversize header, ...);
                 # the message quotes the sender's bytes: escaped and shortened for the log
