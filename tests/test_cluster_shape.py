@@ -10,6 +10,7 @@ feeding task writes to a process of its own host, whichever executor it runs in.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections import Counter
 
@@ -84,4 +85,43 @@ def test_two_and_four_processes_on_three_executors_of_two_slots(mnist_data, tmp_
     executors = Counter(where["executor"] for where in four["processes"].values())
     assert len(executors) <= 3 and max(executors.values()) == 2, executors
     assert all(where["host"] == "127.0.0.1" for where in four["processes"].values())
+    assert_nothing_left()
+
+
+def test_a_run_waits_for_slots_busy_with_another_job(spark, mnist_data, tmp_path, caplog):
+    """Another job of the session holds both task slots for a few seconds when ``fit`` starts
+    2 all-reduce workers: the run waits for them, saying so, and trains; the other job ends
+    with its own result."""
+    import threading
+    import time
+
+    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
+
+    def busy(_):
+        time.sleep(8)
+        yield 1
+
+    other: list[int] = []
+    worker = threading.Thread(
+        target=lambda: other.append(
+            spark.sparkContext.parallelize(range(2), 2).mapPartitions(busy).sum()
+        )
+    )
+    worker.start()
+    time.sleep(2)  # its two tasks are running
+    with caplog.at_level(logging.INFO, logger="sparktf.train.driver.gang"):
+        result = fit(
+            TrainConfig(
+                model="mnist_softmax", data=str(mnist_data / "data"), steps=2, batch_size=8
+            ),
+            ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
+            RunConfig(model_dir=str(tmp_path / "model")),
+            spark=spark,
+        )
+    worker.join(60)
+    assert other == [2] and result.final_step == 2
+    waited = [
+        r.getMessage() for r in caplog.records if "waiting for 2 free task slots" in r.getMessage()
+    ]
+    assert waited and "busy with other tasks" in waited[0], waited
     assert_nothing_left()

@@ -63,7 +63,8 @@ def await_executors(spark, num_executors: int, startup_timeout_s: float) -> None
         )
     except spark_lib.ExecutorCountError as exc:
         raise ConfigError(str(exc)) from None
-    gang.check_slots(spark, num_executors)  # now the scheduler's count: busy slots too
+    # now the scheduler's count: slots busy with other jobs are waited for
+    gang.check_slots(spark, num_executors, free_wait_s=startup_timeout_s)
 
 
 def warn_if_transport_in_clear(spark) -> str | None:

@@ -117,7 +117,8 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
 
     The settings' slots are checked first (any session). With ``scheduler``, on a classic
     session, the scheduler's count follows (its executors must be registered by then); slots
-    busy with other tasks are waited for up to ``free_wait_s``.
+    busy with other tasks (other jobs of the session) are waited for up to ``free_wait_s``,
+    with a log line every 15 s.
 
     Raises:
         SlotsError: naming the slots needed and those the cluster has, or dynamic allocation.
@@ -130,7 +131,8 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
         raise SlotsError(slots_message(needed, *declared))
     if not scheduler or is_connect(spark):
         return
-    deadline = time.monotonic() + free_wait_s
+    start = time.monotonic()
+    told = start
     while True:
         counted = _scheduler_slots(spark)
         if counted is None:
@@ -139,13 +141,23 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
         if slots < needed:
             raise SlotsError(slots_message(needed, slots, "registered executors"))
         if slots - running >= needed:
-            return
-        if time.monotonic() > deadline:
-            raise SlotsError(
-                slots_message(
-                    needed, slots - running, f"free of {slots}: {running} busy with other tasks"
+            if told > start:
+                log.info(
+                    "%d task slots free after %.0f s", slots - running, time.monotonic() - start
                 )
+            return
+        busy = f"free of {slots}: {running} busy with other tasks"
+        if time.monotonic() - start > free_wait_s:
+            raise SlotsError(
+                slots_message(needed, slots - running, busy)
+                + f"; waited {free_wait_s:.0f} s (FailureConfig.startup_timeout_s)"
             )
+        if time.monotonic() >= told:
+            log.info(
+                "waiting for %d free task slots (%d %s), at most %.0f s",
+                needed, slots - running, busy, free_wait_s,
+            )  # fmt: skip
+            told = time.monotonic() + 15.0
         time.sleep(0.2)
 
 
