@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,8 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
-SUBMIT = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
+STANDALONE = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
+SUBMIT = [*STANDALONE, "--executor-cores", "1", "--executor-memory", "1g"]  # one slot each
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def cluster():
     made = multihost.MultiHost(name, state, hosts)
     try:
         made.start_hdfs()
-        made.start_spark()
+        made.start_spark(cores=8, memory="6g")  # 8 task slots per worker host
         yield made
     finally:
         made.stop()
@@ -76,24 +78,41 @@ def mnist(cluster):
     return data
 
 
-def test_train_allreduce_from_files_then_predict_across_hosts(cluster, mnist):
+def test_sixteen_processes_on_two_hosts_train_then_predict(cluster, mnist):
+    """16 all-reduce processes read their files from HDFS: one executor of 8 task slots on
+    each worker host, 8 processes in each. They train and export to HDFS, every process
+    ends, and the export predicts the test split."""
     uri = cluster.hdfs["HDFS_URI"]
     _on_driver(
-        cluster, *SUBMIT, "jobs/train_mnist.py",
-        "--strategy", "allreduce", "--num-workers", "2", "--input-mode", "files",
-        "--data", mnist, "--steps", "4", "--batch-size", "8",
-        "--model-dir", f"{uri}/models/mnist", "--result-json", "/tmp/result.json",
+        cluster, *STANDALONE, "--executor-cores", "8", "--executor-memory", "2g",
+        "--conf", "spark.task.cpus=1", "jobs/train_mnist.py",
+        "--strategy", "allreduce", "--num-workers", "16", "--input-mode", "files",
+        "--data", mnist, "--steps", "2", "--batch-size", "32",
+        "--model-dir", f"{uri}/models/mnist-16", "--result-json", "/tmp/result-16.json",
     )  # fmt: skip
-    summary = json.loads(cluster.run("drv", "cat", "/tmp/result.json").stdout)
-    assert (summary["final_step"], summary["strategy"]) == (4, "allreduce")
+    summary = json.loads(cluster.run("drv", "cat", "/tmp/result-16.json").stdout)
+    assert (summary["final_step"], summary["strategy"]) == (2, "allreduce")
     assert summary["export_dir"].startswith(uri)
-    workers = {cluster.hosts["w1"], cluster.hosts["w2"]}  # one process on each worker host
-    assert {where["host"] for where in summary["processes"].values()} == workers
+    processes = summary["processes"]
+    assert len(processes) == 16
+    by_host = Counter(where["host"] for where in processes.values())
+    assert by_host == {cluster.hosts["w1"]: 8, cluster.hosts["w2"]: 8}, by_host
+    assert len({where["executor"] for where in processes.values()}) == 2
+    for host in ("w1", "w2"):  # no TensorFlow process outlives the run
+        tf = [l for l in multihost.listeners(cluster, host) if multihost.TF_PROCESS in str(l)]
+        assert tf == [], tf
     _on_driver(
         cluster, *SUBMIT, "jobs/predict.py",
         "--export", summary["export_dir"], "--input", f"{mnist}/test/parquet",
         "--output", f"{uri}/predictions/mnist",
     )  # fmt: skip
+    count = (
+        "import pyarrow.parquet as pq\n"
+        "from sparktf import storage\n"
+        f"with storage.local_copy({uri + '/predictions/mnist'!r}) as local:\n"
+        "    print(pq.read_table(local).num_rows)\n"
+    )
+    assert _on_driver(cluster, sys.executable, "-c", count).stdout.split()[-1] == "16"
 
 
 def test_ps_fed_by_spark_across_hosts_and_an_outsider_reaches_nothing(cluster, mnist):
@@ -106,7 +125,7 @@ def test_ps_fed_by_spark_across_hosts_and_an_outsider_reaches_nothing(cluster, m
     command = cluster.command(
         "drv", *SUBMIT, "jobs/train_mnist.py",
         "--strategy", "ps", "--num-workers", "1", "--num-ps", "1", "--input-mode", "spark",
-        "--data", mnist, "--steps", "400", "--batch-size", "8",
+        "--data", mnist, "--steps", "200", "--batch-size", "8",
         "--model-dir", f"{uri}/models/mnist-ps", "--result-json", "/tmp/result-ps.json",
     )  # fmt: skip
     log = cluster.shared / "train-ps.log"
@@ -130,7 +149,7 @@ def test_ps_fed_by_spark_across_hosts_and_an_outsider_reaches_nothing(cluster, m
                 job.kill()
                 job.wait()
     summary = json.loads(cluster.run("drv", "cat", "/tmp/result-ps.json").stdout)
-    assert (summary["final_step"], summary["input_mode"]) == (400, "spark")
+    assert (summary["final_step"], summary["input_mode"]) == (200, "spark")
     hosts = {name: where["host"] for name, where in summary["processes"].items()}
     assert hosts["ps:0"] == cluster.hosts["drv"]
     assert {hosts["chief:0"], hosts["worker:0"]} == {cluster.hosts["w1"], cluster.hosts["w2"]}

@@ -133,6 +133,20 @@ def test_submit_sizes_a_local_cluster_to_the_run(clean_env, capsys):
     assert given.count("--master") == 1 and "local-cluster[5,1,512]" in given
 
 
+def test_submit_counts_executors_by_their_task_slots(clean_env, capsys):
+    """Executors of 8 cores at 1 core per task hold 8 processes each: 16 processes take 2
+    executors (spark.cores.max=16 on a standalone master), not 16."""
+    job = ["jobs/train_mnist.py", "--strategy", "allreduce", "--num-workers", "16"]
+    slots = ["--executor-cores", "8", "--conf", "spark.task.cpus=1"]
+    standalone = ["--master", "spark://nowhere.invalid:7077", "--conf", "spark.authenticate=false"]
+    argv = dry_run(capsys, *standalone, *slots, *job)
+    assert "spark.cores.max=16" in argv
+    local = dry_run(capsys, *slots, *job)
+    assert local[local.index("--master") + 1] == "local-cluster[2,8,1024]"
+    one = dry_run(capsys, *standalone, "--executor-cores", "8", *job)
+    assert "spark.cores.max=128" in one and "spark.task.cpus=8" in one  # a process per executor
+
+
 def test_submit_runs_a_job_by_name_through_a_launcher(clean_env, capsys):
     argv = dry_run(capsys, "--profile", "yarn", "predict", "--export", "m")
     launcher = next(a for a in argv if a.endswith("sparktf_predict.py"))

@@ -224,8 +224,18 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         extra += ["--conf", f"spark.task.cpus={cores_given}"]
 
     if n:
-        sized, cores = _sized(command, profile, master, n)
-        extra += sized + _count(command, master, master_given, n, cores)
+        # one process per executor, unless the user's executors have several task slots
+        per = 1
+        if cores_given:
+            given = {**profile, **command.confs(), "spark.executor.cores": cores_given}
+            per = spark.executor_slots(
+                {**given, "spark.task.cpus": given.get("spark.task.cpus") or cores_given}
+            )
+        executors = -(-n // per)
+        if per > 1:
+            log.info("%d task slots per executor: %d executors for %d processes", per, executors, n)
+        sized, cores = _sized(command, profile, master, executors)
+        extra += sized + _count(command, master, master_given, executors, cores, per)
     else:  # other jobs run on what they get: executors that fit, as many as asked or one
         asked = command.option("--num-executors", "spark.executor.instances")
         wanted = int(asked or profile.get("spark.executor.instances", "1"))
@@ -404,20 +414,23 @@ def _without_option(args: list[str], flag: str) -> list[str]:
     return kept
 
 
-def _count(command: Command, master: str, master_given: bool, n: int, cores: int) -> list[str]:
-    """The options that give a training job ``n`` executors of ``cores`` on ``master``."""
+def _count(
+    command: Command, master: str, master_given: bool, n: int, cores: int, per: int = 1
+) -> list[str]:
+    """The options that give a training job ``n`` executors of ``cores`` (``per`` task slots
+    each) on ``master``."""
     if master.startswith("local"):
         # the profile's local-cluster[2,...] fits only two; a given --master is left alone
-        return [] if master_given else ["--master", f"local-cluster[{n},1,1024]"]
+        return [] if master_given else ["--master", f"local-cluster[{n},{per},1024]"]
     if master.startswith("spark://"):
         if command.gives("--total-executor-cores", "spark.cores.max"):
             return []
-        log.info("%d TensorFlow processes: spark.cores.max=%d", n, n * cores)
+        log.info("%d executors for the TensorFlow processes: spark.cores.max=%d", n, n * cores)
         return ["--conf", f"spark.cores.max={n * cores}"]
     if master == "yarn" or master.startswith("k8s://"):
         if command.gives("--num-executors", "spark.executor.instances"):
             return []
-        log.info("%d TensorFlow processes: spark.executor.instances=%d", n, n)
+        log.info("%d executors for the TensorFlow processes: spark.executor.instances=%d", n, n)
         return ["--conf", f"spark.executor.instances={n}"]
     return []
 
