@@ -71,10 +71,12 @@ write_conf() {  # $1 = hdfs uri, $2 = webhdfs url; with --kerberos what a client
   if [ "$KERBEROS" = 1 ]; then
     core="
   <property><name>hadoop.security.authentication</name><value>kerberos</value></property>"
+    local host="localhost"  # the services' principals name the host clients reach
+    [ "$HOST" = 127.0.0.1 ] || host="$HOST"
     site="
-  <property><name>dfs.namenode.kerberos.principal</name><value>hdfs/localhost@$REALM</value></property>
-  <property><name>dfs.datanode.kerberos.principal</name><value>hdfs/localhost@$REALM</value></property>
-  <property><name>dfs.web.authentication.kerberos.principal</name><value>HTTP/localhost@$REALM</value></property>
+  <property><name>dfs.namenode.kerberos.principal</name><value>hdfs/$host@$REALM</value></property>
+  <property><name>dfs.datanode.kerberos.principal</name><value>hdfs/$host@$REALM</value></property>
+  <property><name>dfs.web.authentication.kerberos.principal</name><value>HTTP/$host@$REALM</value></property>
   <property><name>dfs.block.access.token.enable</name><value>true</value></property>"
   fi
   mkdir -p "$CONF_DIR"

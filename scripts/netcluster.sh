@@ -11,7 +11,8 @@
 # start makes the namespace NAME-sw (the switch: a bridge), and for each HOST the namespace
 # NAME-HOST with one link to the switch, the address A.B.C.(10+i) (i from 1, in the order
 # given; A.B.C defaults to 10.231.0) and its loopback, plus its mount namespace (private /tmp
-# and /dev/shm, tmpfs). It prints HOST=ADDRESS lines. The addresses exist only inside these
+# and /dev/shm, tmpfs; an /etc/hosts that names every host HOST.NAME.test and HOST). It prints
+# HOST=ADDRESS lines. The addresses exist only inside these
 # namespaces: nothing of the machine's own network is touched, and no traffic leaves them.
 # exec runs COMMAND in HOST's network and mount namespaces (its /tmp), with the environment
 # given. stop kills every process inside the namespaces, removes the namespaces, their links
@@ -19,7 +20,7 @@
 set -euo pipefail
 
 STATE_ROOT="${SPARKTF_NETCLUSTER_DIR:-/run/sparktf-netcluster}"
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "netcluster.sh: $*" >&2; exit "${2:-1}"; }
 
 cmd="${1:-}"; shift || true
@@ -100,10 +101,18 @@ case "$cmd" in
       ip -n "$ns" link set eth0 up
       ip -n "$sw" link set "s$i" master br0
       ip -n "$sw" link set "s$i" up
-      touch "$dir/$h.mnt"
-      unshare --mount="$dir/$h.mnt" --propagation private \
-        sh -c 'mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /dev/shm'
       printf '%s=%s\n' "$h" "$addr" >> "$dir/hosts"
+    done
+    # every host resolves the others' names (HOST.NAME.test, and HOST): the machine's
+    # /etc/hosts plus these lines, bind-mounted on /etc/hosts in each mount namespace
+    { cat /etc/hosts; echo "# scripts/netcluster.sh $name"
+      sed "s/^\([^=]*\)=\(.*\)$/\2 \1.$name.test \1/" "$dir/hosts"; } > "$dir/etc-hosts"
+    chmod 644 "$dir/etc-hosts"
+    for h in "${hosts[@]}"; do
+      touch "$dir/$h.mnt"
+      unshare --mount="$dir/$h.mnt" --propagation private sh -c \
+        'mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
+         mount --bind "$1" /etc/hosts' sh "$dir/etc-hosts"
     done
     trap - ERR
     cat "$dir/hosts"

@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests import helpers
@@ -26,6 +27,8 @@ from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "netcluster.sh"
 HOSTS = ("nn", "master", "w1", "w2", "drv", "out")
+STANDALONE = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
+SUBMIT = [*STANDALONE, "--executor-cores", "1", "--executor-memory", "1g"]  # one slot each
 
 
 def namespaces_usable() -> str | None:
@@ -47,6 +50,35 @@ def namespaces_usable() -> str | None:
 
 def new_name() -> str:
     return "t" + "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz") for _ in range(5))
+
+
+@contextmanager
+def started(*, kerberos: bool = False, cores: int = 1, memory: str = "2g") -> Iterator[MultiHost]:
+    """A new cluster of :data:`HOSTS`: HDFS (Kerberized with ``kerberos``) on nn, a Spark
+    standalone master on master, a worker of ``cores`` and ``memory`` on w1 and on w2;
+    stopped and removed on exit. Skips the test where namespaces cannot be made."""
+    import pytest
+
+    why = namespaces_usable()
+    if why:
+        pytest.skip(f"multi-host tests {why}")
+    name = new_name()
+    # not under /tmp: each host has its own /tmp, and the shared files live here
+    state = Path("/run") / f"sparktf-test-{name}"
+    out = helpers.run_command(
+        [SCRIPT, "start", *HOSTS, "--name", name],
+        env={**os.environ, "SPARKTF_NETCLUSTER_DIR": str(state)},
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    made = MultiHost(name, state, dict(line.split("=", 1) for line in out.stdout.split()))
+    try:
+        made.start_hdfs(kerberos=kerberos)
+        made.start_spark(cores=cores, memory=memory)
+        yield made
+    finally:
+        made.stop()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 class MultiHost:
@@ -85,14 +117,26 @@ class MultiHost:
 
     # ------------------------------------------------------------------ HDFS and Spark
 
-    def start_hdfs(self) -> str:
-        nn = self.hosts["nn"]
+    def name_of(self, host: str) -> str:
+        """``host``'s name, as every host resolves it (``HOST.NAME.test``)."""
+        return f"{host}.{self.name}.test"
+
+    def start_hdfs(self, *, kerberos: bool = False) -> str:
+        """HDFS on nn at its address; with ``kerberos`` at its name (the services'
+        principals are ``hdfs/`` and ``HTTP/`` of it), its KDC's files in the shared
+        directory (as a site puts krb5.conf on every host and the user's keytab on the
+        driver's)."""
+        args = ["--dir", "/tmp/hdfs"]
+        if kerberos:
+            args = ["--dir", self.shared / "hdfs", "--kerberos"]
+        host = self.name_of("nn") if kerberos else self.hosts["nn"]
         out = self.run(
-            "nn", ROOT / "scripts" / "hdfs.sh", "start", "--host", nn,
-            "--dir", "/tmp/hdfs", "--conf-dir", self.shared / "hadoop", timeout=240,
+            "nn", ROOT / "scripts" / "hdfs.sh", "start", "--host", host, *args,
+            "--conf-dir", self.shared / "hadoop", timeout=240,
         )  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
         self.hdfs = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+        self.hdfs_dir = self.shared / "hdfs" if kerberos else Path("/tmp/hdfs")
         return self.hdfs["HDFS_URI"]
 
     def start_spark(self, cores: int = 1, memory: str = "2g") -> str:
@@ -154,14 +198,57 @@ class MultiHost:
             "SPARK_LOCAL_IP": self.hosts["drv"],
             "SPARKTF_HOME": "/tmp/sparktf-home",
             "PYSPARK_PYTHON": sys.executable,
+            **{k: v for k, v in self.hdfs.items() if k.startswith(("KRB5_", "SPARKTF_HDFS_"))},
         }
 
     def stop(self) -> None:
+        if getattr(self, "hdfs_dir", None) is not None:  # its JVM, its KDC and its files
+            self.run("nn", ROOT / "scripts" / "hdfs.sh", "stop", "--dir", self.hdfs_dir, timeout=60)
         for proc in self.daemons:
             proc.kill()
         helpers.run_command([SCRIPT, "stop", self.name], env=self.env, timeout=120)
         for proc in self.daemons:
             proc.wait(10)
+
+
+# ---------------------------------------------------------------------- a user on the driver's host
+
+
+def on_driver(cluster: MultiHost, *argv, timeout: float = 600):
+    """``argv`` run on drv with what its user has (:meth:`MultiHost.driver_env`); must pass."""
+    out = cluster.run("drv", *argv, env=cluster.driver_env(), timeout=timeout)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    return out
+
+
+def convert_mnist(cluster: MultiHost, submit: list) -> str:
+    """A tiny MNIST (64 train, 16 test rows), its raw files put on HDFS from the driver's
+    host and converted there by ``submit`` (``submit.sh ...``): the dataset's URI."""
+    uri = cluster.hdfs["HDFS_URI"]
+    raw, data = f"{uri}/raw/mnist", f"{uri}/datasets/mnist"
+    upload = (
+        "import os, sys\n"
+        "from sparktf import storage\n"
+        "from sparktf.datasets.synthetic import write_mnist\n"
+        "write_mnist('/tmp/raw', n_train=64, n_test=16)\n"
+        f"storage.makedirs({raw!r})\n"
+        "for f in os.listdir('/tmp/raw'):\n"
+        f"    storage.copy_file('/tmp/raw/' + f, {raw!r} + '/' + f)\n"
+    )
+    on_driver(cluster, sys.executable, "-c", upload)
+    on_driver(cluster, *submit, "jobs/convert_mnist.py", "--input", raw, "--output", data)
+    return data
+
+
+def count_rows(cluster: MultiHost, uri: str) -> int:
+    """The rows of the Parquet table at ``uri``, read from the driver's host."""
+    count = (
+        "import pyarrow.parquet as pq\n"
+        "from sparktf import storage\n"
+        f"with storage.local_copy({uri!r}) as local:\n"
+        "    print(pq.read_table(local).num_rows)\n"
+    )
+    return int(on_driver(cluster, sys.executable, "-c", count).stdout.split()[-1])
 
 
 # ---------------------------------------------------------------------- what listens, who answers

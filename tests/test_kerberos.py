@@ -262,6 +262,33 @@ def test_the_token_reaches_executors_without_a_command_line_on_this_machine(krb_
     assert local == {"spark.executorEnv.HADOOP_TOKEN_FILE_LOCATION": "/private/tokens"}
     remote = kerberos.spark_settings({"spark.master": "spark://cluster:7077"})
     assert remote == {"spark.executorEnv.SPARKTF_HDFS_DELEGATION_TOKEN": "tok-1"}
+    monkeypatch.setenv("SPARKTF_HDFS_RPC_TOKENS", "rpc-1,rpc-2")  # their JVMs: $HADOOP_TOKEN
+    remote = kerberos.spark_settings({"spark.master": "spark://cluster:7077"})
+    assert remote["spark.executorEnv.HADOOP_TOKEN"] == "rpc-1,rpc-2"
+
+
+def test_the_rpc_token_is_the_webhdfs_token_for_each_name_of_the_namenode():
+    """What Hadoop's ``Token.decodeFromUrlString`` reads from ``$HADOOP_TOKEN``: the WebHDFS
+    token's identifier and password, kind HDFS_DELEGATION_TOKEN, one copy per service (the
+    address as written and as the IP address Hadoop looks tokens up by)."""
+    import base64
+
+    def field(value: bytes) -> bytes:
+        return bytes([len(value)]) + value
+
+    webhdfs = field(b"ident") + field(b"pass") + field(b"WEBHDFS delegation") + field(b"nn:1")
+    token = base64.urlsafe_b64encode(webhdfs).rstrip(b"=").decode()
+    assert delegation.rpc_services("127.0.0.1:8020") == ["127.0.0.1:8020"]
+    assert delegation.rpc_services("localhost:8020") == ["localhost:8020", "127.0.0.1:8020"]
+    services = ["localhost:8020", "127.0.0.1:8020"]
+    decoded = [
+        base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+        for part in delegation.rpc_tokens(token, services).split(",")
+    ]
+    assert decoded == [
+        field(b"ident") + field(b"pass") + field(b"HDFS_DELEGATION_TOKEN") + field(s.encode())
+        for s in services
+    ]
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -9,73 +9,29 @@ namespaces cannot be made (not root, or a container without the capability).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from tests import helpers, multihost
+from tests import multihost
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
-STANDALONE = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
-SUBMIT = [*STANDALONE, "--executor-cores", "1", "--executor-memory", "1g"]  # one slot each
+STANDALONE, SUBMIT = multihost.STANDALONE, multihost.SUBMIT
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    why = multihost.namespaces_usable()
-    if why:
-        pytest.skip(f"multi-host tests {why}")
-    name = multihost.new_name()
-    # not under /tmp: each host has its own /tmp, and the shared files live here
-    state = Path("/run") / f"sparktf-test-{name}"
-    out = helpers.run_command(
-        [multihost.SCRIPT, "start", *multihost.HOSTS, "--name", name],
-        env={**os.environ, "SPARKTF_NETCLUSTER_DIR": str(state)},
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    hosts = dict(line.split("=", 1) for line in out.stdout.split())
-    made = multihost.MultiHost(name, state, hosts)
-    try:
-        made.start_hdfs()
-        made.start_spark(cores=8, memory="6g")  # 8 task slots per worker host
+    with multihost.started(cores=8, memory="6g") as made:  # 8 task slots per worker host
         yield made
-    finally:
-        made.stop()
-        shutil.rmtree(state, ignore_errors=True)
-
-
-def _on_driver(cluster, *argv, timeout=600):
-    out = cluster.run("drv", *argv, env=cluster.driver_env(), timeout=timeout)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
-    return out
 
 
 @pytest.fixture(scope="module")
 def mnist(cluster):
-    """A tiny MNIST, its raw files put on HDFS from the driver's host, converted there by
-    ``submit.sh``: the dataset's URI."""
-    uri = cluster.hdfs["HDFS_URI"]
-    raw, data = f"{uri}/raw/mnist", f"{uri}/datasets/mnist"
-    upload = (
-        "import os, sys\n"
-        "from sparktf import storage\n"
-        "from sparktf.datasets.synthetic import write_mnist\n"
-        "write_mnist('/tmp/raw', n_train=64, n_test=16)\n"
-        f"storage.makedirs({raw!r})\n"
-        "for f in os.listdir('/tmp/raw'):\n"
-        f"    storage.copy_file('/tmp/raw/' + f, {raw!r} + '/' + f)\n"
-    )
-    _on_driver(cluster, sys.executable, "-c", upload)
-    _on_driver(cluster, *SUBMIT, "jobs/convert_mnist.py", "--input", raw, "--output", data)
-    return data
+    return multihost.convert_mnist(cluster, SUBMIT)
 
 
 def test_sixteen_processes_on_two_hosts_train_then_predict(cluster, mnist):
@@ -83,7 +39,7 @@ def test_sixteen_processes_on_two_hosts_train_then_predict(cluster, mnist):
     each worker host, 8 processes in each. They train and export to HDFS, every process
     ends, and the export predicts the test split."""
     uri = cluster.hdfs["HDFS_URI"]
-    _on_driver(
+    multihost.on_driver(
         cluster, *STANDALONE, "--executor-cores", "8", "--executor-memory", "2g",
         "--conf", "spark.task.cpus=1", "jobs/train_mnist.py",
         "--strategy", "allreduce", "--num-workers", "16", "--input-mode", "files",
@@ -101,18 +57,12 @@ def test_sixteen_processes_on_two_hosts_train_then_predict(cluster, mnist):
     for host in ("w1", "w2"):  # no TensorFlow process outlives the run
         tf = [l for l in multihost.listeners(cluster, host) if multihost.TF_PROCESS in str(l)]
         assert tf == [], tf
-    _on_driver(
+    multihost.on_driver(
         cluster, *SUBMIT, "jobs/predict.py",
         "--export", summary["export_dir"], "--input", f"{mnist}/test/parquet",
         "--output", f"{uri}/predictions/mnist",
     )  # fmt: skip
-    count = (
-        "import pyarrow.parquet as pq\n"
-        "from sparktf import storage\n"
-        f"with storage.local_copy({uri + '/predictions/mnist'!r}) as local:\n"
-        "    print(pq.read_table(local).num_rows)\n"
-    )
-    assert _on_driver(cluster, sys.executable, "-c", count).stdout.split()[-1] == "16"
+    assert multihost.count_rows(cluster, f"{uri}/predictions/mnist") == 16
 
 
 def test_ps_fed_by_spark_across_hosts_and_an_outsider_reaches_nothing(cluster, mnist):

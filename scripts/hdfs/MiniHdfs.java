@@ -230,7 +230,9 @@ public class MiniHdfs {
 
     /** Secures the cluster: Kerberos RPC, SPNEGO on WebHDFS, block tokens, authorization. */
     void secure(Configuration conf) {
-      String hdfs = "hdfs/localhost@" + realm;
+      // the service principals name the host clients reach: localhost, or --host's name
+      String host = HOST.equals("127.0.0.1") ? "localhost" : HOST;
+      String hdfs = "hdfs/" + host + "@" + realm;
       conf.set("hadoop.security.authentication", "kerberos");
       conf.setBoolean("hadoop.security.authorization", true);
       conf.set("dfs.namenode.kerberos.principal", hdfs);

@@ -54,6 +54,9 @@ KEYTAB_ENV = "SPARKTF_HDFS_KEYTAB"
 TOKEN_ENV = "SPARKTF_HDFS_DELEGATION_TOKEN"
 # The run's token as a Hadoop credentials file, for executor JVMs on this machine.
 TOKEN_FILE_ENV = "SPARKTF_HDFS_TOKEN_FILE"
+# The run's token for the NameNode's RPC, as Hadoop reads $HADOOP_TOKEN: for executor JVMs on
+# other hosts (Spark hands a standalone cluster's executors no token).
+RPC_TOKENS_ENV = "SPARKTF_HDFS_RPC_TOKENS"
 # The Java system property naming the Kerberos configuration (Java ignores KRB5_CONFIG).
 KRB5_CONF_PROPERTY = "java.security.krb5.conf"
 # Credentials are acquired again this many seconds before they expire.
@@ -194,7 +197,8 @@ def spark_settings(spark_conf: Mapping[str, str] | None = None) -> dict[str, str
     ``local-cluster``, a standalone master on loopback), to which Spark hands no tokens, the
     run's token file (``SPARKTF_HDFS_TOKEN_FILE``) as their ``HADOOP_TOKEN_FILE_LOCATION``
     (they inherit ``SPARKTF_HDFS_DELEGATION_TOKEN`` from this process), for executors
-    elsewhere the token itself as their ``SPARKTF_HDFS_DELEGATION_TOKEN``;
+    elsewhere the token itself as their ``SPARKTF_HDFS_DELEGATION_TOKEN`` and, for their JVMs,
+    as ``HADOOP_TOKEN`` (in their environment, never on a command line);
     and ``-Djava.security.krb5.conf`` for the driver and executor JVMs when ``KRB5_CONFIG``
     names the Kerberos configuration (Java does not read that variable). Empty when Kerberos
     is off."""
@@ -211,6 +215,8 @@ def spark_settings(spark_conf: Mapping[str, str] | None = None) -> dict[str, str
             settings["spark.executorEnv.HADOOP_TOKEN_FILE_LOCATION"] = token_file
     elif token:
         settings[f"spark.executorEnv.{TOKEN_ENV}"] = token
+        if os.environ.get(RPC_TOKENS_ENV):  # their JVMs: Hadoop's UGI reads $HADOOP_TOKEN
+            settings["spark.executorEnv.HADOOP_TOKEN"] = os.environ[RPC_TOKENS_ENV]
     krb5_conf = os.environ.get("KRB5_CONFIG")
     if krb5_conf:
         flag = f"-D{KRB5_CONF_PROPERTY}={krb5_conf}"

@@ -201,10 +201,12 @@ def run_delegation(url: str | None = None) -> Iterator[str | None]:
         os.environ[kerberos.TOKEN_ENV] = token
         rpc = urlparse(hdfs.default_fs() or "").netloc
         if rpc:  # for the executor JVMs Spark gives no token (sparktf.security.spark_settings)
-            os.environ[kerberos.TOKEN_FILE_ENV] = token_file(token, rpc, directory)
+            services = rpc_services(rpc)
+            os.environ[kerberos.TOKEN_FILE_ENV] = token_file(token, services, directory)
+            os.environ[kerberos.RPC_TOKENS_ENV] = rpc_tokens(token, services)
         yield token
     finally:
-        for name in (kerberos.TOKEN_ENV, kerberos.TOKEN_FILE_ENV):
+        for name in (kerberos.TOKEN_ENV, kerberos.TOKEN_FILE_ENV, kerberos.RPC_TOKENS_ENV):
             os.environ.pop(name, None)
         if directory is not None:
             scratch.remove_dir(directory)
@@ -265,23 +267,58 @@ def _field(data: bytes, pos: int) -> tuple[bytes, int]:
     return data[pos : pos + size], pos + size
 
 
-def token_file(token: str, service: str, directory: str) -> str:
-    """Writes ``token`` (a WebHDFS delegation token's URL string) as a Hadoop credentials file
-    (``HADOOP_TOKEN_FILE_LOCATION``'s format) for the NameNode RPC address ``service``
-    (``host:port``), readable by this user only, in ``directory``; returns its path.
+def rpc_services(netloc: str) -> list[str]:
+    """The services (``host:port``) under which the NameNode RPC address ``netloc`` looks up
+    its token: as written, and by IP address (Hadoop's default,
+    ``hadoop.security.token.service.use_ip``) when the host is a name that resolves."""
+    import socket
 
-    The token becomes an ``HDFS_DELEGATION_TOKEN`` for ``service``: the identifier and the
-    password the NameNode issued are the same for its RPC port as for WebHDFS."""
+    services = [netloc]
+    host, _, port = netloc.rpartition(":")
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return services
+    if f"{address}:{port}" != netloc:
+        services.append(f"{address}:{port}")
+    return services
+
+
+def _rpc_token(token: str, service: str) -> bytes:
+    """``token`` (a WebHDFS delegation token's URL string) as Hadoop's ``Token.write`` of an
+    ``HDFS_DELEGATION_TOKEN`` for ``service``: the identifier and the password the NameNode
+    issued are the same for its RPC port as for WebHDFS."""
     import base64
 
     raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
     identifier, pos = _field(raw, 0)
     password, pos = _field(raw, pos)
-    kind, alias = b"HDFS_DELEGATION_TOKEN", service.encode()
+    fields = (identifier, password, b"HDFS_DELEGATION_TOKEN", service.encode())
+    return b"".join(_vint(len(x)) + x for x in fields)  # identifier, password, kind, service
+
+
+def rpc_tokens(token: str, services: list[str]) -> str:
+    """``token`` for the NameNode RPC ``services``, as Hadoop reads ``$HADOOP_TOKEN``
+    (URL strings, comma-separated): how an executor JVM on another host gets the run's
+    token without a file."""
+    import base64
+
+    return ",".join(
+        base64.urlsafe_b64encode(_rpc_token(token, service)).rstrip(b"=").decode()
+        for service in services
+    )
+
+
+def token_file(token: str, services: str | list[str], directory: str) -> str:
+    """Writes ``token`` (a WebHDFS delegation token's URL string) as a Hadoop credentials file
+    (``HADOOP_TOKEN_FILE_LOCATION``'s format) for the NameNode RPC address(es) ``services``
+    (``host:port``), readable by this user only, in ``directory``; returns its path."""
+    services = [services] if isinstance(services, str) else services
     body = b"".join(
-        _vint(len(x)) + x for x in (identifier, password, kind, alias)
-    )  # Token.write: identifier, password, kind, service
-    data = b"HDTS\x00" + _vint(1) + _vint(len(alias)) + alias + body + _vint(0)
+        _vint(len(service.encode())) + service.encode() + _rpc_token(token, service)
+        for service in services
+    )
+    data = b"HDTS\x00" + _vint(len(services)) + body + _vint(0)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, f"hdfs-token-{os.getpid()}")
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
