@@ -111,8 +111,8 @@ case "$cmd" in
     for h in "${hosts[@]}"; do
       touch "$dir/$h.mnt"
       unshare --mount="$dir/$h.mnt" --propagation private sh -c \
-        'mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
-         mount --bind "$1" /etc/hosts' sh "$dir/etc-hosts"
+        'mount --bind "$1" /etc/hosts && mount -t tmpfs -o mode=1777 tmpfs /tmp &&
+         mount -t tmpfs -o mode=1777 tmpfs /dev/shm' sh "$dir/etc-hosts"  # (state may be in /tmp)
     done
     trap - ERR
     cat "$dir/hosts"

@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+from pathlib import Path
 import time
 
 import pytest
@@ -76,6 +77,10 @@ def test_hosts_reach_each_other_and_keep_their_disks_to_themselves(cluster, tmp_
     assert on(name, "a", "ls", f"/tmp/{marker}").returncode == 0
     assert on(name, "b", "ls", f"/tmp/{marker}", f"/dev/shm/{marker}").returncode != 0
     assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/dev/shm/{marker}")
+    # every host resolves the others by name; the machine's own /etc/hosts is left alone
+    named = on(name, "a", "getent", "hosts", f"b.{name}.test").stdout.split()
+    assert named[:2] == ["10.231.0.12", f"b.{name}.test"], named
+    assert f"b.{name}.test" not in Path("/etc/hosts").read_text()
     # nothing of the machine's network inside: a host has its link and loopback, no route out
     routes = on(name, "a", "ip", "route").stdout
     assert routes.split() == ["10.231.0.0/24", "dev", "eth0", "proto", "kernel", "scope",
