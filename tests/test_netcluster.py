@@ -11,8 +11,8 @@ import os
 import secrets
 import subprocess
 import sys
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pytest
 
