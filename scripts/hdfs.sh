@@ -2,13 +2,15 @@
 # A real local HDFS on 127.0.0.1 (NameNode + DataNodes in one JVM, Hadoop's MiniDFSCluster).
 #
 #   scripts/hdfs.sh start|stop|status [--port N] [--http-port N] [--dir DIR] [--conf-dir DIR]
-#                                     [--datanodes N] [--kerberos] [--host ADDRESS]
+#                                     [--datanodes N] [--kerberos] [--host ADDRESS|NAME]
 #
 # Environment equivalents: SPARKTF_HDFS_PORT (8020), SPARKTF_WEBHDFS_PORT (9870),
 # SPARKTF_HDFS_DIR (.local/hdfs), SPARKTF_HDFS_CONF_DIR (conf/hadoop), SPARKTF_HDFS_DATANODES (1).
 # --datanodes N starts N DataNodes (each on its own 127.0.0.1 ports; one replica per block, so
 # the files spread over them); keep N the same across restarts of one --dir. --host binds and
-# advertises another address than 127.0.0.1 (a host of scripts/netcluster.sh).
+# advertises another address than 127.0.0.1, or a host name (a host of scripts/netcluster.sh);
+# with --kerberos the services' principals are then hdfs/HOST and HTTP/HOST, and the KDC
+# listens there too.
 # `start` returns once HDFS accepts writes and prints HDFS_URI=..., WEBHDFS_URL=... and
 # HADOOP_CONF_DIR=..., the conf dir into which it writes core-site.xml and hdfs-site.xml. Several instances can run side
 # by side with different ports and directories. `stop` leaves no JVM behind and removes the
@@ -24,7 +26,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"; shift || true
-case "$cmd" in -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$cmd" in -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 PORT="${SPARKTF_HDFS_PORT:-8020}"
 HTTP_PORT="${SPARKTF_WEBHDFS_PORT:-9870}"
 DIR="${SPARKTF_HDFS_DIR:-$ROOT/.local/hdfs}"
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
     --datanodes) DATANODES="$2"; shift 2 ;;
     --kerberos) KERBEROS=1; shift ;;
     --host) HOST="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "hdfs.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done

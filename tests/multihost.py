@@ -121,6 +121,10 @@ class MultiHost:
         """``host``'s name, as every host resolves it (``HOST.NAME.test``)."""
         return f"{host}.{self.name}.test"
 
+    def known_as(self, host: str) -> set[str]:
+        """What names ``host``: its address, its name."""
+        return {self.hosts[host], self.name_of(host)}
+
     def start_hdfs(self, *, kerberos: bool = False) -> str:
         """HDFS on nn at its address; with ``kerberos`` at its name (the services'
         principals are ``hdfs/`` and ``HTTP/`` of it), its KDC's files in the shared
