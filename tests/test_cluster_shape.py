@@ -23,31 +23,6 @@ from tests.helpers import assert_nothing_left
 pytestmark = pytest.mark.integration
 
 
-def test_one_process_on_a_session_of_two_executors_fed_by_spark(spark, mnist_data, tmp_path):
-    """One all-reduce worker on the suite's two executors: the barrier stage takes one slot,
-    and the feeding tasks that run on the executor without a process feed the process of
-    their host, so every row of the epoch reaches it."""
-    from sparktf.spark import registered_executors
-    from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
-
-    assert registered_executors(spark.sparkContext) == 2
-    result = fit(
-        TrainConfig(
-            model="mnist_softmax",
-            data=str(mnist_data / "data"),
-            epochs=1,
-            batch_size=10,
-            input_mode="spark",
-        ),
-        ScalingConfig(strategy="allreduce", num_workers=1, threads_per_worker=1),
-        RunConfig(model_dir=str(tmp_path / "model"), failure={"feed_timeout_s": 60.0}),
-        spark=spark,
-    )
-    assert result.fed_rows == {"executor-0": 100}  # the epoch, from tasks on both executors
-    assert result.final_step == 10
-    assert_nothing_left()
-
-
 SHAPES_SCRIPT = """
 import json, sys
 from sparktf.spark import get_session

@@ -927,11 +927,11 @@ _PS_SCRIPT = (
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np, tensorflow as tf
     from sparktf import models
-    from sparktf.ports import free_port
+    from sparktf.ports import server_port  # outside the ephemeral range: no one takes it
 
     spec = tf.train.ClusterSpec({
-        "worker": [f"localhost:{free_port()}" for _ in range(2)],
-        "ps": [f"localhost:{free_port()}"],
+        "worker": [f"localhost:{server_port()}" for _ in range(2)],
+        "ps": [f"localhost:{server_port()}"],
     })
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)  # in-process workers
     servers = [tf.distribute.Server(spec, job_name="worker", task_index=i, config=config)

@@ -430,9 +430,10 @@ SESSION_SCRIPT = """
 import json, sys, time
 from sparktf.spark import get_session, registered_executors
 from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
-small = {"spark.executor.cores": "1", "spark.executor.memory": "1g", "spark.task.cpus": "1",
-         "spark.cores.max": "3", "spark.ui.enabled": "false"}
-spark = get_session("sparktf-session", profile="standalone", overrides=small)
+# the profile's executors (4 cores, 8g) are shrunk to what the workers offer (1 core, 1g)
+spark = get_session(
+    "sparktf-session", profile="standalone", overrides={"spark.cores.max": "3"}
+)
 conf = dict(spark.sparkContext.getConf().getAll())
 total = spark.sparkContext.parallelize(range(10), 2).sum()
 keys = ("spark.authenticate", "spark.network.crypto.enabled", "spark.io.encryption.enabled")
@@ -459,8 +460,9 @@ def test_a_session_from_plain_python_joins_the_protected_cluster(
 ):
     """get_session(profile="standalone") outside spark-submit: the cluster of master.env, the
     transport settings on, and the secret handed to the JVM in a private file (the master
-    and its workers accept nothing else). The session has 3 executors, one more than the
-    all-reduce run it then trains with ``fit``: the run takes two of them."""
+    and its workers accept nothing else). The profile's executors are shrunk to what the
+    workers offer, so the session gets its 3 executors, one more than the all-reduce run it
+    then trains with ``fit``: the run takes two of them."""
     script = tmp_path / "session.py"
     script.write_text(SESSION_SCRIPT)
     env = {
@@ -481,3 +483,4 @@ def test_a_session_from_plain_python_joins_the_protected_cluster(
     assert sorted(result["processes"]) == ["chief:0", "worker:0"] and len(executors) == 2
     assert spark_secret(cluster) not in run.stdout + run.stderr
     assert_ran_on_cluster(cluster, "sparktf-session", cores=3)
+    assert "using 1 core and 1g per executor" in run.stderr

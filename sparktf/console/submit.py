@@ -224,18 +224,7 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         extra += ["--conf", f"spark.task.cpus={cores_given}"]
 
     if n:
-        # one process per executor, unless the user's executors have several task slots
-        per = 1
-        if cores_given:
-            given = {**profile, **command.confs(), "spark.executor.cores": cores_given}
-            per = spark.executor_slots(
-                {**given, "spark.task.cpus": given.get("spark.task.cpus") or cores_given}
-            )
-        executors = -(-n // per)
-        if per > 1:
-            log.info("%d task slots per executor: %d executors for %d processes", per, executors, n)
-        sized, cores = _sized(command, profile, master, executors)
-        extra += sized + _count(command, master, master_given, executors, cores, per)
+        extra += _training_executors(command, profile, master, master_given, n)
     else:  # other jobs run on what they get: executors that fit, as many as asked or one
         asked = command.option("--num-executors", "spark.executor.instances")
         wanted = int(asked or profile.get("spark.executor.instances", "1"))
@@ -412,6 +401,25 @@ def _without_option(args: list[str], flag: str) -> list[str]:
         elif not arg.startswith(flag + "="):
             kept.append(arg)
     return kept
+
+
+def _training_executors(
+    command: Command, profile: dict, master: str, master_given: bool, n: int
+) -> list[str]:
+    """The options that size and count the executors of a training job of ``n`` processes:
+    one process per executor, unless the executors given have several task slots."""
+    per = 1
+    cores_given = command.option("--executor-cores", "spark.executor.cores")
+    if cores_given:
+        given = {**profile, **command.confs(), "spark.executor.cores": cores_given}
+        per = spark.executor_slots(
+            {**given, "spark.task.cpus": given.get("spark.task.cpus") or cores_given}
+        )
+    executors = -(-n // per)
+    if per > 1:
+        log.info("%d task slots per executor: %d executors for %d processes", per, executors, n)
+    sized, cores = _sized(command, profile, master, executors)
+    return sized + _count(command, master, master_given, executors, cores, per)
 
 
 def _count(

@@ -22,6 +22,7 @@ from sparktf.spark import launches, ui
 from sparktf.spark.profiles import (
     PROPAGATED_ENV,
     cluster_master,
+    executor_sizing,
     log4j_conf,
     profile_conf,
     remove_work_dir,
@@ -134,6 +135,7 @@ def get_session(
     else:
         profile = profile or os.environ.get("SPARKTF_PROFILE", "local")
         conf = session_conf(profile, overrides)
+        conf.update(_fitted_executors(conf, overrides or {}))
         kerberos.preflight(conf)  # no ticket and no keytab: fail before the JVM starts
         conf.update(kerberos.spark_settings(conf))
         if conf.get("spark.master", "").startswith(("local", "local-cluster")):
@@ -154,7 +156,9 @@ def get_session(
     with private_for_new_jvm(builder, private) as builder:
         spark = builder.getOrCreate()
     if ui.KEY_CONF in private:  # the UI answers its user only: the user's token
-        ui.publish_token(spark.sparkContext, private[ui.KEY_CONF])
+        if ui.publish_token(spark.sparkContext, private[ui.KEY_CONF]) is not None:
+            # gone with the application, however it is stopped (spark.stop() included)
+            atexit.register(ui.forget_token, spark.sparkContext.applicationId)
     default = "INFO" if _debug_logging() else "WARN"
     spark.sparkContext.setLogLevel(os.environ.get("SPARKTF_SPARK_LOG_LEVEL", default))
     launches.watch(spark.sparkContext)  # executors that die at start fail it, not hang it
@@ -201,6 +205,27 @@ def _kerberos_under_submit() -> dict[str, str]:
     if token:
         settings.setdefault(f"spark.executorEnv.{kerberos.TOKEN_ENV}", token)
     return settings
+
+
+def _fitted_executors(conf: dict[str, str], given: Mapping[str, str]) -> dict[str, str]:
+    """A standalone or YARN master from plain Python: the profile's executors shrunk to what
+    the cluster offers (``executor_sizing``, as ``sparktf submit`` does), unless the caller
+    sized them (``given``: a training job does, for its run). Executors that cannot be
+    placed even shrunk are left as they are (Spark waits for room)."""
+    from sparktf.placement import PlacementError
+
+    master = conf.get("spark.master", "")
+    if not (master.startswith("spark://") or master == "yarn"):
+        return {}
+    if {"spark.executor.cores", "spark.executor.memory"} & set(given):
+        return {}
+    wanted = int(conf.get("spark.executor.instances", "1") or 1)
+    for count in dict.fromkeys((wanted, 1)):  # as many as asked, else one
+        try:
+            return executor_sizing(master, conf, count)
+        except PlacementError as exc:
+            log.info("executors as configured: %s", exc)
+    return {}
 
 
 def _submitted_conf() -> dict[str, str]:

@@ -101,15 +101,18 @@ def slots_message(needed: int, have: int | None, how: str) -> str:
 
 def _scheduler_slots(spark) -> tuple[int, int] | None:
     """A classic session's (task slots, tasks running) as the scheduler counts them now."""
+    from sparktf.spark.failures import task_slots
+
+    slots = task_slots(spark.sparkContext)
+    if slots is None:  # another Spark version: Spark's own check remains
+        return None
     try:
         jsc = spark.sparkContext._jsc.sc()
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        slots = int(jsc.maxNumConcurrentTasks(profile))
         running = sum(int(e.numRunningTasks()) for e in jsc.statusTracker().getExecutorInfos())
-        return slots, running
-    except Exception as exc:  # another Spark version: Spark's own check remains
-        log.debug("cannot read the scheduler's task slots: %s", exc)
+    except Exception as exc:
+        log.debug("cannot read the tasks running: %s", exc)
         return None
+    return slots, running
 
 
 def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: float = 10.0) -> None:
