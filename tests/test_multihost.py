@@ -42,20 +42,22 @@ def mnist(cluster):
 
 
 def test_sixteen_processes_on_two_hosts_train_then_predict(cluster, mnist):
-    """16 all-reduce processes read their files from HDFS: one executor of 8 task slots on
-    each worker host, 8 processes in each. They train and export to HDFS, every process
-    ends, and the export predicts the test split."""
+    """16 all-reduce processes fed by Spark: one executor of 8 task slots on each worker
+    host, 8 processes in each, each fed by the tasks of its own host. They train and export
+    to HDFS, every process ends, and the export predicts the test split."""
     uri = cluster.hdfs["HDFS_URI"]
     assert uri.startswith(f"hdfs://{cluster.name_of('nn')}:")  # the NameNode by its name
     multihost.on_driver(
         cluster, *STANDALONE, "--executor-cores", "8", "--executor-memory", "2g",
         "--conf", "spark.task.cpus=1", "jobs/train_mnist.py",
-        "--strategy", "allreduce", "--num-workers", "16", "--input-mode", "files",
+        "--strategy", "allreduce", "--num-workers", "16", "--input-mode", "spark",
         "--data", mnist, "--steps", "2", "--batch-size", "32",
         "--model-dir", f"{uri}/models/mnist-16", "--result-json", "/tmp/result-16.json",
     )  # fmt: skip
     summary = json.loads(cluster.run("drv", "cat", "/tmp/result-16.json").stdout)
     assert (summary["final_step"], summary["strategy"]) == (2, "allreduce")
+    fed = summary["fed_rows"]  # every process fed by Spark's tasks of its own host
+    assert len(fed) == 16 and all(rows > 0 for rows in fed.values()), fed
     assert summary["export_dir"].startswith(uri)
     processes = summary["processes"]
     assert len(processes) == 16
@@ -78,16 +80,16 @@ def test_sixteen_processes_on_two_hosts_train_then_predict(cluster, mnist):
         assert found.strip() == "", found
 
 
-def test_ps_fed_by_spark_across_hosts_and_an_outsider_reaches_nothing(cluster, mnist):
+def test_ps_from_files_across_hosts_and_an_outsider_reaches_nothing(cluster, mnist):
     """ps with its parameter server on the driver's host, the chief and the worker on the
-    worker hosts, the chief fed by Spark. While it trains, the outsider host tries every
-    port the run listens on (the driver's and the executors' processes): none answers it but
-    TensorFlow's gRPC servers, the documented exception. The driver's UI asks for the token
-    sparktf gave its user, and answers with it."""
+    worker hosts, the worker reading its files from HDFS. While it trains, the outsider host
+    tries every port the run listens on (the driver's and the executors' processes): none
+    answers it but TensorFlow's gRPC servers, the documented exception. The driver's UI asks
+    for the token sparktf gave its user, and answers with it."""
     uri = cluster.hdfs["HDFS_URI"]
     command = cluster.command(
         "drv", *SUBMIT, "jobs/train_mnist.py",
-        "--strategy", "ps", "--num-workers", "1", "--num-ps", "1", "--input-mode", "spark",
+        "--strategy", "ps", "--num-workers", "1", "--num-ps", "1", "--input-mode", "files",
         "--data", mnist, "--steps", "120", "--batch-size", "8",
         "--model-dir", f"{uri}/models/mnist-ps", "--result-json", "/tmp/result-ps.json",
     )  # fmt: skip
@@ -112,7 +114,7 @@ def test_ps_fed_by_spark_across_hosts_and_an_outsider_reaches_nothing(cluster, m
                 job.kill()
                 job.wait()
     summary = json.loads(cluster.run("drv", "cat", "/tmp/result-ps.json").stdout)
-    assert (summary["final_step"], summary["input_mode"]) == (120, "spark")
+    assert (summary["final_step"], summary["input_mode"]) == (120, "files")
     hosts = {name: where["host"] for name, where in summary["processes"].items()}
     assert hosts["ps:0"] in cluster.known_as("drv")  # the driver's address: maybe its name
     assert {hosts["chief:0"], hosts["worker:0"]} == {cluster.hosts["w1"], cluster.hosts["w2"]}
