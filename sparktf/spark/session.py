@@ -127,8 +127,8 @@ def get_session(
     private: dict[str, str] = {}
     if launched_by_spark_submit():
         kerberos.preflight()
-        settings = _kerberos_under_submit()
         submitted = _submitted_conf()
+        settings = _kerberos_under_submit(submitted)
         ui_public, private = ui.protect_settings({**submitted, **(overrides or {})})
         for key, value in {**settings, **ui_public, **(overrides or {})}.items():
             builder = builder.config(key, value)
@@ -168,23 +168,22 @@ def get_session(
     return spark
 
 
-def _kerberos_under_submit() -> dict[str, str]:
+def _kerberos_under_submit(submitted: Mapping[str, str]) -> dict[str, str]:
     """Kerberos for a driver that spark-submit started: its JVM already runs, so the Kerberos
     configuration ``KRB5_CONFIG`` names is set in it now (``java.security.krb5.conf``, unless
     spark-submit gave one), before Spark's first Hadoop login; the JVM logs in with this
     process's keytab (``kerberos.login``) unless spark-submit logged it in already
     (``--principal``/``--keytab``); and the settings the executors
     need (``kerberos.spark_settings``: that option for their JVMs, the run's token), which
-    apply because they start with this SparkContext. Empty when Kerberos is off (a token
-    this driver was given still goes to the executors)."""
+    apply because they start with this SparkContext (``submitted``: the settings spark-submit
+    gave). Empty when Kerberos is off (a token this driver was given still goes to the
+    executors)."""
     if not kerberos.enabled():
         token = os.environ.get(kerberos.TOKEN_ENV)
         return {f"spark.executorEnv.{kerberos.TOKEN_ENV}": token} if token else {}
-        return {}
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkContext
 
-    SparkContext._ensure_initialized()
-    jvm = SparkContext._jvm
+    jvm = SparkContext._jvm  # started by _submitted_conf
     krb5_conf = os.environ.get("KRB5_CONFIG")
     if krb5_conf and not jvm.java.lang.System.getProperty(kerberos.KRB5_CONF_PROPERTY):
         jvm.java.lang.System.setProperty(kerberos.KRB5_CONF_PROPERTY, krb5_conf)
@@ -199,7 +198,7 @@ def _kerberos_under_submit() -> dict[str, str]:
         principal = who.principal or kerberos.credential().principal
         users.loginUserFromKeytab(principal, who.keytab)
         log.info("Kerberos: the driver JVM logged in as %s from %s", principal, who.keytab)
-    settings = kerberos.spark_settings(dict(SparkConf().getAll()))
+    settings = kerberos.spark_settings(dict(submitted))
     settings = {key: value for key, value in settings.items() if key.startswith("spark.executor")}
     token = os.environ.get(kerberos.TOKEN_ENV)  # a token this driver was given
     if token:
@@ -214,15 +213,12 @@ def _fitted_executors(conf: dict[str, str], given: Mapping[str, str]) -> dict[st
     placed even shrunk are left as they are (Spark waits for room)."""
     from sparktf.placement import PlacementError
 
-    master = conf.get("spark.master", "")
-    if not (master.startswith("spark://") or master == "yarn"):
-        return {}
     if {"spark.executor.cores", "spark.executor.memory"} & set(given):
         return {}
     wanted = int(conf.get("spark.executor.instances", "1") or 1)
     for count in dict.fromkeys((wanted, 1)):  # as many as asked, else one
-        try:
-            return executor_sizing(master, conf, count)
+        try:  # {} for masters whose cluster it cannot read (only standalone and YARN)
+            return executor_sizing(conf.get("spark.master", ""), conf, count)
         except PlacementError as exc:
             log.info("executors as configured: %s", exc)
     return {}

@@ -86,8 +86,9 @@ def bearer_token(key: str, subject: str) -> str:
 
 
 def token_file(app_id: str) -> Path:
-    """Where the UI token of the application ``app_id`` is kept (``home()/ui``, private)."""
-    return paths.state_dir("ui") / f"{app_id}.token"
+    """Where the UI token of the application ``app_id`` is kept (``home()/ui``, private;
+    not created here)."""
+    return paths.home() / "ui" / f"{app_id}.token"
 
 
 def publish_token(sc, key: str) -> Path | None:
@@ -97,6 +98,7 @@ def publish_token(sc, key: str) -> Path | None:
     url = sc.uiWebUrl
     if not url:
         return None
+    paths.state_dir("ui")  # created private
     path = token_file(sc.applicationId)
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -115,6 +117,6 @@ def forget_token(app_id: str | None) -> None:
     """Removes the UI token of ``app_id`` (the application has ended: its key with it)."""
     if app_id:
         try:
-            (paths.home() / "ui" / f"{app_id}.token").unlink(missing_ok=True)
+            token_file(app_id).unlink(missing_ok=True)
         except OSError as exc:
             log.debug("UI token of %s not removed: %s", app_id, exc)

@@ -135,7 +135,7 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
     if not scheduler or is_connect(spark):
         return
     start = time.monotonic()
-    told = start
+    next_log = start  # when to say again that it waits
     while True:
         counted = _scheduler_slots(spark)
         if counted is None:
@@ -144,7 +144,7 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
         if slots < needed:
             raise SlotsError(slots_message(needed, slots, "registered executors"))
         if slots - running >= needed:
-            if told > start:
+            if next_log > start:  # it said it waited
                 log.info(
                     "%d task slots free after %.0f s", slots - running, time.monotonic() - start
                 )
@@ -155,12 +155,12 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
                 slots_message(needed, slots - running, busy)
                 + f"; waited {free_wait_s:.0f} s (FailureConfig.startup_timeout_s)"
             )
-        if time.monotonic() >= told:
+        if time.monotonic() >= next_log:
             log.info(
                 "waiting for %d free task slots (%d %s), at most %.0f s",
                 needed, slots - running, busy, free_wait_s,
             )  # fmt: skip
-            told = time.monotonic() + 15.0
+            next_log = time.monotonic() + 15.0
         time.sleep(0.2)
 
 
