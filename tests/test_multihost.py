@@ -90,7 +90,7 @@ def test_ps_from_files_across_hosts_and_an_outsider_reaches_nothing(cluster, mni
     command = cluster.command(
         "drv", *SUBMIT, "jobs/train_mnist.py",
         "--strategy", "ps", "--num-workers", "1", "--num-ps", "1", "--input-mode", "files",
-        "--data", mnist, "--steps", "120", "--batch-size", "8",
+        "--data", mnist, "--steps", "400", "--batch-size", "8",
         "--model-dir", f"{uri}/models/mnist-ps", "--result-json", "/tmp/result-ps.json",
     )  # fmt: skip
     log = cluster.shared / "train-ps.log"
@@ -114,7 +114,7 @@ def test_ps_from_files_across_hosts_and_an_outsider_reaches_nothing(cluster, mni
                 job.kill()
                 job.wait()
     summary = json.loads(cluster.run("drv", "cat", "/tmp/result-ps.json").stdout)
-    assert (summary["final_step"], summary["input_mode"]) == (120, "files")
+    assert (summary["final_step"], summary["input_mode"]) == (400, "files")
     hosts = {name: where["host"] for name, where in summary["processes"].items()}
     assert hosts["ps:0"] in cluster.known_as("drv")  # the driver's address: maybe its name
     assert {hosts["chief:0"], hosts["worker:0"]} == {cluster.hosts["w1"], cluster.hosts["w2"]}
