@@ -3,12 +3,14 @@
 #
 #   scripts/spark-cluster.sh start|stop|status [--workers N] [--cores C] [--memory M] [--dir DIR]
 #                            [--port N] [--webui-port N]
+#   scripts/spark-cluster.sh start-worker --worker N [--dir DIR]
 #
 # --workers (2), --cores per worker (1), --memory per worker (1g, as in spark-submit: 512m, 2g).
 # --port/--webui-port: the master's RPC and web UI ports (default 0: free ports). Everything the
 # cluster writes (logs, pid files, executor work dirs, scratch) stays in DIR (private; default
 # $SPARKTF_HOME/spark-cluster, SPARKTF_HOME defaulting to the checkout's .local). `start` returns once every worker is ALIVE at the master and prints SPARK_MASTER_URL=...
 # (also in DIR/master.env, which sparktf submit --profile standalone reads). `stop` leaves no JVM.
+# `start-worker --worker N` starts worker N of a running cluster again (after it was lost).
 # Spark's authentication and RPC encryption are on: every start makes a new shared secret in
 # DIR/secret.conf (private; sparktf submit reads it, plain spark-submit takes it with
 # --properties-file DIR/secret.conf); master.env names it as SPARK_SECRET_FILE.
@@ -26,13 +28,14 @@ PORT=0
 WEBUI_PORT=0
 START_TIMEOUT="${SPARKTF_SPARK_START_TIMEOUT:-180}"
 PY="${SPARKTF_PYTHON:-$ROOT/.venv/bin/python}"
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 case "$cmd" in -h|--help) usage; exit 0 ;; esac
 while [ $# -gt 0 ]; do
   case "$1" in
-    --workers|--cores|--memory|--dir|--port|--webui-port)
+    --workers|--cores|--memory|--dir|--port|--webui-port|--worker)
       [ $# -ge 2 ] || { echo "spark-cluster.sh: $1 needs a value" >&2; exit 2; } ;;&
     --workers) WORKERS="$2"; shift 2 ;;
+    --worker) N="$2"; shift 2 ;;
     --cores) CORES="$2"; shift 2 ;;
     --memory) MEMORY="$2"; shift 2 ;;
     --dir) DIR="$2"; shift 2 ;;
@@ -144,6 +147,29 @@ fail_start() {
   exit 1
 }
 
+daemon_env() {  # the daemons' Spark and environment: every file they write stays in DIR
+  [ -x "$PY" ] || PY="$(command -v python3)" || { echo "spark-cluster.sh: no python found" >&2; exit 1; }
+  command -v java >/dev/null || { echo "spark-cluster.sh: java not found; install Java 17" >&2; exit 1; }
+  SPARK_HOME="${SPARKTF_SPARK_HOME:-$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)}" \
+    || { echo "spark-cluster.sh: pyspark not importable by $PY; run scripts/setup.sh" >&2; exit 1; }
+  [ -x "$SPARK_HOME/bin/spark-class" ] || { echo "spark-cluster.sh: no bin/spark-class in $SPARK_HOME" >&2; exit 1; }
+  mkdir -p "$PIDS" "$LOGS" "$DIR/conf" "$DIR/work" "$DIR/local" "$DIR/tmp"
+  # Keep every file the daemons (and the executors they start) write inside DIR, on loopback.
+  export SPARK_HOME SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR="$DIR/conf" SPARK_LOG_DIR="$LOGS" \
+    SPARK_PID_DIR="$PIDS" SPARK_LOCAL_DIRS="$DIR/local" SPARK_WORKER_DIR="$DIR/work" \
+    SPARK_DAEMON_MEMORY="${SPARKTF_SPARK_DAEMON_MEMORY:-512m}" PYSPARK_PYTHON="$PY"
+  export SPARK_DAEMON_JAVA_OPTS="$TAG -Djava.io.tmpdir=$DIR/tmp -XX:-UsePerfData"
+  unset SPARK_MASTER_HOST SPARK_MASTER_PORT SPARK_MASTER_WEBUI_PORT SPARK_WORKER_CORES \
+    SPARK_WORKER_MEMORY SPARK_WORKER_PORT SPARK_WORKER_WEBUI_PORT SPARK_WORKER_OPTS SPARK_MASTER_OPTS
+}
+
+start_worker() {  # $1 = worker number, $2 = the master's URL
+  mkdir -p "$DIR/work/worker-$1"
+  start_daemon "worker-$1" org.apache.spark.deploy.worker.Worker \
+    --host 127.0.0.1 --port 0 --webui-port 0 --cores "$CORES" --memory "$MEMORY" \
+    --work-dir "$DIR/work/worker-$1" "$2"
+}
+
 case "$cmd" in
   start)
     if pid="$(running_pid "$PIDS/master.pid")"; then
@@ -157,19 +183,7 @@ case "$cmd" in
       echo "spark-cluster.sh: a partly running cluster in $DIR; stopping it first" >&2
     fi
     stop_all >/dev/null || exit 1
-    [ -x "$PY" ] || PY="$(command -v python3)" || { echo "spark-cluster.sh: no python found" >&2; exit 1; }
-    command -v java >/dev/null || { echo "spark-cluster.sh: java not found; install Java 17" >&2; exit 1; }
-    SPARK_HOME="${SPARKTF_SPARK_HOME:-$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)}" \
-      || { echo "spark-cluster.sh: pyspark not importable by $PY; run scripts/setup.sh" >&2; exit 1; }
-    [ -x "$SPARK_HOME/bin/spark-class" ] || { echo "spark-cluster.sh: no bin/spark-class in $SPARK_HOME" >&2; exit 1; }
-    mkdir -p "$PIDS" "$LOGS" "$DIR/conf" "$DIR/work" "$DIR/local" "$DIR/tmp"
-    # Keep every file the daemons (and the executors they start) write inside DIR, on loopback.
-    export SPARK_HOME SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR="$DIR/conf" SPARK_LOG_DIR="$LOGS" \
-      SPARK_PID_DIR="$PIDS" SPARK_LOCAL_DIRS="$DIR/local" SPARK_WORKER_DIR="$DIR/work" \
-      SPARK_DAEMON_MEMORY="${SPARKTF_SPARK_DAEMON_MEMORY:-512m}" PYSPARK_PYTHON="$PY"
-    export SPARK_DAEMON_JAVA_OPTS="$TAG -Djava.io.tmpdir=$DIR/tmp -XX:-UsePerfData"
-    unset SPARK_MASTER_HOST SPARK_MASTER_PORT SPARK_MASTER_WEBUI_PORT SPARK_WORKER_CORES \
-      SPARK_WORKER_MEMORY SPARK_WORKER_PORT SPARK_WORKER_WEBUI_PORT SPARK_WORKER_OPTS SPARK_MASTER_OPTS
+    daemon_env
     # The cluster's shared secret (a standalone master takes no other): the daemons read it
     # from their spark-defaults.conf, the workers hand it to the executors in their
     # environment, applications read DIR/secret.conf. Private files only (umask 077).
@@ -204,12 +218,7 @@ CONF
                  | head -1 | sed 's/.*:\([0-9]*\)$/\1/')" || true
       [ -n "$ui_port" ] && ui="http://127.0.0.1:$ui_port"
     done
-    for i in $(seq 1 "$WORKERS"); do
-      mkdir -p "$DIR/work/worker-$i"
-      start_daemon "worker-$i" org.apache.spark.deploy.worker.Worker \
-        --host 127.0.0.1 --port 0 --webui-port 0 --cores "$CORES" --memory "$MEMORY" \
-        --work-dir "$DIR/work/worker-$i" "$url"
-    done
+    for i in $(seq 1 "$WORKERS"); do start_worker "$i" "$url"; done
     until [ "$(master_json "$ui" 2>/dev/null || echo 0)" -ge "$WORKERS" ]; do
       running_pid "$PIDS/master.pid" >/dev/null || fail_start "the master died" "$LOGS/master.log"
       for i in $(seq 1 "$WORKERS"); do
@@ -222,6 +231,32 @@ CONF
     done
     printf 'SPARK_MASTER_URL=%s\nSPARK_MASTER_WEBUI_URL=%s\nSPARK_CLUSTER_WORKERS=%s\nSPARK_CLUSTER_CORES=%s\nSPARK_CLUSTER_MEMORY=%s\nSPARK_SECRET_FILE=%s\n' \
       "$url" "$ui" "$WORKERS" "$CORES" "$MEMORY" "$SECRET_FILE" > "$ENV_FILE"
+    cat "$ENV_FILE"
+    ;;
+  start-worker)
+    # Starts worker N again in the running cluster (one lost or stopped): same secret, size
+    # and master; returns once the master counts it ALIVE.
+    [[ "${N:-}" =~ ^[1-9][0-9]*$ ]] || { echo "spark-cluster.sh: start-worker needs --worker N" >&2; exit 2; }
+    pid="$(running_pid "$PIDS/master.pid")" && [ -f "$ENV_FILE" ] \
+      || { echo "spark-cluster.sh: no running cluster in $DIR (start it first)" >&2; exit 1; }
+    want="$(sed -n 's/^SPARK_CLUSTER_WORKERS=//p' "$ENV_FILE")"
+    [ "$N" -le "$want" ] || { echo "spark-cluster.sh: the cluster has workers 1-$want, not $N" >&2; exit 2; }
+    if running_pid "$PIDS/worker-$N.pid" >/dev/null; then
+      echo "spark-cluster.sh: worker $N is running" >&2; cat "$ENV_FILE"; exit 0
+    fi
+    CORES="$(sed -n 's/^SPARK_CLUSTER_CORES=//p' "$ENV_FILE")"
+    MEMORY="$(sed -n 's/^SPARK_CLUSTER_MEMORY=//p' "$ENV_FILE")"
+    url="$(sed -n 's/^SPARK_MASTER_URL=//p' "$ENV_FILE")"
+    ui="$(sed -n 's/^SPARK_MASTER_WEBUI_URL=//p' "$ENV_FILE")"
+    daemon_env
+    start_worker "$N" "$url"
+    deadline=$((SECONDS + START_TIMEOUT))
+    until [ "$(master_json "$ui" 2>/dev/null || echo 0)" -ge "$want" ]; do
+      running_pid "$PIDS/worker-$N.pid" >/dev/null \
+        || { echo "spark-cluster.sh: worker $N failed to start" >&2; tail -20 "$LOGS/worker-$N.log" >&2; exit 1; }
+      [ $SECONDS -lt $deadline ] || { echo "spark-cluster.sh: worker $N not ALIVE after ${START_TIMEOUT}s" >&2; exit 1; }
+      sleep 1
+    done
     cat "$ENV_FILE"
     ;;
   stop)
@@ -245,6 +280,6 @@ CONF
     fi
     ;;
   *)
-    echo "usage: scripts/spark-cluster.sh start|stop|status [--workers N] [--cores C] [--memory M] [--dir DIR] (--help)" >&2
+    echo "usage: scripts/spark-cluster.sh start|stop|status|start-worker [--workers N] [--cores C] [--memory M] [--dir DIR] (--help)" >&2
     exit 2 ;;
 esac

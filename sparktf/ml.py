@@ -197,6 +197,11 @@ class _TrainParams(_ColumnParams):
     )
     strategy = _param("strategy", "allreduce or ps", TypeConverters.toString)
     numWorkers = _param("numWorkers", "training processes (ps: workers)", TypeConverters.toInt)
+    minWorkers = _param(
+        "minWorkers",
+        "elastic runs: the fewest workers the run goes on with (numWorkers the most)",
+        TypeConverters.toInt,
+    )
     numPs = _param("numPs", "parameter servers (ps strategy)", TypeConverters.toInt)
     psOnDriver = _param(
         "psOnDriver", "run the parameter servers on the driver", TypeConverters.toBoolean
@@ -266,9 +271,11 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
       ``modelDir/fits-<random>/<index>`` instead, unless the param map sets ``modelDir``.
     * ``strategy`` (``"allreduce"`` or ``"ps"``), ``numWorkers`` (2), ``numPs`` (1),
       ``psOnDriver`` (False), ``threadsPerWorker`` (0: TensorFlow's default): the
-      :class:`sparktf.train.ScalingConfig`. The Spark session must have exactly the
-      executors the run needs (``numWorkers`` for ``allreduce``; chief, workers and
-      parameter servers for ``ps``).
+      :class:`sparktf.train.ScalingConfig`. The Spark session needs a task slot per
+      process (``numWorkers`` for ``allreduce``; chief, workers and parameter servers on
+      executors for ``ps``). ``minWorkers`` (unset) makes the run elastic: it goes on with
+      down to ``minWorkers`` workers when executors are lost and grows back to
+      ``numWorkers`` (docs/training.md "Elastic runs").
     * ``epochs``, ``steps`` (whichever ends first), ``batchSize`` (global; default the
       model's), ``seed`` (0): the :class:`sparktf.train.TrainConfig`; ``runConfig``: more
       :class:`sparktf.train.RunConfig` fields (a dict, its groups as dicts, e.g.
@@ -308,6 +315,7 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         metrics: list[str] | None = None,
         strategy: str = "allreduce",
         numWorkers: int = 2,
+        minWorkers: int | None = None,
         numPs: int = 1,
         psOnDriver: bool = False,
         threadsPerWorker: int = 0,
@@ -449,6 +457,9 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         scaling = ScalingConfig(
             strategy=self.getOrDefault(self.strategy),
             num_workers=self.getOrDefault(self.numWorkers),
+            min_workers=(
+                self.getOrDefault(self.minWorkers) if self.isDefined(self.minWorkers) else None
+            ),
             num_ps=self.getOrDefault(self.numPs),
             ps_on_driver=self.getOrDefault(self.psOnDriver),
             threads_per_worker=self.getOrDefault(self.threadsPerWorker),

@@ -111,12 +111,12 @@ def test_a_run_that_needs_more_slots_than_the_cluster_fails_at_once(spark, mnist
 def test_the_scheduler_count_fails_a_run_that_cannot_fit_and_waits_for_busy_slots(monkeypatch):
     spark = ConfSession({"spark.master": "spark://h:7077"})  # the settings fix no count
     counts = iter([(4, 3), (4, 3), (4, 1)])  # 4 slots, 3 then 1 busy with another job
-    monkeypatch.setattr(gang, "_scheduler_slots", lambda s: next(counts))
+    monkeypatch.setattr(gang, "scheduler_slots", lambda s: next(counts))
     gang.check_slots(spark, 3, free_wait_s=5.0)  # returns once 3 are free
-    monkeypatch.setattr(gang, "_scheduler_slots", lambda s: (2, 0))
+    monkeypatch.setattr(gang, "scheduler_slots", lambda s: (2, 0))
     with pytest.raises(gang.SlotsError, match=r"needs 3 task slots .* the cluster has 2 \("):
         gang.check_slots(spark, 3)
-    monkeypatch.setattr(gang, "_scheduler_slots", lambda s: (4, 2))
+    monkeypatch.setattr(gang, "scheduler_slots", lambda s: (4, 2))
     with pytest.raises(gang.SlotsError, match=r"has 2 \(free of 4: 2 busy with other tasks\)"):
         gang.check_slots(spark, 3, free_wait_s=0.3)
     gang.check_slots(spark, 3, scheduler=False)  # the settings alone: nothing to say

@@ -52,8 +52,8 @@ def cluster_jvms(directory: Path) -> list[int]:
     return found
 
 
-def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return helpers.run_command([CLUSTER_SH, *args], timeout=timeout)
+def cluster_sh(*args: str, timeout: float = 300, env=None) -> subprocess.CompletedProcess:
+    return helpers.run_command([CLUSTER_SH, *args], timeout=timeout, env=env)
 
 
 def master_state(webui: str) -> dict:

@@ -13,7 +13,9 @@ Every field of :class:`~sparktf.train.config.TrainConfig`,
   ``--checkpoint-every`` for ``CheckpointConfig.every_steps`` (``RunConfig.checkpoint``). A
   switch that is on by default is turned off by ``--no-<name>``;
 * ``flag_help``, ``choices``, ``metavar`` (optional) -- the help where the command line
-  differs from the Python API (``--no-export``), the allowed values, the value's name.
+  differs from the Python API (``--no-export``), the allowed values, the value's name;
+* ``parse`` (optional) -- the argparse ``type`` when the annotation's is not enough
+  (``--num-workers MIN:MAX``).
 
 The flag's type comes from the field's annotation (``int``, ``float``, ``str``; ``bool`` is a
 switch; ``dict`` a JSON object; ``tuple[str, ...]`` a comma-separated list; any of them
@@ -145,7 +147,7 @@ class Flag:
         meta = self.field.metadata
         if self.kind is bool:
             return {"action": "store_false" if self.default else "store_true"}
-        options = {"type": _PARSERS[self.kind], "default": self.default}
+        options = {"type": meta.get("parse") or _PARSERS[self.kind], "default": self.default}
         for key in ("choices", "metavar"):
             if key in meta:
                 options[key] = list(meta[key]) if key == "choices" else meta[key]

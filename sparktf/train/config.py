@@ -117,6 +117,28 @@ def _positive(
         )
 
 
+def _worker_range(value: Any) -> tuple[int, int]:
+    """``(min, max)`` workers of an elastic run, checked."""
+    if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ConfigError(
+            f"ScalingConfig.num_workers must be a number or a (min, max) pair, got {value!r}"
+        )
+    low, high = value
+    if not 1 <= low <= high:
+        raise ConfigError(
+            f"ScalingConfig.num_workers {low}:{high}: the range must have 1 <= min <= max"
+        )
+    return low, high
+
+
+def worker_range(text: str) -> int | tuple[int, int]:
+    """``--num-workers``: ``N`` or ``MIN:MAX`` (argparse ``type``)."""
+    if ":" not in str(text):
+        return int(text)
+    low, _, high = str(text).partition(":")
+    return int(low), int(high)
+
+
 @_documented
 @dataclass(frozen=True)
 class ScalingConfig:
@@ -137,8 +159,18 @@ class ScalingConfig:
       chief and the workers each take one Spark executor; the parameter servers take one
       executor each, or run on the driver with ``ps_on_driver``.
 
-    ``num_executors`` is the number of Spark executors the run needs: exactly that many
-    must be registered (TensorFlowOnSpark places one TensorFlow process per executor).
+    ``num_executors`` is the number of task slots the run's TensorFlow processes take (one
+    barrier task each, on any executors with free slots).
+
+    **Elastic runs.** ``num_workers=(min, max)`` (``--num-workers MIN:MAX``; or
+    ``min_workers``) lets the number of workers change while the run goes on: it starts with
+    as many as the free task slots allow, up to ``max`` (at least ``min``, else it waits,
+    ``FailureConfig.below_min_timeout_s``); when a process or its executor is lost it starts
+    again from the latest checkpoint with the workers that can be placed then; when slots
+    stay free for ``grow_after_s`` it grows back towards ``max`` at its next checkpoint (a
+    planned restart: checkpoint first, no step lost). The global batch stays the same (each
+    worker's share changes), so it must divide by every worker count in ``min..max``.
+    ``num_workers`` then reads ``max``. See docs/training.md "Elastic runs".
 
     Raises :class:`ConfigError` for a setting that cannot work.
     """
@@ -153,11 +185,27 @@ class ScalingConfig:
     num_workers: int = _setting(
         2,
         help="processes that compute training steps (allreduce: the chief is one of them; ps: "
-        "the chief only coordinates and is not counted)",
+        "the chief only coordinates and is not counted); MIN:MAX (a (min, max) pair in "
+        "Python) for an elastic run",
         group="strategy",
+        metavar="N|MIN:MAX",
+        parse=worker_range,
     )
     num_ps: int = _setting(
         1, help="parameter servers (ScalingConfig.strategy ps)", group="strategy"
+    )
+    min_workers: int | None = _setting(
+        None,
+        help="elastic runs: the fewest workers the run goes on with (ScalingConfig.num_workers "
+        "is then the most); --num-workers MIN:MAX sets both; unset: exactly num_workers",
+        group="strategy",
+    )
+    grow_after_s: float = _setting(
+        30.0,
+        help="elastic runs: seconds task slots must stay free before the run grows back "
+        "towards ScalingConfig.num_workers, at its next checkpoint",
+        group="strategy",
+        flag="--grow-after",
     )
     ps_on_driver: bool = _setting(
         False,
@@ -178,11 +226,49 @@ class ScalingConfig:
 
     def __post_init__(self) -> None:
         _check(self)
+        if isinstance(self.num_workers, (tuple, list)):
+            low, high = _worker_range(self.num_workers)
+            if self.min_workers is not None and self.min_workers != low:
+                raise ConfigError(
+                    f"ScalingConfig.min_workers {self.min_workers} and the range "
+                    f"{low}:{high} of ScalingConfig.num_workers disagree; give one of them"
+                )
+            object.__setattr__(self, "num_workers", high)
+            object.__setattr__(self, "min_workers", low)
         _positive(self, "num_workers")
+        _positive(self, "min_workers", allow_none=True)
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ConfigError(
+                f"ScalingConfig.min_workers ({self.min_workers}) must not exceed "
+                f"ScalingConfig.num_workers ({self.num_workers})"
+            )
+        _positive(self, "grow_after_s", allow_zero=True)
         if self.strategy == "ps":
             _positive(self, "num_ps")
         _positive(self, "gpus_per_worker", allow_zero=True)
         _positive(self, "threads_per_worker", allow_zero=True)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the number of workers may change during the run."""
+        return self.min_workers is not None and self.min_workers < self.num_workers
+
+    @property
+    def worker_counts(self) -> range:
+        """Every number of workers the run may have (one number unless elastic)."""
+        low = self.num_workers if self.min_workers is None else self.min_workers
+        return range(low, self.num_workers + 1)
+
+    @property
+    def other_processes(self) -> int:
+        """Task slots the run takes besides its workers (ps: the chief, and the parameter
+        servers unless they run on the driver)."""
+        return self.num_executors - self.num_workers
+
+    def with_workers(self, n: int) -> ScalingConfig:
+        """This layout with ``n`` workers (an elastic run's attempt), the range kept."""
+        low = self.num_workers if self.min_workers is None else self.min_workers
+        return dataclasses.replace(self, num_workers=n, min_workers=min(low, n))
 
     @property
     def num_executors(self) -> int:
@@ -248,7 +334,7 @@ class FailureConfig:
     exception, a crash, a lost executor, a process that stops responding) to the end of the
     run with an error; ``startup_timeout_s`` bounds bringing the cluster up, from the start
     of the run to the chief's first step; ``stall_timeout_s`` bounds the time without
-    global-step progress after that (also the all-reduce collective timeout), so a process
+    global-step progress after that (a stuck all-reduce collective included), so a process
     that still heart-beats but makes no progress fails the run; ``feed_timeout_s`` is how
     long the ``spark`` input mode waits for a TensorFlow process to take more rows (feeder
     side) or for rows to arrive (TensorFlow side) before it fails.
@@ -256,7 +342,10 @@ class FailureConfig:
     ``max_restarts``: when a TensorFlow process, its executor or a Spark job of the run
     fails, the driver takes the TensorFlow cluster down and starts it again from the latest
     checkpoint, up to this many times (0: the first failure ends the run). At most one
-    checkpoint interval of work is lost per restart.
+    checkpoint interval of work is lost per restart. An elastic run
+    (``ScalingConfig.min_workers``) that loses a process starts again with the workers that
+    can be placed then: a change of size counts against ``max_resizes``, not
+    ``max_restarts``; below ``min_workers`` it waits ``below_min_timeout_s`` for slots.
 
     Raises :class:`ConfigError` for a setting that cannot work.
     """
@@ -266,6 +355,19 @@ class FailureConfig:
         help="times the TensorFlow cluster is started again from the latest checkpoint after a "
         "failure (a lost process or executor) before the run fails",
         group="failure",
+    )
+    max_resizes: int = _setting(
+        10,
+        help="elastic runs: times the number of workers may change (a lost worker, slots "
+        "back) before the run fails",
+        group="failure",
+    )
+    below_min_timeout_s: float = _setting(
+        120.0,
+        help="elastic runs: seconds the run waits for task slots for ScalingConfig.min_workers "
+        "(at the start, after a loss) before it fails, naming what happened",
+        group="failure",
+        flag="--below-min-timeout",
     )
     failure_timeout_s: float = _setting(
         120.0,
@@ -282,7 +384,7 @@ class FailureConfig:
     stall_timeout_s: float = _setting(
         300.0,
         help="seconds without global-step progress before the run fails, naming the processes "
-        "that stopped advancing (also the all-reduce collective timeout)",
+        "that stopped advancing (a stuck all-reduce collective included)",
         group="failure",
         flag="--stall-timeout",
     )
@@ -295,7 +397,9 @@ class FailureConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "max_restarts", allow_zero=True)
-        for name in ("failure_timeout_s", "startup_timeout_s", "stall_timeout_s", "feed_timeout_s"):
+        _positive(self, "max_resizes", allow_zero=True)
+        timeouts = ("failure_timeout_s", "startup_timeout_s", "stall_timeout_s", "feed_timeout_s")
+        for name in ("below_min_timeout_s", *timeouts):
             _positive(self, name)
 
     @property
@@ -646,6 +750,9 @@ class TrainResult:
     best_export_dir: str | None = None  # EvalConfig.export_best
     # one entry per restart: {"cause": ..., "resumed_from_step": ...} (FailureConfig.max_restarts)
     restarts: list[dict[str, Any]] = field(default_factory=list)
+    # an elastic run's changes of size, in order: {"time", "step" (the last step reached),
+    # "resumed_from_step", "from", "to" (workers), "reason", "kind": "shrink" | "grow"}
+    resizes: list[dict[str, Any]] = field(default_factory=list)
     # spark input mode: rows fed to each training process (by node key), one number per process
     fed_rows: dict[str, int] | None = None
     mlflow_run_id: str | None = None  # TrackingConfig.mlflow_tracking_uri: the MLflow run

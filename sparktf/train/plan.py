@@ -38,6 +38,7 @@ __all__ = [
     "ProcessSpec",
     "Role",
     "RunPlan",
+    "check_layout",
     "describe_data",
     "plan_frame",
     "plan_run",
@@ -132,6 +133,14 @@ class RunPlan:
     function: bytes | None = None
     resume_checkpoint: str | None = None  # run(): the last checkpoint reported, on a restart
     attempt: int = 0  # run(): 0, then one more after each restart
+    # an attempt of an elastic run (its scaling has the attempt's workers, maybe min_workers
+    # too), and after a change of size that resize (TrainResult.resizes)
+    elastic: bool = False
+    resize: dict[str, Any] | None = None
+
+    def with_workers(self, n: int) -> RunPlan:
+        """The plan of an elastic run's attempt with ``n`` workers (same global batch)."""
+        return dataclasses.replace(self, scaling=self.scaling.with_workers(n), elastic=True)
 
     @property
     def eval_every_steps(self) -> int:
@@ -236,7 +245,7 @@ def _plan(train: TrainConfig, scaling: ScalingConfig, run: RunConfig, frame):
                 "TrainConfig.model_config or convert with a matching seq_len"
             )
     global_batch = int(task.batch_size)
-    _check_layout(train, scaling, data, global_batch)
+    check_layout(train, scaling, data, global_batch)
     steps_per_epoch = max(1, data.rows // global_batch)
     target = _target_steps(train, task, data.rows, global_batch, steps_per_epoch)
     if task.config.get("lr_schedule") == "polynomial" and not task.config.get(
@@ -371,15 +380,19 @@ def _eval_data(train: TrainConfig, run: RunConfig, task, manifest: dict) -> Data
     return describe_data(train.data, split, task.features, manifest) if split else None
 
 
-def _check_layout(
+def check_layout(
     train: TrainConfig, scaling: ScalingConfig, data: DataInfo, global_batch: int
 ) -> None:
-    if scaling.strategy == "allreduce":
-        replicas = scaling.num_workers * max(1, scaling.gpus_per_worker)
+    """Raises :class:`ConfigError` for a layout the data cannot run: a global batch that
+    some number of all-reduce replicas (every size of an elastic run's range) cannot divide,
+    an input mode without its files, a split smaller than a batch."""
+    for workers in scaling.worker_counts if scaling.strategy == "allreduce" else ():
+        replicas = workers * max(1, scaling.gpus_per_worker)
         if global_batch % replicas:
+            elastic = f", with {workers} workers of the elastic run" if scaling.elastic else ""
             raise ConfigError(
                 f"the global batch size {global_batch} (TrainConfig.batch_size, else the "
-                f"model's) must be divisible by the {replicas} all-reduce replicas "
+                f"model's) must be divisible by the {replicas} all-reduce replicas{elastic} "
                 "(ScalingConfig.num_workers x ScalingConfig.gpus_per_worker)"
             )
     if train.input_mode == "spark" and not data.parquet and not data.frame:

@@ -25,7 +25,11 @@ from sparktf import storage
 from sparktf.errors import SparktfError
 from sparktf.train.config import TrainingError
 
-__all__ = ["PATH_FIELDS", "ProcessResult", "ResultRejected", "within"]
+__all__ = ["PATH_FIELDS", "PAUSED", "ProcessResult", "ResultRejected", "within"]
+
+# The end reason of an elastic run's planned stop (a resize): the chief checkpointed at the
+# step all training processes agreed on, and neither evaluated nor exported.
+PAUSED = "paused"
 
 PATH_FIELDS = ("last_checkpoint", "export_dir", "best_export")  # the result's paths
 

@@ -19,10 +19,10 @@ from sparktf.train.config import (
     TrainingError,
     TrainResult,
 )
-from sparktf.train.driver import gang, tracking
+from sparktf.train.driver import elastic, gang, tracking
 from sparktf.train.driver.cluster import ClusterRun
 from sparktf.train.plan import RunPlan, plan_frame, plan_run
-from sparktf.train.result import ProcessResult, ResultRejected
+from sparktf.train.result import PAUSED, ProcessResult, ResultRejected
 
 __all__ = ["FRAME", "fit", "gpu_spark_conf", "session_for"]
 
@@ -152,10 +152,10 @@ def _run(
         f" (resuming from {run.model_dir})" if resumed else "",
     )
     started_wall, started_mono = started
-    result, restarts, cluster = _attempts(spark, plan, tracker, frame)
+    result, restarts, resizes, cluster = _attempts(spark, plan, tracker, frame)
     out = TrainResult(
         model_dir=run.model_dir,
-        start_step=resumed if restarts else result.start_step,
+        start_step=resumed if restarts or resizes else result.start_step,
         final_step=result.final_step,
         metrics=dict(result.metrics),
         last_checkpoint=result.last_checkpoint,
@@ -170,6 +170,7 @@ def _run(
         input_mode=train.input_mode,
         gpus=list(result.gpus),
         restarts=restarts,
+        resizes=resizes,
         eval_metrics=dict(result.eval_metrics),
         eval_history=list(result.eval_history),
         best_export_dir=result.best_export,
@@ -201,35 +202,113 @@ def session_for(plan: RunPlan, spark):
 
 def _attempts(
     spark, plan: RunPlan, tracker: tracking.Tracker | tracking.NullTracker, frame=None
-) -> tuple[ProcessResult, list[dict], ClusterRun]:
+) -> tuple[ProcessResult, list[dict], list[dict], ClusterRun]:
     """Runs the TensorFlow cluster until the chief is done, starting it again from the
-    latest checkpoint after a failure (at most ``run.failure.max_restarts`` times); the chief's
-    result, the restarts and the cluster of the last attempt."""
-    run = plan.run
+    latest checkpoint after a failure (at most ``run.failure.max_restarts`` times); an elastic
+    run also starts again with another number of workers (:mod:`sparktf.train.driver.elastic`,
+    at most ``run.failure.max_resizes`` times). The chief's result, the restarts, the resizes
+    and the cluster of the last attempt."""
+    run, scaling = plan.run, plan.scaling
     restarts: list[dict] = []
+    resizes: list[dict] = []
+    workers = elastic.initial_size(spark, scaling, run.failure) if scaling.elastic else 0
     while True:
+        attempt = plan.with_workers(workers) if scaling.elastic else plan
+        if resizes:
+            attempt = dataclasses.replace(attempt, resize=resizes[-1])
+        cluster = None
         try:
-            with ClusterRun(spark, plan, frame=frame) as cluster:
+            with ClusterRun(spark, attempt, frame=frame) as cluster:
                 cluster.start()
-                with tracker.follow(cluster):
+                grow = elastic.GrowWatch(spark, cluster, attempt.scaling, scaling.num_workers)
+                with tracker.follow(cluster), grow:
                     result = ProcessResult.from_dict(cluster.wait(), model_dir=run.model_dir)
-            return result, restarts, cluster
+            if resizes:
+                resizes[-1]["training_again_at"] = result.first_step_wall
+            if result.end_reason != PAUSED:
+                return result, restarts, resizes, cluster
+            new = _size(spark, plan, 0, "the pause", resizes, restarts)
+            step, resumed, reason = result.final_step, result.final_step, grow.requested or ""
         except ResultRejected:
             raise
-        except TrainingError as exc:
-            if len(restarts) >= run.failure.max_restarts:
-                raise
-            step = artifacts.latest_checkpoint_step(run.model_dir)
-            restarts.append({"cause": str(exc), "resumed_from_step": step})
-            tracker.restarted(step, str(exc))
-            log.warning(
-                "restart %d of %d: the TensorFlow cluster is started again from the checkpoint "
-                "of step %d after: %s",
-                len(restarts),
-                run.failure.max_restarts,
-                step,
-                exc,
+        except (TrainingError, gang.SlotsError) as exc:  # slots gone since they were counted
+            if not scaling.elastic:
+                if isinstance(exc, gang.SlotsError):
+                    raise
+                _restart(restarts, run, tracker, exc)
+                continue
+            new = _size(spark, plan, workers, exc, resizes, restarts)
+            if new >= workers:  # the same cluster fits again: a restart, not a resize
+                _restart(restarts, run, tracker, exc)
+                continue
+            step = max([_last_step(cluster), artifacts.latest_checkpoint_step(run.model_dir)])
+            resumed, reason = artifacts.latest_checkpoint_step(run.model_dir), _first_line(exc)
+        if new == workers:
+            log.info("elastic run: still %d workers can be placed; going on with them", new)
+            continue
+        if len(resizes) >= run.failure.max_resizes:
+            raise TrainingError(
+                f"the elastic run changed size {len(resizes)} times "
+                f"(FailureConfig.max_resizes) and would again: {reason}"
+                + _history(resizes, restarts)
             )
+        kind = "grow" if new > workers else "shrink"
+        event = elastic.Resize(kind, workers, new, step, resumed, reason, time.time())
+        resizes.append(event.to_dict())
+        tracker.resized(event.to_dict())
+        log.warning("elastic run: %s", event.describe())
+        workers = new
+
+
+def _size(spark, plan: RunPlan, prefer: int, after, resizes: list, restarts: list) -> int:
+    """The workers of an elastic run's next attempt (:func:`elastic.size_now`); below the
+    minimum for too long the error names ``after`` (what ended the last attempt) and the
+    history of the run."""
+    try:
+        return elastic.size_now(
+            spark, plan.scaling, wait_s=plan.run.failure.below_min_timeout_s, prefer=prefer
+        )
+    except elastic.BelowMinimum as below:
+        raise elastic.BelowMinimum(f"{below} after: {after}{_history(resizes, restarts)}") from None
+
+
+def _restart(restarts: list[dict], run: RunConfig, tracker, exc: TrainingError) -> None:
+    """Records a restart after ``exc``, or raises it when none is left."""
+    if len(restarts) >= run.failure.max_restarts:
+        raise exc
+    step = artifacts.latest_checkpoint_step(run.model_dir)
+    restarts.append({"cause": str(exc), "resumed_from_step": step})
+    tracker.restarted(step, str(exc))
+    log.warning(
+        "restart %d of %d: the TensorFlow cluster is started again from the checkpoint "
+        "of step %d after: %s",
+        len(restarts),
+        run.failure.max_restarts,
+        step,
+        exc,
+    )
+
+
+def _last_step(cluster: ClusterRun | None) -> int:
+    """The highest step the processes of an ended attempt reported (0: none)."""
+    if cluster is None or cluster.control is None:
+        return 0
+    steps = [n.progress.get("step", 0) for n in cluster.control.snapshot().values() if n.progress]
+    return int(max(steps, default=0))
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's first line (a resize's reason; the log has the whole error)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _history(resizes: list[dict], restarts: list[dict]) -> str:
+    """What happened to an elastic run so far, for its error."""
+    lines = [f"\n  {r['kind']} {r['from']} -> {r['to']} workers at step {r['step']}: "
+             f"{r['reason']}" for r in resizes]  # fmt: skip
+    lines += [f"\n  restart from step {r['resumed_from_step']}: {r['cause']}" for r in restarts]
+    return "; history:" + "".join(lines) if lines else "; no resize before"
 
 
 def _log_done(plan: RunPlan, out: TrainResult) -> None:

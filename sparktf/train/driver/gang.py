@@ -38,6 +38,7 @@ __all__ = [
     "conf_values",
     "dynamic_allocation_message",
     "node_task",
+    "scheduler_slots",
     "slots_message",
 ]
 
@@ -99,7 +100,7 @@ def slots_message(needed: int, have: int | None, how: str) -> str:
     )
 
 
-def _scheduler_slots(spark) -> tuple[int, int] | None:
+def scheduler_slots(spark) -> tuple[int, int] | None:
     """A classic session's (task slots, tasks running) as the scheduler counts them now."""
     from sparktf.spark.failures import task_slots
 
@@ -137,7 +138,7 @@ def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: floa
     start = time.monotonic()
     next_log = start  # when to say again that it waits
     while True:
-        counted = _scheduler_slots(spark)
+        counted = scheduler_slots(spark)
         if counted is None:
             return
         slots, running = counted

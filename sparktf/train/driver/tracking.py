@@ -173,6 +173,9 @@ class NullTracker:
     def restarted(self, step: int, cause: str) -> None:
         pass
 
+    def resized(self, event: dict) -> None:
+        pass
+
     def finish(self, result: TrainResult) -> None:
         pass
 
@@ -209,7 +212,7 @@ class Tracker:
         self._lock = threading.Lock()
         self._last_step: int | None = None
         self._eval_steps: set[int] = set()
-        self._restarts = 0
+        self._marks: dict[str, int] = {}  # restarts and resizes logged, by kind
         self._failures = 0
         self._ended = False
         self._call("log the parameters", lambda: self._log_batch(params=params(plan)))
@@ -266,15 +269,19 @@ class Tracker:
         self._eval_steps.add(step)
 
     def restarted(self, step: int, cause: str) -> None:
-        self._restarts += 1
-        self._call(
-            "log a restart",
-            lambda: self._log_batch(
-                metrics={"restart_from_step": float(step)},
-                step=step,
-                tags={f"sparktf.restart.{self._restarts}": cause},
-            ),
-        )
+        self._mark("restart", step, {"restart_from_step": float(step)}, cause)
+
+    def resized(self, event: dict) -> None:
+        """An elastic run's change of size (``TrainResult.resizes``): the new number of
+        workers as the metric ``workers`` at the step it resumes from, the event as a tag."""
+        step, text = int(event["resumed_from_step"]), f"{event['kind']} to {event['to']}: "
+        self._mark("resize", step, {"workers": float(event["to"])}, text + event["reason"])
+
+    def _mark(self, kind: str, step: int, metrics: dict, text: str) -> None:
+        """A restart or resize: its metrics at ``step`` and a tag ``sparktf.KIND.N``."""
+        count = self._marks[kind] = self._marks.get(kind, 0) + 1
+        tags = {f"sparktf.{kind}.{count}": text[:5000]}
+        self._call(f"log a {kind}", lambda: self._log_batch(metrics=metrics, step=step, tags=tags))
 
     # -- the end ------------------------------------------------------------------------
 
@@ -293,6 +300,7 @@ class Tracker:
                 "run_elapsed_s": result.elapsed_s,
                 "run_examples_per_sec": result.examples_per_sec,
                 "run_restarts": float(len(result.restarts)),
+                "run_resizes": float(len(result.resizes)),
             }
             if result.time_to_first_step_s is not None:
                 overall["run_time_to_first_step_s"] = result.time_to_first_step_s

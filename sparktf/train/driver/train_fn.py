@@ -127,6 +127,12 @@ def plan_function(
 
     if not callable(train_fn):
         raise ConfigError(f"run() needs a function to run, not {type(train_fn).__name__}")
+    if scaling.elastic:
+        raise ConfigError(
+            "ScalingConfig.min_workers: run(train_fn) has a fixed number of workers (a "
+            "function's own loop cannot pause at a checkpoint the driver asks for); elastic "
+            "runs are for sparktf.train.fit, the training jobs and TFEstimator"
+        )
     name = getattr(train_fn, "__qualname__", type(train_fn).__name__)
     try:
         payload = custom.dumps_by_value((train_fn, config, source_file(train_fn)), [train_fn])

@@ -98,12 +98,13 @@ def make_strategy(tf, plan: RunPlan, role: Role):
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         strategy = tf.distribute.ParameterServerStrategy(resolver)
         return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    # A collective that waits longer than the stall timeout (a peer stuck or gone) fails
-    # the step instead of hanging the process.
-    options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=plan.run.failure.stall_timeout_s
-    )
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), None
+    # No CommunicationOptions(timeout_seconds=...): TensorFlow (2.21) starts a thread per
+    # collective that lives until the timeout, so a fast step (hundreds of collectives a
+    # second) piles up thousands of threads and the process aborts ("Resource temporarily
+    # unavailable") within a minute. A stuck collective is bounded by the driver instead:
+    # its stall watch (FailureConfig.stall_timeout_s) aborts the run, and every process
+    # leaves through its heartbeat thread (os._exit) even while a collective blocks.
+    return tf.distribute.MultiWorkerMirroredStrategy(), None
 
 
 def _restore(

@@ -10,7 +10,8 @@ exactly what TensorBoard's own v2 summary functions write:
 * histograms: a float64 [k, 3] tensor of (left edge, right edge, count), plugin
   ``histograms`` (data class TENSOR);
 * images: a string vector ``[width, height, png, png, ...]``, plugin ``images`` (data class
-  BLOB_SEQUENCE).
+  BLOB_SEQUENCE);
+* text: a string scalar, plugin ``text`` (data class TENSOR).
 
 Viewing them needs TensorBoard (``pip install tensorboard``), writing them does not.
 """
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EventWriter", "histogram", "histogram_buckets", "image", "scalar"]
+__all__ = ["EventWriter", "histogram", "histogram_buckets", "image", "scalar", "text"]
 
-_DATA_CLASS = {"scalars": 1, "histograms": 2, "images": 3}  # SCALAR, TENSOR, BLOB_SEQUENCE
+# SCALAR, TENSOR, BLOB_SEQUENCE
+_DATA_CLASS = {"scalars": 1, "histograms": 2, "images": 3, "text": 2}
 
 
 def _metadata(plugin: str, description: str = ""):
@@ -40,6 +42,13 @@ def scalar(name: str, value, step: int) -> None:
     import tensorflow as tf
 
     tf.summary.write(name, tf.cast(value, tf.float32), step=step, metadata=_metadata("scalars"))
+
+
+def text(name: str, value: str, step: int) -> None:
+    """Writes ``value`` as a text summary to the default writer."""
+    import tensorflow as tf
+
+    tf.summary.write(name, tf.constant(value, tf.string), step=step, metadata=_metadata("text"))
 
 
 def histogram_buckets(values: np.ndarray, bucket_count: int = 30) -> np.ndarray:
@@ -117,6 +126,14 @@ class EventWriter:
             return
         with self.writer.as_default(step=step):
             image(name, images, step)
+
+    def note(self, step: int, name: str, value: str) -> None:
+        """A text summary (an elastic run's resize)."""
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=step):
+            text(name, value, step)
+        self.model_dir.sync_events()
 
     def close(self) -> None:
         if self.writer is not None:

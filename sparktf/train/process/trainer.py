@@ -37,7 +37,7 @@ from sparktf.train.process.build import Built, build_training
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker, Evaluator
 from sparktf.train.process.reporting import Reporter
 from sparktf.train.process.summaries import EventWriter
-from sparktf.train.result import ProcessResult
+from sparktf.train.result import PAUSED, ProcessResult
 
 __all__ = ["Trainer", "export_writer"]
 
@@ -122,6 +122,8 @@ class Trainer:
             latest_evaluation=lambda: self.evaluation.latest if self.evaluation else None,
         )
         self.evaluation = self._evaluation_tracker()
+        if self.plan.elastic:
+            self._record_size(built.start_step)
         if built.stepper.per_process_batch != self.plan.per_process_batch:
             raise TrainingError(
                 f"the step takes {built.stepper.per_process_batch} rows per process, "
@@ -129,6 +131,20 @@ class Trainer:
             )
         source = opened[0]
         return self.finish(source, self.train(source))
+
+    def _record_size(self, step: int) -> None:
+        """An elastic run's attempt in TensorBoard: its workers (``elastic/workers``) at the
+        step it starts from and, after a resize, what happened (``elastic/resize``)."""
+        events = self.reporter.events
+        events.scalars(step, {"elastic/workers": self.plan.scaling.num_workers})
+        resize = self.plan.resize
+        if resize:
+            events.note(
+                step,
+                "elastic/resize",
+                f"{resize['kind']} from {resize['from']} to {resize['to']} workers at step "
+                f"{resize['step']}: {resize['reason']}",
+            )
 
     def _evaluation_tracker(self) -> EvaluationTracker | None:
         """The chief's, when the plan has an evaluation split."""
@@ -158,6 +174,8 @@ class Trainer:
         run, target, stepper = self.plan.run, self.plan.target_steps, self.built.stepper
         hist_every = run.tracking.histogram_every_steps or run.checkpoint.every_steps
         agree = stepper.must_agree(source.finite)
+        # an elastic run's processes agree at each checkpoint whether to pause (a resize)
+        elastic = self.plan.elastic
         step = self.built.start_step
         batches = iter(source.batches)
         while step < target:
@@ -178,6 +196,8 @@ class Trainer:
                     self.reporter.snapshot(step, self.built.model)
                 if at_checkpoint:
                     self.save(step)
+                    if elastic and stepper.finished_anywhere(bool(self.control.pause)):
+                        return PAUSED
             # the evaluation of the last step comes with the export
             if self.evaluation and step % self.plan.eval_every_steps == 0 and step < target:
                 stepper.join()
@@ -231,21 +251,23 @@ class Trainer:
         log.info("%s: training ended at step %d (%s)", self.role.name, final_step, end_reason)
         if final_step != self.saved_step:
             self.save(final_step)
-        self.reporter.snapshot(final_step, self.built.model)
-        weights = self.export_weights()
+        paused = end_reason == PAUSED  # the run goes on in a cluster of another size
         evaluation = self.evaluation
-        if evaluation is not None:
-            evaluation.collect(wait=True)
-            evaluation.evaluate(final_step, weights)
         export_dir = None
-        if self.role.is_chief and self.plan.run.checkpoint.export:
-            export_dir = self.export(weights, final_step)
+        if not paused:
+            self.reporter.snapshot(final_step, self.built.model)
+            weights = self.export_weights()
+            if evaluation is not None:
+                evaluation.collect(wait=True)
+                evaluation.evaluate(final_step, weights)
+            if self.role.is_chief and self.plan.run.checkpoint.export:
+                export_dir = self.export(weights, final_step)
         self.reporter.close(final_step, rate)
         history, best_export = [], None
         if evaluation is not None:
             evaluation.close()
             history, best_export = evaluation.history, evaluation.best_export
-        if self.role.is_chief:
+        if self.role.is_chief and not paused:
             self._write_run_record(final_step, export_dir, history, best_export)
         gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
         return ProcessResult(

@@ -30,8 +30,10 @@ connections in all and per peer, a deadline to send a whole request, a fixed poo
 (:mod:`sparktf.train.wire.limits`).
 
 Every answer holds ``stop`` (the run is over: leave), ``abort`` (the run failed elsewhere:
-exit now) and ``feed_end`` (spark input mode: how many feed chunks each node receives in
-total, once the feed has ended).
+exit now), ``feed_end`` (spark input mode: how many feed chunks each node receives in
+total, once the feed has ended) and ``pause`` (an elastic run changes size: the training
+processes stop together at their next checkpoint, the chief reports ``done`` with
+``end_reason`` ``"paused"``; None otherwise).
 
 Why not files in the model directory: the driver must learn about a failure within seconds
 and tell every process, and every executor can reach the driver anyway (TensorFlowOnSpark's
@@ -155,6 +157,7 @@ class ControlServer:
         self.stop = False
         self.abort: str | None = None
         self.feed_end: dict[str, int] | None = None
+        self.pause: str | None = None  # an elastic run's resize: stop at the next checkpoint
         self._on_event = on_event
         self.rejects = RejectLog(log, "control server")
         server = self
@@ -285,7 +288,13 @@ class ControlServer:
         now = time.monotonic()
         if event == "peek":  # feeding tasks: the run's flags, no node state
             with self._lock:
-                return 200, {"stop": self.stop, "abort": self.abort, "feed_end": None, "plan": None}
+                return 200, {
+                    "stop": self.stop,
+                    "abort": self.abort,
+                    "feed_end": None,
+                    "plan": None,
+                    "pause": None,
+                }
         with self._lock:
             node = self.nodes.get(key)
             if node is None:
@@ -316,6 +325,7 @@ class ControlServer:
                 "abort": self.abort,
                 "feed_end": self.feed_end,
                 "plan": plan if event == "hello" else None,
+                "pause": self.pause,
             }
             self._changed.notify_all()
         if self._on_event is not None and event in ("error", "done"):
@@ -334,6 +344,14 @@ class ControlServer:
     def set_feed_end(self, counts: dict[str, int]) -> None:
         with self._lock:
             self.feed_end = dict(counts)
+            self._changed.notify_all()
+
+    def request_pause(self, reason: str) -> None:
+        """Asks the training processes to stop at their next checkpoint (an elastic run's
+        planned resize); the chief then reports ``done`` with ``end_reason`` ``"paused"``."""
+        with self._lock:
+            if self.pause is None:
+                self.pause = reason
             self._changed.notify_all()
 
     def request_stop(self) -> None:
@@ -383,6 +401,7 @@ class ControlClient:
         self.stop = False
         self.abort: str | None = None
         self.feed_end: dict[str, int] | None = None
+        self.pause: str | None = None  # an elastic run's resize: stop at the next checkpoint
         self._progress: dict = {}
         self._lock = threading.Lock()
         self._last_ok = time.monotonic()
@@ -411,6 +430,8 @@ class ControlClient:
             self.feed_end = answer["feed_end"]
         if answer.get("abort") and self.abort is None:
             self.abort = answer["abort"]
+        if answer.get("pause") and self.pause is None:
+            self.pause = answer["pause"]
 
     def hello(self, timeout_s: float) -> dict:
         """Polls the driver until it publishes this node's plan; returns the plan."""
