@@ -144,3 +144,32 @@ def test_an_estimator_with_min_workers_trains_elastic():
     assert (scaling.elastic, scaling.min_workers, scaling.num_workers) == (True, 1, 3)
     fixed, _ = TFEstimator(model="m", modelDir="/m", numWorkers=3)._scaling_and_run()
     assert not fixed.elastic
+
+
+def _plan(scaling: ScalingConfig):
+    from sparktf.train import TrainConfig
+    from sparktf.train.plan import RunPlan
+
+    return RunPlan(
+        train=TrainConfig(model="mnist_mlp", data="/d", input_mode="files"),
+        scaling=scaling,
+        run=RunConfig(model_dir="/m"),
+        model_config={"batch_size": 24, "learning_rate": 0.3},
+        data=_data(240),
+        global_batch=24,
+        steps_per_epoch=10,
+        target_steps=100,
+        feed_passes=None,
+    )
+
+
+def test_an_attempt_keeps_the_global_batch_or_each_workers_share():
+    same = _plan(ScalingConfig(num_workers=(1, 3))).with_workers(2)
+    assert (same.elastic, same.scaling.num_workers, same.per_process_batch) == (True, 2, 12)
+    assert (same.global_batch, same.model_config["learning_rate"]) == (24, 0.3)
+    scaled = _plan(ScalingConfig(num_workers=(1, 3), scale_batch=True)).with_workers(2)
+    assert (scaled.global_batch, scaled.per_process_batch, scaled.steps_per_epoch) == (16, 8, 15)
+    assert scaled.model_config == {"batch_size": 16, "learning_rate": pytest.approx(0.2)}
+    assert scaled.target_steps == 100  # the steps asked for stay
+    full = _plan(ScalingConfig(num_workers=(1, 3), scale_batch=True)).with_workers(3)
+    assert (full.global_batch, full.elastic) == (24, True)

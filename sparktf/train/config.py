@@ -169,7 +169,9 @@ class ScalingConfig:
     again from the latest checkpoint with the workers that can be placed then; when slots
     stay free for ``grow_after_s`` it grows back towards ``max`` at its next checkpoint (a
     planned restart: checkpoint first, no step lost). The global batch stays the same (each
-    worker's share changes), so it must divide by every worker count in ``min..max``.
+    worker's share changes), so it must divide by every worker count in ``min..max``; with
+    ``scale_batch`` each worker keeps its share and the global batch and the learning rate
+    scale with the workers.
     ``num_workers`` then reads ``max``. See docs/training.md "Elastic runs".
 
     Raises :class:`ConfigError` for a setting that cannot work.
@@ -198,6 +200,13 @@ class ScalingConfig:
         None,
         help="elastic runs: the fewest workers the run goes on with (ScalingConfig.num_workers "
         "is then the most); --num-workers MIN:MAX sets both; unset: exactly num_workers",
+        group="strategy",
+    )
+    scale_batch: bool = _setting(
+        False,
+        help="elastic runs: keep each worker's batch (TrainConfig.batch_size at "
+        "ScalingConfig.num_workers, divided by it) and scale the global batch and the "
+        "learning rate linearly with the workers, instead of keeping the global batch",
         group="strategy",
     )
     grow_after_s: float = _setting(

@@ -139,8 +139,22 @@ class RunPlan:
     resize: dict[str, Any] | None = None
 
     def with_workers(self, n: int) -> RunPlan:
-        """The plan of an elastic run's attempt with ``n`` workers (same global batch)."""
-        return dataclasses.replace(self, scaling=self.scaling.with_workers(n), elastic=True)
+        """The plan of an elastic run's attempt with ``n`` workers: the same global batch,
+        or with ``ScalingConfig.scale_batch`` the same batch per worker, the global batch and
+        the learning rate scaled by ``n / num_workers`` (the step target stays)."""
+        plan = dataclasses.replace(self, scaling=self.scaling.with_workers(n), elastic=True)
+        if not self.scaling.scale_batch or n == self.scaling.num_workers:
+            return plan
+        global_batch = self.global_batch // self.scaling.num_workers * n
+        config = {**self.model_config, "batch_size": global_batch}
+        if config.get("learning_rate") is not None:
+            config["learning_rate"] = float(config["learning_rate"]) * n / self.scaling.num_workers
+        return dataclasses.replace(
+            plan,
+            global_batch=global_batch,
+            model_config=config,
+            steps_per_epoch=max(1, self.data.rows // global_batch),
+        )
 
     @property
     def eval_every_steps(self) -> int:
@@ -386,7 +400,8 @@ def check_layout(
     """Raises :class:`ConfigError` for a layout the data cannot run: a global batch that
     some number of all-reduce replicas (every size of an elastic run's range) cannot divide,
     an input mode without its files, a split smaller than a batch."""
-    for workers in scaling.worker_counts if scaling.strategy == "allreduce" else ():
+    counts = [scaling.num_workers] if scaling.scale_batch else scaling.worker_counts
+    for workers in counts if scaling.strategy == "allreduce" else ():
         replicas = workers * max(1, scaling.gpus_per_worker)
         if global_batch % replicas:
             elastic = f", with {workers} workers of the elastic run" if scaling.elastic else ""

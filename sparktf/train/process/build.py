@@ -74,6 +74,8 @@ def build_training(
         optimizer = task.make_optimizer(plan.steps_per_epoch, model)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     restored = _restore(tf, plan, role, model_dir, model, optimizer, global_step)
+    if plan.elastic and plan.scaling.scale_batch:
+        _set_learning_rate(task, optimizer)
     start_step = int(global_step.numpy())
     common = dict(global_batch=plan.global_batch, seed=plan.train.seed)
     parts = (task, model, optimizer, global_step)
@@ -90,6 +92,17 @@ def build_training(
         plan.target_steps,
     )
     return Built(model, optimizer, global_step, stepper, start_step, restored)
+
+
+def _set_learning_rate(task, optimizer) -> None:
+    """``ScalingConfig.scale_batch``: a constant learning rate is a variable the checkpoint
+    restored at the size it was saved with; it is set to this attempt's (the plan scaled
+    the config's). A schedule is built from the config and needs nothing."""
+    rate = task.config.get("learning_rate")
+    for each in optimizer.values() if isinstance(optimizer, dict) else [optimizer]:
+        variable = getattr(getattr(each, "inner_optimizer", each), "_learning_rate", None)
+        if rate is not None and hasattr(variable, "assign"):
+            variable.assign(float(rate))
 
 
 def make_strategy(tf, plan: RunPlan, role: Role):
