@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.elastic]
 ROOT = Path(__file__).resolve().parent.parent
 SUBMIT_SH = ROOT / "scripts" / "submit.sh"
 EVERY = 100  # steps between checkpoints
-STEPS = 8000  # long enough, at a few hundred tiny steps a second, to lose and regain a worker
+STEPS = 4000  # long enough, at a few hundred tiny steps a second, to lose and regain a worker
 
 
 @pytest.fixture(scope="module")

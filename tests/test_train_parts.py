@@ -1,18 +1,21 @@
 """The parts of the training loop that need no cluster: the process result that crosses the
 control channel, the evaluation tracker's records and best exports, the reporter's
-snapshots with what a task draws (a GAN's samples), and the input whose first batch is
-fetched while the model is built."""
+snapshots with what a task draws (a GAN's samples), the input whose first batch is
+fetched while the model is built, and a TensorFlow process started before its node joined."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import threading
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from sparktf.train.config import TrainingError
+from sparktf.train.config import ScalingConfig, TrainingError
+from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker
 from sparktf.train.result import ProcessResult
 
@@ -297,3 +300,44 @@ def test_an_unreadable_error_file_leaves_the_exit_code_to_tell(tmp_path, caplog)
         path.write_text(broken)
         assert read_error_file(str(path)) is None, broken
     assert sum("unreadable error file" in r.getMessage() for r in caplog.records) == 4
+
+
+# ----------------------------------------------------------------------------- early start
+
+
+def _spec(tmp_path) -> ProcessSpec:
+    from sparktf.train import RunConfig, TrainConfig
+    from sparktf.train.plan import DataInfo, RunPlan
+
+    plan = RunPlan(
+        train=TrainConfig(model="mnist_mlp", data="/d", input_mode="files"),
+        scaling=ScalingConfig(threads_per_worker=1),
+        run=RunConfig(model_dir=str(tmp_path / "m")),
+        model_config={},
+        data=DataInfo("mnist", "image", "/d", "train", 10, ()),
+        global_batch=2,
+        steps_per_epoch=5,
+        target_steps=5,
+        feed_passes=None,
+    )
+    return ProcessSpec(plan, "http://127.0.0.1:9/", "t", 30.0, 30.0)
+
+
+def test_an_early_process_leaves_quietly_when_its_node_gets_no_spec(tmp_path):
+    """A process started while its node joins (it imports TensorFlow meanwhile) whose node
+    then fails: the task closes its pipe or cancels it, and nothing of it stays."""
+    from sparktf.train.process import launcher
+    from sparktf.train.process.main import EXIT_ABORTED
+
+    early = launcher.start_early(_spec(tmp_path))
+    assert early is not None and os.path.isdir(early.tmp)
+    early.child.stdin.close()  # the task gave up before it had a spec
+    assert early.child.wait(60) == EXIT_ABORTED
+    early.cancel()
+    assert not os.path.exists(early.tmp)
+    again = launcher.start_early(_spec(tmp_path))
+    again.cancel()  # killed while it imports
+    assert again.child.poll() is not None and not os.path.exists(again.tmp)
+    # a GPU run keeps the old order: its import depends on the role's devices
+    gpu = dataclasses.replace(_spec(tmp_path).plan, scaling=ScalingConfig(gpus_per_worker=1))
+    assert launcher.start_early(dataclasses.replace(_spec(tmp_path), plan=gpu)) is None

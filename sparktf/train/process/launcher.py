@@ -42,7 +42,7 @@ from sparktf.errors import SparktfError
 from sparktf.ports import server_port
 from sparktf.train.feed.chunks import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec
-from sparktf.train.process.main import EXIT_ABORTED
+from sparktf.train.process.main import EARLY, EXIT_ABORTED, preloads, runtime_env
 from sparktf.train.wire.control import ControlClient, issued_token, keep_issued_token
 from sparktf.train.wire.reservation import AuthClient, route_to
 from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
@@ -115,9 +115,7 @@ def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
     from tensorflowonspark import TFManager, util
 
     protect_tensorflowonspark_logs(setup.secret)
-    job_name, task_index = next(
-        (role, ids.index(executor_id)) for role, ids in setup.template.items() if executor_id in ids
-    )
+    job_name, task_index = node_role(setup, executor_id)
     util.write_executor_id(executor_id)  # where a feeding task learns its node
     authkey = os.urandom(16)
     _MANAGER[:] = [TFManager.start(authkey, list(QUEUES), "local")]  # a Unix socket
@@ -148,6 +146,13 @@ def join_cluster(setup: NodeSetup, executor_id: int) -> NodeContext:
     if barrier is not None:
         cluster_info = gather_cluster(barrier, node)
     return NodeContext(executor_id, job_name, task_index, mgr, authkey, cluster_info)
+
+
+def node_role(setup: NodeSetup, executor_id: int) -> tuple[str, int]:
+    """TensorFlowOnSpark's role of the node of ``executor_id`` and its index in the role."""
+    return next(
+        (role, ids.index(executor_id)) for role, ids in setup.template.items() if executor_id in ids
+    )
 
 
 def _barrier_context():
@@ -181,10 +186,19 @@ def run_node(setup: NodeSetup, executor_ids: Iterator[int]) -> None:
     """One barrier task of the bring-up: joins the cluster as the executor of
     ``executor_ids`` (the task's one element), then runs its TensorFlow process."""
     (executor_id,) = list(executor_ids)
-    ctx = join_cluster(setup, executor_id)
-    _assign_gpus(setup.num_gpus, ctx)
-    if not setup.fed or ctx.job_name == "ps":
-        tfos_main(setup, ctx)
+    in_task = not setup.fed or node_role(setup, executor_id)[0] == "ps"
+    # A process the task runs itself starts now and imports TensorFlow while the node
+    # joins the cluster (CPU runs: the environment of its import is known already).
+    early = start_early(setup.spec) if in_task else None
+    try:
+        ctx = join_cluster(setup, executor_id)
+        _assign_gpus(setup.num_gpus, ctx)
+    except BaseException:
+        if early is not None:
+            early.cancel()
+        raise
+    if in_task:
+        tfos_main(setup, ctx, early)
         return
     import multiprocessing
 
@@ -230,8 +244,9 @@ def tensorflow_port() -> int:
     return int(pinned)
 
 
-def tfos_main(setup: NodeSetup, ctx: NodeContext) -> None:
-    """Starts this executor's TensorFlow process and waits for it."""
+def tfos_main(setup: NodeSetup, ctx: NodeContext, early: Early | None = None) -> None:
+    """Starts this executor's TensorFlow process (or hands the early one its spec) and
+    waits for it."""
     token = issued_token()  # the reservation server's answer to this node's registration
     if token is None:
         raise NodeFailed(f"executor {ctx.executor_id} received no control token")
@@ -243,37 +258,85 @@ def tfos_main(setup: NodeSetup, ctx: NodeContext) -> None:
         control_token=token,
     )
     node = f"{ctx.job_name}:{ctx.task_index}"
-    run_child(spec, label=f"on executor {ctx.executor_id} (node {node})")
+    run_child(spec, label=f"on executor {ctx.executor_id} (node {node})", early=early)
 
 
-def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:
-    """Starts ``python -m sparktf.train.process.main`` for ``spec`` (pickled on its stdin)."""
+def _spawn(error_file: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m sparktf.train.process.main ERROR_FILE`` with a pipe for its spec; with
+    ``env_extra`` an early process (:data:`~sparktf.train.process.main.EARLY`)."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.pop("TF_CONFIG", None)  # the child sets its own from the driver's plan
-    child = subprocess.Popen(
-        [sys.executable, "-m", "sparktf.train.process.main", error_file],
-        env=env,
-        stdin=subprocess.PIPE,
-    )
+    argv = [sys.executable, "-m", "sparktf.train.process.main", error_file]
+    if env_extra is not None:
+        env.update(env_extra)
+        argv.append(EARLY)
+    return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE)
+
+
+def _send(child: subprocess.Popen, spec: ProcessSpec) -> None:
+    """Hands ``child`` its spec (pickled on its stdin, which is then closed)."""
     try:
         child.stdin.write(pickle.dumps(spec))
         child.stdin.close()
     except BrokenPipeError:  # it died at once: its exit code tells
         pass
+
+
+def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:
+    """Starts ``python -m sparktf.train.process.main`` for ``spec`` (pickled on its stdin)."""
+    child = _spawn(error_file)
+    _send(child, spec)
     return child
 
 
-def run_child(spec: ProcessSpec, *, label: str) -> None:
-    """Runs the TensorFlow process of ``spec`` and waits; raises NodeFailed on failure.
+@dataclass
+class Early:
+    """A TensorFlow process started before its node joined the cluster (it imports
+    TensorFlow meanwhile), in its scratch directory; :func:`run_child` hands it its spec."""
+
+    child: subprocess.Popen | None  # None: started with its spec by run_child
+    tmp: str
+
+    @property
+    def error_file(self) -> str:
+        return os.path.join(self.tmp, "error.json")
+
+    def cancel(self) -> None:
+        """The node could not join: the process goes, and its scratch."""
+        self.child.kill()
+        self.child.wait()
+        scratch.remove_dir(self.tmp)
+
+
+def start_early(spec: ProcessSpec) -> Early | None:
+    """The TensorFlow process of a node that is about to join, started now when its
+    import does not depend on its role (:func:`~sparktf.train.process.main.preloads`)."""
+    if not preloads(spec):
+        return None
+    scratch.sweep()
+    tmp = scratch.make_dir("sparktf-node-")
+    child = _spawn(os.path.join(tmp, "error.json"), runtime_env(spec, cpu_only=True))
+    return Early(child, tmp)
+
+
+def run_child(spec: ProcessSpec, *, label: str, early: Early | None = None) -> None:
+    """Runs the TensorFlow process of ``spec`` (``early``: hands the process started
+    before its spec was known) and waits; raises NodeFailed on failure.
 
     Scratch directories of processes that are gone (this run's earlier attempts, earlier
     runs) are swept before the process starts and after it has exited."""
-    scratch.sweep()
-    tmp = scratch.make_dir("sparktf-node-")
+    if early is None:
+        scratch.sweep()
+        early = Early(None, scratch.make_dir("sparktf-node-"))
+    tmp = early.tmp
     try:
-        error_file = os.path.join(tmp, "error.json")
-        child = start_process(spec, error_file)
+        error_file = early.error_file
+        if early.child is None:
+            child = start_process(spec, error_file)
+        else:
+            child = early.child
+            _send(child, spec)
         try:
             code = child.wait()
         except BaseException:  # the Spark task is being killed: take the child with us

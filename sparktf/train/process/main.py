@@ -37,11 +37,25 @@ from sparktf import exit_hooks
 from sparktf.train.plan import ProcessSpec, Role
 from sparktf.train.wire.control import ControlClient
 
-__all__ = ["EXIT_ABORTED", "consume_feed", "error_summary", "exit_process", "main", "serve"]
+__all__ = [
+    "EARLY",
+    "EXIT_ABORTED",
+    "consume_feed",
+    "error_summary",
+    "exit_process",
+    "main",
+    "preloads",
+    "runtime_env",
+    "serve",
+]
 
 log = logging.getLogger("sparktf.train.process.main")
 
 EXIT_ABORTED = 3
+# ``python -m sparktf.train.process.main ERROR_FILE --early``: started by a Spark task before
+# its node has joined the cluster, with the runtime's environment already set
+# (:func:`runtime_env`); it imports TensorFlow while it waits for its spec on stdin.
+EARLY = "--early"
 
 
 def error_summary(exc: BaseException, *, tail: int = 12) -> dict:
@@ -133,7 +147,14 @@ def consume_feed(spec: ProcessSpec, role: Role, control) -> dict:
 
 def main(argv: list[str]) -> None:
     error_file = argv[1]
-    spec: ProcessSpec = pickle.load(sys.stdin.buffer)
+    early = None
+    if EARLY in argv[2:]:  # started before its node joined: import while the spec comes
+        _die_with_parent()
+        early = _import_in_thread()
+    try:
+        spec: ProcessSpec = pickle.load(sys.stdin.buffer)
+    except EOFError:  # the node gave up before it had a spec (its task failed)
+        os._exit(EXIT_ABORTED)
     logging.basicConfig(
         level=spec.plan.log_level,
         stream=sys.stderr,
@@ -142,7 +163,7 @@ def main(argv: list[str]) -> None:
     for noisy in ("tensorflow", "absl", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     _die_with_parent()
-    preload = _preload_tensorflow(spec)
+    preload = early or _preload_tensorflow(spec)
 
     control = ControlClient(
         spec.control_url, spec.control_token, spec.key, driver_lost_s=spec.driver_lost_s
@@ -214,9 +235,31 @@ def _preload_tensorflow(spec: ProcessSpec) -> threading.Thread | None:
     the environment TensorFlow's import sees is the same for every role (CPU only: it is
     then set here, see :func:`_configure_runtime`); None otherwise, and in a process that
     only reads the feed. The caller joins the thread before importing anything itself."""
-    if spec.consume_only or spec.plan.scaling.gpus_per_worker:
+    if not preloads(spec):
         return None
     _configure_runtime(spec, cpu_only=True)
+    return _import_in_thread()
+
+
+def preloads(spec: ProcessSpec) -> bool:
+    """Whether a process of ``spec`` imports TensorFlow before it knows its role: CPU runs
+    that train (not a process that only reads the feed)."""
+    return not (spec.consume_only or spec.plan.scaling.gpus_per_worker)
+
+
+def runtime_env(spec: ProcessSpec, *, cpu_only: bool) -> dict[str, str]:
+    """The environment of the TensorFlow runtime that does not depend on the role (an
+    early process gets it from its launcher, see :data:`EARLY`)."""
+    env = {"CUDA_VISIBLE_DEVICES": ""} if cpu_only else {}
+    threads = spec.plan.scaling.threads_per_worker
+    if threads:
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(threads))
+        env["TF_NUM_INTRAOP_THREADS"] = str(threads)
+    return env
+
+
+def _import_in_thread() -> threading.Thread:
+    """Imports TensorFlow in a thread (the caller joins it before it imports anything)."""
 
     def load() -> None:
         try:
@@ -231,12 +274,7 @@ def _preload_tensorflow(spec: ProcessSpec) -> threading.Thread | None:
 
 def _configure_runtime(spec: ProcessSpec, *, cpu_only: bool) -> None:
     """The environment of the TensorFlow runtime that does not depend on the role."""
-    if cpu_only:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    threads = spec.plan.scaling.threads_per_worker
-    if threads:
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+    os.environ.update(runtime_env(spec, cpu_only=cpu_only))
 
 
 def _configure_process(spec: ProcessSpec, role: Role) -> None:
