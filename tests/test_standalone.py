@@ -298,6 +298,11 @@ def test_cluster_script_rejects_bad_input_and_stops_idempotently(tmp_path):
     assert status.returncode == 3 and "not running" in status.stdout
     help_ = cluster_sh("--help")
     assert help_.returncode == 0 and "SPARK_MASTER_URL" in help_.stdout
+    assert "start-worker --worker N" in help_.stdout
+    which = cluster_sh("start-worker", "--dir", str(tmp_path / "c"))
+    assert which.returncode == 2 and "start-worker needs --worker N" in which.stderr
+    lost = cluster_sh("start-worker", "--worker", "1", "--dir", str(tmp_path / "c"))
+    assert lost.returncode == 1 and "no running cluster" in lost.stderr
 
 
 def train_on_cluster(
