@@ -241,8 +241,8 @@ def _attempts(
             if new >= workers:  # the same cluster fits again: a restart, not a resize
                 _restart(restarts, run, tracker, exc)
                 continue
-            step = max([_last_step(cluster), artifacts.latest_checkpoint_step(run.model_dir)])
             resumed, reason = artifacts.latest_checkpoint_step(run.model_dir), _first_line(exc)
+            step = max(_last_step(cluster), resumed)
         if new == workers:
             log.info("elastic run: still %d workers can be placed; going on with them", new)
             continue
@@ -255,7 +255,7 @@ def _attempts(
         kind = "grow" if new > workers else "shrink"
         event = elastic.Resize(kind, workers, new, step, resumed, reason, time.time())
         resizes.append(event.to_dict())
-        tracker.resized(event.to_dict())
+        tracker.resized(resizes[-1])
         log.warning("elastic run: %s", event.describe())
         workers = new
 
