@@ -3,9 +3,9 @@ from ``scripts/netcluster.sh``, HDFS (``scripts/hdfs.sh --host``) on one, a Spar
 master on another, a worker on each of two more, and the driver's host; an outsider host
 that the run never uses.
 
-Every host has a private ``/tmp``: what must be shared (the Hadoop client configuration, the
-standalone cluster's secret) is written to the cluster's state directory, as a site would
-put it on every node.
+Every host has a private ``/tmp``, on disk (:meth:`MultiHost.mount_disks`): what must be
+shared (the Hadoop client configuration, the standalone cluster's secret) is written to the
+cluster's state directory, as a site would put it on every node.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ SCRIPT = ROOT / "scripts" / "netcluster.sh"
 HOSTS = ("nn", "master", "w1", "w2", "drv", "out")
 STANDALONE = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
 SUBMIT = [*STANDALONE, "--executor-cores", "1", "--executor-memory", "1g"]  # one slot each
+WORKER_SPARK = "/tmp/spark"  # where the worker hosts have Spark (their own /tmp)
 
 
 def namespaces_usable() -> str | None:
@@ -73,6 +74,7 @@ def started(*, kerberos: bool = False, cores: int = 1, memory: str = "2g") -> It
     assert out.returncode == 0, out.stderr
     made = MultiHost(name, state, dict(line.split("=", 1) for line in out.stdout.split()))
     try:
+        made.mount_disks()
         made.start_hdfs(kerberos=kerberos)
         made.start_spark(cores=cores, memory=memory)
         yield made
@@ -88,6 +90,7 @@ class MultiHost:
         self.name, self.state, self.hosts = name, state, hosts
         self.shared = state / name / "shared"
         self.shared.mkdir(mode=0o700)
+        self.disks = Path("/var/tmp") / f"sparktf-test-{name}"  # the hosts' /tmp
         self.daemons: list[subprocess.Popen] = []
         self.env = {
             k: v
@@ -95,6 +98,18 @@ class MultiHost:
             if not k.startswith(("SPARKTF_", "SPARK_", "HADOOP_", "PYSPARK_", "TMPDIR"))
         }
         self.env["SPARKTF_NETCLUSTER_DIR"] = str(state)
+
+    def mount_disks(self) -> None:
+        """Gives every host a ``/tmp`` on disk, a directory of its own under :attr:`disks`
+        (netcluster.sh gives it one in memory): a shipped environment is unpacked there, a
+        few GB on each host, as on the disks of a real cluster's nodes."""
+        self.disks.mkdir(mode=0o700)
+        for host in HOSTS:
+            disk = self.disks / host
+            disk.mkdir()
+            disk.chmod(0o1777)  # as /tmp (inside a directory of root's alone)
+            out = self.run(host, "mount", "--bind", disk, "/tmp")
+            assert out.returncode == 0, out.stderr
 
     def command(self, host: str, *command) -> list[str]:
         return [str(SCRIPT), "exec", self.name, host, "--", *map(str, command)]
@@ -164,13 +179,19 @@ class MultiHost:
             "--host", master, "--port", "7077", "--webui-port", "8080",
             env={**daemon_env, "SPARK_LOCAL_IP": master}, log="master.log",
         )  # fmt: skip
+        # Each worker host has Spark of its own (pyspark's directory bind-mounted on its
+        # /tmp/spark), as a site installs Spark on every node: the driver's venv can then be
+        # hidden from it (:meth:`hidden`).
+        own = {**daemon_env, "SPARK_HOME": WORKER_SPARK}
         for worker in ("w1", "w2"):
             address = self.hosts[worker]
             self.spawn(
-                worker, home / "bin" / "spark-class", "org.apache.spark.deploy.worker.Worker",
+                worker, "sh", "-c", 'mkdir "$1" && mount --bind "$0" "$1" && shift && exec "$@"',
+                home, WORKER_SPARK, f"{WORKER_SPARK}/bin/spark-class",
+                "org.apache.spark.deploy.worker.Worker",
                 "--host", address, "--cores", str(cores), "--memory", memory,
                 "--work-dir", "/tmp/work", self.master_url,
-                env={**daemon_env, "SPARK_LOCAL_IP": address, "PYSPARK_PYTHON": sys.executable},
+                env={**own, "SPARK_LOCAL_IP": address, "PYSPARK_PYTHON": sys.executable},
                 log=f"{worker}.log",
             )  # fmt: skip
         self._await_workers(2)
@@ -191,6 +212,21 @@ class MultiHost:
             time.sleep(2)
         logs = "".join((self.shared / f).read_text()[-1500:] for f in ("master.log", "w1.log"))
         raise AssertionError(f"the workers did not register:\n{logs}")
+
+    @contextmanager
+    def hidden(self, path: str | Path, hosts=("w1", "w2")) -> Iterator[None]:
+        """``path`` hidden on ``hosts`` (an empty read-only directory mounted over it in
+        their mount namespaces) until the block ends."""
+        covered = []
+        try:
+            for host in hosts:
+                out = self.run(host, "mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", path)
+                assert out.returncode == 0, out.stderr
+                covered.append(host)
+            yield
+        finally:
+            for host in covered:  # lazily: an executor may still be leaving
+                self.run(host, "umount", "-l", path)
 
     def driver_env(self) -> dict[str, str]:
         """What a user on the driver's host has: the master, the cluster's secret file, the
@@ -213,14 +249,16 @@ class MultiHost:
         helpers.run_command([SCRIPT, "stop", self.name], env=self.env, timeout=120)
         for proc in self.daemons:
             proc.wait(10)
+        shutil.rmtree(self.disks, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- a user on the driver's host
 
 
-def on_driver(cluster: MultiHost, *argv, timeout: float = 600):
-    """``argv`` run on drv with what its user has (:meth:`MultiHost.driver_env`); must pass."""
-    out = cluster.run("drv", *argv, env=cluster.driver_env(), timeout=timeout)
+def on_driver(cluster: MultiHost, *argv, timeout: float = 600, env=None):
+    """``argv`` run on drv with what its user has (:meth:`MultiHost.driver_env`, updated with
+    ``env``); must pass."""
+    out = cluster.run("drv", *argv, env={**cluster.driver_env(), **(env or {})}, timeout=timeout)
     assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
     return out
 
@@ -242,6 +280,13 @@ def convert_mnist(cluster: MultiHost, submit: list) -> str:
     on_driver(cluster, sys.executable, "-c", upload)
     on_driver(cluster, *submit, "jobs/convert_mnist.py", "--input", raw, "--output", data)
     return data
+
+
+def executor_pythons(cluster: MultiHost, host: str) -> list[str]:
+    """The interpreter each TensorFlow process on ``host`` logged (``role ... (python P)``),
+    from the stderr of every executor there."""
+    logs = cluster.run(host, "sh", "-c", "cat /tmp/work/*/*/stderr").stdout
+    return re.findall(r"role \S+ in .* \(python (\S+)\)", logs)
 
 
 def count_rows(cluster: MultiHost, uri: str) -> int:
