@@ -43,17 +43,18 @@ def mnist(cluster):
     return multihost.convert_mnist(cluster, SUBMIT)
 
 
-def test_sixteen_processes_on_two_hosts_train_then_predict_in_the_shipped_environment(
+def test_sixteen_processes_on_two_hosts_train_in_the_shipped_environment_then_predict(
     cluster, mnist
 ):
     """16 all-reduce processes fed by Spark: one executor of 8 task slots on each worker
     host, 8 processes in each, each fed by the tasks of its own host. They train and export
     to HDFS, every process ends, and the export predicts the test split.
 
-    Both jobs ship the driver's environment (``--ship-env``) and the worker hosts do not have
-    it: the venv is hidden there, so every Python of the executors is the archive's, unpacked
-    in the executor's work directory. The archive is packed in the user's sparktf home (the
-    checkout's ``.local``), once for the suite (tests/test_yarn.py ships the same one)."""
+    The training ships the driver's environment (``--ship-env``) and the worker hosts do not
+    have it: the venv is hidden there, so every Python of the executors is the archive's,
+    unpacked in the executor's work directory. The archive is packed in the user's sparktf
+    home (the checkout's ``.local``), once for the suite (tests/test_yarn.py ships the same
+    one, and predicts with it)."""
     uri = cluster.hdfs["HDFS_URI"]
     assert uri.startswith(f"hdfs://{cluster.name_of('nn')}:")  # the NameNode by its name
     home = {"SPARKTF_HOME": str(paths.home())}
@@ -68,13 +69,8 @@ def test_sixteen_processes_on_two_hosts_train_then_predict_in_the_shipped_enviro
             "--model-dir", f"{uri}/models/mnist-16", "--result-json", "/tmp/result-16.json",
             env=home,
         )  # fmt: skip
-        summary = json.loads(cluster.run("drv", "cat", "/tmp/result-16.json").stdout)
-        multihost.on_driver(
-            cluster, *SUBMIT, "--ship-env", "--total-executor-cores", "1", "jobs/predict.py",
-            "--export", summary["export_dir"], "--input", f"{mnist}/test/parquet",
-            "--output", f"{uri}/predictions/mnist", env=home,
-        )  # fmt: skip
         pythons = {host: multihost.executor_pythons(cluster, host) for host in ("w1", "w2")}
+    summary = json.loads(cluster.run("drv", "cat", "/tmp/result-16.json").stdout)
     assert (summary["final_step"], summary["strategy"]) == (2, "allreduce")
     fed = summary["fed_rows"]  # every process fed by Spark's tasks of its own host
     assert len(fed) == 16 and all(rows > 0 for rows in fed.values()), fed
@@ -87,6 +83,11 @@ def test_sixteen_processes_on_two_hosts_train_then_predict_in_the_shipped_enviro
     for host in ("w1", "w2"):  # no TensorFlow process outlives the run
         tf = [l for l in multihost.listeners(cluster, host) if multihost.TF_PROCESS in str(l)]
         assert tf == [], tf
+    multihost.on_driver(
+        cluster, *SUBMIT, "jobs/predict.py",
+        "--export", summary["export_dir"], "--input", f"{mnist}/test/parquet",
+        "--output", f"{uri}/predictions/mnist",
+    )  # fmt: skip
     assert multihost.count_rows(cluster, f"{uri}/predictions/mnist") == 16
     # each TensorFlow process ran the interpreter of the archive its executor unpacked
     for host, found in pythons.items():
