@@ -29,6 +29,9 @@ SCRIPT = ROOT / "scripts" / "netcluster.sh"
 HOSTS = ("nn", "master", "w1", "w2", "drv", "out")
 STANDALONE = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
 SUBMIT = [*STANDALONE, "--executor-cores", "1", "--executor-memory", "1g"]  # one slot each
+# the jobs other than training: two such executors (one on each worker host), not the 12 of
+# the profile's spark.cores.max (16) that fit, each a JVM to start for 64 rows
+SUBMIT_TWO = [*SUBMIT, "--total-executor-cores", "2"]
 WORKER_SPARK = "/tmp/spark"  # where the worker hosts have Spark (their own /tmp)
 
 

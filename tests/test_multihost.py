@@ -28,7 +28,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
-STANDALONE, SUBMIT = multihost.STANDALONE, multihost.SUBMIT
+STANDALONE, SUBMIT, SUBMIT_TWO = multihost.STANDALONE, multihost.SUBMIT, multihost.SUBMIT_TWO
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def mnist(cluster):
-    return multihost.convert_mnist(cluster, SUBMIT)
+    return multihost.convert_mnist(cluster, SUBMIT_TWO)
 
 
 def test_sixteen_processes_on_two_hosts_train_in_the_shipped_environment_then_predict(
@@ -84,7 +84,7 @@ def test_sixteen_processes_on_two_hosts_train_in_the_shipped_environment_then_pr
         tf = [l for l in multihost.listeners(cluster, host) if multihost.TF_PROCESS in str(l)]
         assert tf == [], tf
     multihost.on_driver(
-        cluster, *SUBMIT, "jobs/predict.py",
+        cluster, *SUBMIT_TWO, "jobs/predict.py",
         "--export", summary["export_dir"], "--input", f"{mnist}/test/parquet",
         "--output", f"{uri}/predictions/mnist",
     )  # fmt: skip
