@@ -198,3 +198,26 @@ def worker_stats(spark, fingerprint: str, partitions: int = 12) -> dict[int, dic
     schema = "pid long, loads long, uses long, batches long, copies long"
     rows = spark.range(partitions).repartition(partitions).mapInArrow(stats, schema).collect()
     return {r.pid: r.asDict() for r in rows}
+
+
+def tiny_plan(scaling, **fields):
+    """A ``RunPlan`` built by hand, with no data read: mnist_mlp from files of 240 rows,
+    global batch 24 (10 steps an epoch, 100 in all), model directory ``/m``; ``fields``
+    replace any of its fields. For the parts that take a plan but start nothing."""
+    import dataclasses
+
+    from sparktf.train import RunConfig, TrainConfig
+    from sparktf.train.plan import DataInfo, RunPlan
+
+    plan = RunPlan(
+        train=TrainConfig(model="mnist_mlp", data="/d", input_mode="files"),
+        scaling=scaling,
+        run=RunConfig(model_dir="/m"),
+        model_config={},
+        data=DataInfo("mnist", "image", "/d", "train", 240, (), files={"tfrecord": ["/d/f"]}),
+        global_batch=24,
+        steps_per_epoch=10,
+        target_steps=100,
+        feed_passes=None,
+    )
+    return dataclasses.replace(plan, **fields)

@@ -18,6 +18,7 @@ from sparktf.train.config import FailureConfig, worker_range
 from sparktf.train.driver.elastic import Resize, fit_workers
 from sparktf.train.plan import DataInfo, check_layout
 from sparktf.train.wire.control import ControlClient, ControlServer
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -147,20 +148,7 @@ def test_an_estimator_with_min_workers_trains_elastic():
 
 
 def _plan(scaling: ScalingConfig):
-    from sparktf.train import TrainConfig
-    from sparktf.train.plan import RunPlan
-
-    return RunPlan(
-        train=TrainConfig(model="mnist_mlp", data="/d", input_mode="files"),
-        scaling=scaling,
-        run=RunConfig(model_dir="/m"),
-        model_config={"batch_size": 24, "learning_rate": 0.3},
-        data=_data(240),
-        global_batch=24,
-        steps_per_epoch=10,
-        target_steps=100,
-        feed_passes=None,
-    )
+    return helpers.tiny_plan(scaling, model_config={"batch_size": 24, "learning_rate": 0.3})
 
 
 def test_an_attempt_keeps_the_global_batch_or_each_workers_share():

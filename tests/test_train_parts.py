@@ -14,10 +14,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sparktf.train.config import ScalingConfig, TrainingError
+from sparktf.train.config import RunConfig, ScalingConfig, TrainingError
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker
 from sparktf.train.result import ProcessResult
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -306,19 +307,8 @@ def test_an_unreadable_error_file_leaves_the_exit_code_to_tell(tmp_path, caplog)
 
 
 def _spec(tmp_path) -> ProcessSpec:
-    from sparktf.train import RunConfig, TrainConfig
-    from sparktf.train.plan import DataInfo, RunPlan
-
-    plan = RunPlan(
-        train=TrainConfig(model="mnist_mlp", data="/d", input_mode="files"),
-        scaling=ScalingConfig(threads_per_worker=1),
-        run=RunConfig(model_dir=str(tmp_path / "m")),
-        model_config={},
-        data=DataInfo("mnist", "image", "/d", "train", 10, ()),
-        global_batch=2,
-        steps_per_epoch=5,
-        target_steps=5,
-        feed_passes=None,
+    plan = helpers.tiny_plan(
+        ScalingConfig(threads_per_worker=1), run=RunConfig(model_dir=str(tmp_path / "m"))
     )
     return ProcessSpec(plan, "http://127.0.0.1:9/", "t", 30.0, 30.0)
 

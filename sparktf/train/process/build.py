@@ -99,9 +99,11 @@ def _set_learning_rate(task, optimizer) -> None:
     restored at the size it was saved with; it is set to this attempt's (the plan scaled
     the config's). A schedule is built from the config and needs nothing."""
     rate = task.config.get("learning_rate")
+    if rate is None:
+        return
     for each in optimizer.values() if isinstance(optimizer, dict) else [optimizer]:
         variable = getattr(getattr(each, "inner_optimizer", each), "_learning_rate", None)
-        if rate is not None and hasattr(variable, "assign"):
+        if hasattr(variable, "assign"):
             variable.assign(float(rate))
 
 

@@ -295,17 +295,16 @@ def start_process(spec: ProcessSpec, error_file: str) -> subprocess.Popen:
     return child
 
 
+_ERROR_FILE = "error.json"  # in a TensorFlow process's scratch directory
+
+
 @dataclass
 class Early:
     """A TensorFlow process started before its node joined the cluster (it imports
     TensorFlow meanwhile), in its scratch directory; :func:`run_child` hands it its spec."""
 
-    child: subprocess.Popen | None  # None: started with its spec by run_child
+    child: subprocess.Popen
     tmp: str
-
-    @property
-    def error_file(self) -> str:
-        return os.path.join(self.tmp, "error.json")
 
     def cancel(self) -> None:
         """The node could not join: the process goes, and its scratch."""
@@ -321,7 +320,7 @@ def start_early(spec: ProcessSpec) -> Early | None:
         return None
     scratch.sweep()
     tmp = scratch.make_dir("sparktf-node-")
-    child = _spawn(os.path.join(tmp, "error.json"), runtime_env(spec, cpu_only=True))
+    child = _spawn(os.path.join(tmp, _ERROR_FILE), runtime_env(spec, cpu_only=True))
     return Early(child, tmp)
 
 
@@ -333,15 +332,14 @@ def run_child(spec: ProcessSpec, *, label: str, early: Early | None = None) -> N
     runs) are swept before the process starts and after it has exited."""
     if early is None:
         scratch.sweep()
-        early = Early(None, scratch.make_dir("sparktf-node-"))
-    tmp = early.tmp
+        tmp, child = scratch.make_dir("sparktf-node-"), None
+    else:
+        tmp, child = early.tmp, early.child
+    error_file = os.path.join(tmp, _ERROR_FILE)
     try:
-        error_file = early.error_file
-        if early.child is None:
-            child = start_process(spec, error_file)
-        else:
-            child = early.child
-            _send(child, spec)
+        if child is None:
+            child = _spawn(error_file)
+        _send(child, spec)
         try:
             code = child.wait()
         except BaseException:  # the Spark task is being killed: take the child with us

@@ -147,9 +147,9 @@ def consume_feed(spec: ProcessSpec, role: Role, control) -> dict:
 
 def main(argv: list[str]) -> None:
     error_file = argv[1]
+    _die_with_parent()
     early = None
     if EARLY in argv[2:]:  # started before its node joined: import while the spec comes
-        _die_with_parent()
         early = _import_in_thread()
     try:
         spec: ProcessSpec = pickle.load(sys.stdin.buffer)
@@ -162,7 +162,6 @@ def main(argv: list[str]) -> None:
     )
     for noisy in ("tensorflow", "absl", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    _die_with_parent()
     preload = early or _preload_tensorflow(spec)
 
     control = ControlClient(
