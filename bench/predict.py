@@ -14,7 +14,8 @@ job (bench/common.py):
   (one numpy view over the Arrow buffer), calling the SavedModel's ``predict_images``
   ``--batch-size`` rows at a time and collecting classes and probabilities as numpy.
   Start-up (not timed, reported): importing TensorFlow, loading the model, its first call.
-* **sparktf.predict**: ``sparktf.predict(df, export, keep_columns=["id"])`` over the table.
+* **sparktf.predict**: ``sparktf.predict(df, export, keep_columns=["id"],
+  raw_prediction_col="")`` over the table (no ``rawPrediction``: the same result).
   Timed: the whole Spark job from submitting it (``write.format("noop")``) to its end:
   reading the Parquet files, the Arrow round trip through the Python workers, decoding,
   the model calls. Start-up (reported): the Spark session, and one warm-up job (TensorFlow
@@ -623,8 +624,9 @@ def image_variants(df, model_dir: str, one_pass, batch_size: int, name: str) -> 
         "single_process_tf": one_pass,
         "sparktf_predict": functools.partial(
             spark_pass,
+            # the classes and probabilities, as the other variants (no rawPrediction)
             lambda df=df, model_dir=model_dir: sparktf.predict(
-                df, model_dir, batch_size=batch_size, keep_columns=["id"]
+                df, model_dir, batch_size=batch_size, keep_columns=["id"], raw_prediction_col=""
             ),
         ),
         "predict_batch_udf": functools.partial(

@@ -2,10 +2,15 @@
 measured in the same run.
 
     .venv/bin/python bench/train.py [--steps 80] [--batch-size 64] [--configs all] [--rounds 3]
-        [--budget SECONDS]
+        [--budget SECONDS] [--s3]
 
 Data: the synthetic CIFAR-format demo dataset (``sparktf.datasets.demo``, both formats, local
-disk; converted once and cached under .local/demo).
+disk; converted once and cached under .local/demo). With ``--s3`` (off by default) a copy of
+it on a throwaway S3-compatible store too (bench/common.s3: SeaweedFS through scripts/s3.sh,
+on the same machine, started before the Spark session so that the session gives the
+executors' Python its ``AWS_*`` settings): published with ``sparktf.storage.publish`` (the
+copy, then its commit marker), timed as ``startup_s.copy_to_s3`` (the store's start:
+``startup_s.s3_store``).
 
 Baseline: the best plain TensorFlow a user would write -- one process (a subprocess) running
 Keras ``model.fit`` on a ``tf.data`` pipeline (``TFRecordDataset`` with parallel reads,
@@ -20,7 +25,10 @@ strategy x input mode:
   intra-op thread;
 * ``ps``: chief (coordinator, reads the input) + one worker on the executors, the parameter
   server on the driver: one process computes, with TensorFlow's default threads (sparktf's
-  default ``threads_per_worker=0``).
+  default ``threads_per_worker=0``);
+* ``allreduce/files-s3`` (``--s3`` only): ``allreduce`` with files input read from the S3
+  copy (sparktf's readers through its boto3 client), the model directory on local disk as
+  for the others.
 
 Neither side evaluates: sparktf runs with ``EvalConfig(split="none")`` (its default evaluates
 the test split once per epoch on the chief, which the Keras ``fit`` baseline does not do, and
@@ -35,16 +43,20 @@ TensorFlow processes) to the end of the chief's first step. ``startup_overhead_s
 round, sparktf's time to first step minus that round's baseline's. ``--rounds`` rounds (with
 ``--budget``: as many as fit, at least 2; bench/common.py), round robin (baseline, then each
 configuration), medians count. Goals: allreduce/files >= 0.9x, allreduce/spark >= 0.8x,
-ps/files >= 0.8x, ps/spark >= 0.7x the baseline; start-up overhead (median over the rounds,
-the worse strategy of each input mode) <= 3 s with files input
-(``train.startup_overhead_files_s``), <= 5 s with the spark feed
-(``train.startup_overhead_spark_s``). Peak memory of the whole process tree is sampled.
-Prints JSON and writes it to bench/results/.
+ps/files >= 0.8x, ps/spark >= 0.7x the baseline, and with ``--s3`` allreduce/files-s3 >=
+0.9x (as from local files: reading from S3 must not slow training); start-up overhead
+(median over the rounds, the worse strategy of each input mode, local input) <= 3 s with
+files input (``train.startup_overhead_files_s``), <= 5 s with the spark feed
+(``train.startup_overhead_spark_s``); allreduce/files-s3's is recorded, not a goal. With
+both allreduce/files and allreduce/files-s3 run, ``ratio_s3_over_local_files`` (their
+medians' ratio, and each round's) is recorded, not a goal. Peak memory of the whole process
+tree is sampled. Prints JSON and writes it to bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -60,9 +72,23 @@ import common
 from sparktf import cli
 
 log = logging.getLogger("bench.train")
-CONFIGS = [("allreduce", "files"), ("allreduce", "spark"), ("ps", "files"), ("ps", "spark")]
+# name: (strategy, input mode, where the data is: the local copy or the S3 one)
+CONFIGS = {
+    "allreduce/files": ("allreduce", "files", "local"),
+    "allreduce/spark": ("allreduce", "spark", "local"),
+    "ps/files": ("ps", "files", "local"),
+    "ps/spark": ("ps", "spark", "local"),
+    "allreduce/files-s3": ("allreduce", "files", "s3"),  # --s3 only
+}
+S3_CONFIGS = {name for name, (_, _, store) in CONFIGS.items() if store == "s3"}
 
-GOALS = {"allreduce/files": 0.9, "allreduce/spark": 0.8, "ps/files": 0.8, "ps/spark": 0.7}
+GOALS = {
+    "allreduce/files": 0.9,
+    "allreduce/spark": 0.8,
+    "ps/files": 0.8,
+    "ps/spark": 0.7,
+    "allreduce/files-s3": 0.9,  # --s3 only
+}
 # sparktf's time to first step over the baseline's, by input mode (the worse strategy)
 OVERHEAD_GOALS_S = {"files": 3.0, "spark": 5.0}
 GPU_RATIO_GOAL = 0.9
@@ -190,6 +216,10 @@ def sparktf_run(
         "elapsed_s": result.elapsed_s,
         "final_step": result.final_step,
         "loss": result.metrics.get("loss"),
+        # the share of its training time each process waited for its next batch (and the
+        # driver's finding when the run waited much): an input that slows training shows here
+        "input_wait": result.input_wait,
+        "input_diagnosis": result.input_diagnosis,
         **memory.report(),
     }
 
@@ -225,6 +255,32 @@ def overhead_goals(overheads: common.Rounds) -> dict:
     return goals
 
 
+def publish_to_s3(local: str, remote: str) -> None:
+    """A copy of the local dataset at ``remote`` (s3://), published: the copy under a
+    temporary prefix, put in place with its commit marker last (sparktf's readers refuse an
+    S3 directory without it)."""
+    from sparktf import storage
+
+    with storage.publish(remote, overwrite=True) as tmp:
+        storage.copy_tree(local, tmp)
+
+
+def parse_configs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The configurations of ``--configs``: ``all`` is every one, allreduce/files-s3 only
+    with ``--s3`` (without it, naming it is a usage error)."""
+    if args.configs == "all":
+        return [name for name in CONFIGS if args.s3 or name not in S3_CONFIGS]
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for name in configs:
+        if name not in CONFIGS:
+            p.error(f"--configs: expected some of {', '.join(CONFIGS)}, got {name}")
+        if name in S3_CONFIGS and not args.s3:
+            p.error(f"--configs: {name} needs --s3 (the S3 store to read from)")
+    if not configs:
+        p.error("--configs: no configuration given")
+    return list(dict.fromkeys(configs))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -245,7 +301,15 @@ def main(argv=None) -> int:
     p.add_argument(
         "--configs",
         default="all",
-        help="comma list of strategy/input_mode, e.g. allreduce/files,ps/spark",
+        help="comma list of strategy/input_mode, e.g. allreduce/files,ps/spark; "
+        "allreduce/files-s3 (files input from S3) needs --s3 (default: all, with "
+        "allreduce/files-s3 only with --s3)",
+    )
+    p.add_argument(
+        "--s3",
+        action="store_true",
+        help="also train with files input from a throwaway S3 store (SeaweedFS, scripts/s3.sh; "
+        "the configuration allreduce/files-s3; off by default: one more run a round)",
     )
     p.add_argument(
         "--gpus",
@@ -263,112 +327,128 @@ def main(argv=None) -> int:
     common.add_tag(p, "train", "gpu-bf16")
     common.add_rounds(p)
     args = p.parse_args(argv)
+    configs = parse_configs(p, args)
     cli.setup_logging("WARNING")
     logging.getLogger("bench").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    configs = (
-        CONFIGS if args.configs == "all" else [tuple(c.split("/")) for c in args.configs.split(",")]
-    )
-    for config in configs:
-        if config not in CONFIGS:
-            p.error(f"--configs: expected some of {', '.join('/'.join(c) for c in CONFIGS)}")
 
     from sparktf.datasets import demo
-    from sparktf.spark import get_session
 
-    seconds, spark = common.timed(
-        get_session,
-        "sparktf-bench-train",
-        profile="local",
-        overrides={
-            "spark.master": "local-cluster[2,1,1024]",
-            "spark.executorEnv.PYTHONPATH": str(common.ROOT),
-            **common.gpu_overrides(args.gpus),
-        },
-    )
-    result: dict = {
-        "benchmark": "train",
-        "model": "resnet20",
-        "steps": args.steps,
-        "global_batch": args.batch_size,
-        "baseline_threads": args.threads,
-        "gpus": args.gpus,
-        "precision": args.precision,
-        "machine": common.machine(),
-        "window": "end of the first step to end of the last step, both sides",
-        "startup_s": {"spark_session": round(seconds, 2)},
-    }
-    rates, first_step, overheads = common.Rounds(), common.Rounds(), common.Rounds()
-    runs: dict = {}
-    try:
-        data = demo.ensure_dataset("resnet20", spark)
-        result["data"] = data
-        with tempfile.TemporaryDirectory(prefix="sparktf-bench-train-") as tmp:
-            rounds = common.RoundBudget.from_args(args)
-            for r in rounds:
-                base = baseline(
-                    data, args.batch_size, args.steps, args.threads, args.gpus, args.precision
-                )
-                rates.add("baseline_keras_fit", base["examples_per_sec"])
-                first_step.add("baseline_keras_fit", base["time_to_first_step_s"])
-                runs.setdefault("baseline_keras_fit", []).append(base)
-                log.info(
-                    "round %d baseline: %.1f examples/s, first step after %.1f s",
-                    r,
-                    base["examples_per_sec"],
-                    base["time_to_first_step_s"],
-                )
-                for strategy, input_mode in configs:
-                    name = f"{strategy}/{input_mode}"
-                    run = sparktf_run(
-                        spark,
-                        data,
-                        strategy,
-                        input_mode,
-                        args.batch_size,
-                        args.steps,
-                        os.path.join(tmp, f"{r}-{name.replace('/', '-')}"),
-                        args.gpus,
-                        args.precision,
-                    )
-                    rates.add(name, run["examples_per_sec"])
-                    first_step.add(name, run["time_to_first_step_s"] or float("nan"))
-                    overheads.add(
-                        name,
-                        (run["time_to_first_step_s"] or float("nan"))
-                        - base["time_to_first_step_s"],
-                    )
-                    runs.setdefault(name, []).append(run)
-                    log.info(
-                        "round %d %s: %.1f examples/s, first step after %.1f s (%+.1f s)",
-                        r,
-                        name,
-                        run["examples_per_sec"],
-                        run["time_to_first_step_s"] or -1,
-                        overheads.values[name][-1],
-                    )
-        rounds.record(result)
-        result["examples_per_sec"] = rates.report(1)
-        result["time_to_first_step_s"] = first_step.report(2)
-        result["startup_overhead_s"] = overheads.report(2)
-        result["runs"] = runs
-        med = rates.medians()
-        base_rate = med["baseline_keras_fit"]
-        result["ratio_to_baseline"] = {
-            k: round(v / base_rate, 3) for k, v in med.items() if k != "baseline_keras_fit"
+    startup: dict = {}
+    with contextlib.ExitStack() as stack:
+        s3_uri = None
+        if args.s3:  # before the session: it gives the executors' Python the AWS_* settings
+            seconds, s3_uri = common.timed(stack.enter_context, common.s3())
+            startup["s3_store"] = round(seconds, 2)
+        seconds, spark = common.local_session(
+            "sparktf-bench-train", **common.gpu_overrides(args.gpus)
+        )
+        startup["spark_session"] = round(seconds, 2)
+        result: dict = {
+            "benchmark": "train",
+            "model": "resnet20",
+            "steps": args.steps,
+            "global_batch": args.batch_size,
+            "baseline_threads": args.threads,
+            "gpus": args.gpus,
+            "precision": args.precision,
+            "configs": configs,
+            "s3": common.s3_store_name() if args.s3 else "not measured (--s3)",
+            "machine": common.machine(),
+            "window": "end of the first step to end of the last step, both sides",
+            "startup_s": startup,
         }
-        if args.gpus:
-            goals = gpu_goals(med, args.precision)
-        else:
-            goals = {
-                f"{name} / Keras fit": common.goal(common.ratio(med.get(name), base_rate), target)
-                for name, target in GOALS.items()
+        rates, first_step, overheads = common.Rounds(), common.Rounds(), common.Rounds()
+        runs: dict = {}
+        try:
+            data = demo.ensure_dataset("resnet20", spark)
+            result["data"] = data
+            where = {"local": data}
+            if s3_uri is not None:
+                where["s3"] = f"{s3_uri}/bench/demo-resnet20"
+                seconds, _ = common.timed(publish_to_s3, data, where["s3"])
+                startup["copy_to_s3"] = round(seconds, 2)
+                result["data_s3"] = where["s3"]
+            with tempfile.TemporaryDirectory(prefix="sparktf-bench-train-") as tmp:
+                rounds = common.RoundBudget.from_args(args)
+                for r in rounds:
+                    base = baseline(
+                        data, args.batch_size, args.steps, args.threads, args.gpus, args.precision
+                    )
+                    rates.add("baseline_keras_fit", base["examples_per_sec"])
+                    first_step.add("baseline_keras_fit", base["time_to_first_step_s"])
+                    runs.setdefault("baseline_keras_fit", []).append(base)
+                    log.info(
+                        "round %d baseline: %.1f examples/s, first step after %.1f s",
+                        r,
+                        base["examples_per_sec"],
+                        base["time_to_first_step_s"],
+                    )
+                    for name in configs:
+                        strategy, input_mode, store = CONFIGS[name]
+                        run = sparktf_run(
+                            spark,
+                            where[store],
+                            strategy,
+                            input_mode,
+                            args.batch_size,
+                            args.steps,
+                            os.path.join(tmp, f"{r}-{name.replace('/', '-')}"),
+                            args.gpus,
+                            args.precision,
+                        )
+                        rates.add(name, run["examples_per_sec"])
+                        first_step.add(name, run["time_to_first_step_s"] or float("nan"))
+                        overheads.add(
+                            name,
+                            (run["time_to_first_step_s"] or float("nan"))
+                            - base["time_to_first_step_s"],
+                        )
+                        runs.setdefault(name, []).append(run)
+                        log.info(
+                            "round %d %s: %.1f examples/s, first step after %.1f s (%+.1f s)",
+                            r,
+                            name,
+                            run["examples_per_sec"],
+                            run["time_to_first_step_s"] or -1,
+                            overheads.values[name][-1],
+                        )
+            rounds.record(result)
+            result["examples_per_sec"] = rates.report(1)
+            result["time_to_first_step_s"] = first_step.report(2)
+            result["startup_overhead_s"] = overheads.report(2)
+            result["runs"] = runs
+            med = rates.medians()
+            base_rate = med["baseline_keras_fit"]
+            result["ratio_to_baseline"] = {
+                k: round(v / base_rate, 3) for k, v in med.items() if k != "baseline_keras_fit"
             }
-            goals.update(overhead_goals(overheads))
-        result["goals"] = goals
-        result["machine_after"] = common.machine()
-    finally:
-        spark.stop()
+            if "allreduce/files" in med and "allreduce/files-s3" in med:
+                # informational, not a goal: what reading from S3 costs training
+                result["ratio_s3_over_local_files"] = {
+                    "median": round(med["allreduce/files-s3"] / med["allreduce/files"], 3),
+                    "rounds": [
+                        round(s3 / local, 3)
+                        for s3, local in zip(
+                            rates.values["allreduce/files-s3"], rates.values["allreduce/files"]
+                        )
+                    ],
+                }
+            if args.gpus:
+                goals = gpu_goals(med, args.precision)
+            else:
+                goals = {
+                    f"{name} / Keras fit": common.goal(
+                        common.ratio(med.get(name), base_rate), target
+                    )
+                    for name, target in GOALS.items()
+                    if args.s3 or name not in S3_CONFIGS
+                }
+                goals.update(overhead_goals(overheads))
+            result["goals"] = goals
+            result["machine_after"] = common.machine()
+        finally:
+            spark.stop()
     common.write_results(common.result_name("train", args.tag), result)
     return 0
 

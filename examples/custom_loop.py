@@ -11,7 +11,17 @@ dataset (``get_context().dataset``). After each epoch the chief saves the weight
 local directory and reports the epoch's loss with them as a checkpoint; a restarted run
 (``--max-restarts``) resumes from the last one. Without ``--data`` it trains on the demo
 MNIST-format set (synthetic, made once under ``.local/demo``). Prints the result as JSON: the
-chief's return value, the reports, the model directory.
+chief's return value, the reports, the restarts and resizes, the model directory.
+
+Elastic (``--num-workers MIN:MAX``): the same function, unchanged, keeps the contract of an
+elastic run. A lost worker starts it again with the workers that fit, from the last reported
+checkpoint (``get_context().restored_dir``; ``world_size`` may differ, the global batch does
+not: it must divide by every size). When slots come back, ``report()`` returns True after
+the checkpoint it was given is published: the function returns, and the run goes on from
+that checkpoint with more workers.
+
+    ./scripts/submit.sh --profile standalone examples/custom_loop.py --num-workers 1:3 \
+        --batch-size 24 --model-dir hdfs://nn:8020/models/elastic-loop
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from sparktf import cli  # noqa: E402
+from sparktf.train.settings import worker_range  # noqa: E402
 
 log = logging.getLogger("sparktf.examples.custom_loop")
 
@@ -49,9 +60,9 @@ def train_fn(config: dict) -> dict:
         )
         optimizer = keras.optimizers.SGD(config["learning_rate"])
     first_epoch = 0
-    if ctx.checkpoint:  # a restart: the weights and epoch of the last report
-        model.load_weights(os.path.join(ctx.checkpoint, "model.weights.h5"))
-        with open(os.path.join(ctx.checkpoint, "epoch.json")) as f:
+    if ctx.restored_dir:  # a later attempt: the weights and epoch of the last report
+        model.load_weights(os.path.join(ctx.restored_dir, "model.weights.h5"))
+        with open(os.path.join(ctx.restored_dir, "epoch.json")) as f:
             first_epoch = json.load(f)["epoch"] + 1
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -80,20 +91,35 @@ def train_fn(config: dict) -> dict:
         model.save_weights(os.path.join(saved, "model.weights.h5"))  # every worker: collective
         with open(os.path.join(saved, "epoch.json"), "w") as f:
             json.dump({"epoch": epoch}, f)
-        report({"step": (epoch + 1) * steps, "epoch": epoch, "loss": loss}, checkpoint=saved)
-    return {"loss": loss, "epochs": config["epochs"], "workers": ctx.world_size}
+        if report({"step": (epoch + 1) * steps, "epoch": epoch, "loss": loss}, checkpoint=saved):
+            break  # an elastic run grows: the run goes on from this checkpoint
+    return {
+        "loss": loss,
+        "epochs": config["epochs"],
+        "workers": ctx.world_size,
+        "first_epoch": first_epoch,
+    }
 
 
 def parser():
     p = cli.parser("Train your own loop on Spark executors with sparktf.train.run.")
     p.add_argument("--data", help="a converted MNIST-format dataset; none: the demo set")
     p.add_argument("--model-dir", required=True, help="reports' checkpoints and TensorBoard events")
-    p.add_argument("--num-workers", type=int, default=2, help="all-reduce processes (executors)")
+    p.add_argument(
+        "--num-workers",
+        type=worker_range,
+        default=2,
+        metavar="N|MIN:MAX",
+        help="all-reduce processes (executors); MIN:MAX: elastic",
+    )
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--steps-per-epoch", type=int, default=15)
     p.add_argument("--batch-size", type=int, default=32, help="global batch (all processes)")
     p.add_argument("--learning-rate", type=float, default=0.1)
     p.add_argument("--max-restarts", type=int, default=0, help="attempts after a failure")
+    p.add_argument(
+        "--grow-after", type=float, default=30.0, help="elastic: seconds slots stay free first"
+    )
     return p
 
 
@@ -107,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data or demo.ensure_dataset("mnist_softmax", spark=spark)
     result = run(
         train_fn,
-        ScalingConfig(strategy="allreduce", num_workers=args.num_workers),
+        ScalingConfig(
+            strategy="allreduce", num_workers=args.num_workers, grow_after_s=args.grow_after
+        ),
         RunConfig(model_dir=args.model_dir, failure=FailureConfig(max_restarts=args.max_restarts)),
         config={
             "epochs": args.epochs,
@@ -125,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                 "history": result.history,
                 "model_dir": result.model_dir,
                 "last_checkpoint": result.last_checkpoint,
+                "restarts": result.restarts,
+                "resizes": result.resizes,
+                "processes": result.processes,
             },
             indent=2,
         )

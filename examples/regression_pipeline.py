@@ -25,16 +25,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 
+import _common  # examples/_common.py: the flags, the CSV, the session (puts sparktf on sys.path)
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(REPO))
-
-from sparktf import cli  # noqa: E402
+from sparktf import cli
 
 log = logging.getLogger("sparktf.examples.regression")
 MODEL_NAME = "regression_net"
@@ -59,32 +55,18 @@ def write_demo_csv(path: str | Path, rows: int = 1200, noise: float = 0.5, seed:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows, len(WEIGHTS)))
     y = x @ WEIGHTS + BIAS + rng.normal(0.0, noise, size=rows)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        f.write("id,x1,x2,x3,x4,y\n")
-        for i, (p, t) in enumerate(zip(x, y)):
-            f.write(f"{i},{p[0]:.6f},{p[1]:.6f},{p[2]:.6f},{p[3]:.6f},{t:.6f}\n")
-    return str(path)
+    columns = {f"x{i + 1}": x[:, i] for i in range(len(WEIGHTS))}
+    return _common.write_csv(path, {"id": range(rows), **columns, "y": y})
 
 
 def parser() -> argparse.ArgumentParser:
-    p = cli.parser(
-        "Tune and train a regression model with CrossValidator, then score held-out rows."
+    p = _common.parser(
+        "Tune and train a regression model with CrossValidator, then score held-out rows.",
+        label="y",
+        label_help="the numeric target column",
+        epochs=10,
+        batch_size=32,
     )
-    p.add_argument("--csv", required=True, help="input CSV with a header row")
-    p.add_argument("--label", default="y", help="the numeric target column")
-    p.add_argument(
-        "--features",
-        default=None,
-        help="comma-separated feature columns (default: every numeric column but the label and id)",
-    )
-    p.add_argument("--model-dir", required=True, help="training model directory (local or hdfs://)")
-    p.add_argument("--output", required=True, help="predictions of the held-out rows (Parquet)")
-    p.add_argument("--test-fraction", type=float, default=0.25, help="rows held out")
-    p.add_argument("--num-workers", type=int, default=2, help="all-reduce training processes")
-    p.add_argument("--epochs", type=float, default=10, help="passes over the training rows")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch size")
     p.add_argument(
         "--learning-rates",
         default="0.05,0.0005",
@@ -93,13 +75,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=2, help="CrossValidator folds")
     p.add_argument("--hidden-units", type=int, default=0, help="0: a linear model")
     p.add_argument("--noise", type=float, default=0.5, help="--demo-rows: the noise's std dev")
-    p.add_argument("--seed", type=int, default=0, help="split and shuffle seed")
-    p.add_argument(
-        "--demo-rows",
-        type=int,
-        default=0,
-        help="first write a synthetic CSV of this many rows to --csv (0: read --csv as it is)",
-    )
     return p
 
 
@@ -110,51 +85,19 @@ def run(args: argparse.Namespace, spark) -> dict:
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
     from pyspark.sql import types as T
 
-    from sparktf import models, storage
+    from sparktf import models
     from sparktf.ml import TFEstimator
 
     rates = [float(r) for r in args.learning_rates.split(",") if r.strip()]
     if not rates:
         raise cli.UsageError("--learning-rates: give at least one learning rate")
-    if args.demo_rows:
-        write_demo_csv(args.csv, rows=args.demo_rows, noise=args.noise, seed=args.seed)
-        log.info("wrote a synthetic demo CSV of %d rows to %s", args.demo_rows, args.csv)
-    df = spark.read.csv(storage.spark_uri(args.csv), header=True, inferSchema=True)
-    if args.label not in df.columns or not isinstance(
-        df.schema[args.label].dataType, T.NumericType
-    ):
-        raise cli.UsageError(
-            f"{args.csv} has no numeric label column {args.label!r} ({df.columns})"
-        )
-    if args.features:
-        features = [c.strip() for c in args.features.split(",") if c.strip()]
-        missing = [c for c in features if c not in df.columns]
-        if missing:
-            raise cli.UsageError(f"{args.csv} has no column(s) {missing} ({df.columns})")
-    else:
-        features = [
-            f.name
-            for f in df.schema.fields
-            if isinstance(f.dataType, T.NumericType) and f.name not in (args.label, "id")
-        ]
-    if not features:
-        raise cli.UsageError(f"{args.csv} has no numeric feature columns")
+    df = _common.read_csv(spark, args, write_demo_csv, noise=args.noise)
+    _common.check_label(df, args, T.NumericType, "numeric ")
+    features = _common.feature_columns(df, args)
     models.register(MODEL_NAME, build_net, config={"hidden_units": args.hidden_units})
     assembled = VectorAssembler(inputCols=features, outputCol="features").transform(df)
-    train, test = assembled.randomSplit(
-        [1.0 - args.test_fraction, args.test_fraction], seed=args.seed
-    )
-    estimator = TFEstimator(
-        model=MODEL_NAME,
-        loss="mse",
-        modelDir=args.model_dir,
-        numWorkers=args.num_workers,
-        threadsPerWorker=1,
-        epochs=args.epochs,
-        batchSize=args.batch_size,
-        seed=args.seed,
-        labelCol=args.label,
-    )
+    train, test = _common.split(assembled, args)
+    estimator = TFEstimator(model=MODEL_NAME, loss="mse", **_common.estimator_params(args))
     grid = (
         ParamGridBuilder()
         .addGrid(estimator.modelConfig, [{"learning_rate": rate} for rate in rates])
@@ -178,10 +121,7 @@ def run(args: argparse.Namespace, spark) -> dict:
     fitted = cv.fit(train)
     best = int(np.argmin(fitted.avgMetrics))
     keep = [c for c in ("id", args.label, "prediction") if c in test.columns or c == "prediction"]
-    fitted.bestModel.transform(test).select(*keep).write.mode("overwrite").parquet(
-        storage.spark_uri(args.output)
-    )
-    scored = spark.read.parquet(storage.spark_uri(args.output))
+    scored = _common.write_predictions(spark, fitted.bestModel.transform(test).select(*keep), args)
     summary = {
         "model": MODEL_NAME,
         "features": features,
@@ -202,12 +142,7 @@ def run(args: argparse.Namespace, spark) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sparktf.spark import get_session
-
-    def session(args):
-        return get_session("sparktf-regression-pipeline", profile=args.profile)
-
-    return cli.run_example(parser(), run, session, argv)
+    return _common.main(parser(), run, "sparktf-regression-pipeline", argv)
 
 
 if __name__ == "__main__":

@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 
+import _common  # examples/_common.py: the flags, the CSV, the session (puts sparktf on sys.path)
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(REPO))
-
-from sparktf import cli  # noqa: E402
+from sparktf import cli
 
 log = logging.getLogger("sparktf.examples.tabular")
 MODEL_NAME = "tabular_mlp"
@@ -59,47 +55,28 @@ def write_demo_csv(path: str | Path, rows: int = 600, classes: int = 3, seed: in
     labels = rng.integers(0, classes, size=rows)
     points = centers[labels] + rng.normal(0.0, 1.0, size=(rows, 4))
     points *= np.array([1.0, 10.0, 0.1, 100.0])  # scales differ: the pipeline standardises
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        f.write("id,x1,x2,x3,x4,label\n")
-        for i, (p, y) in enumerate(zip(points, labels)):
-            f.write(f"{i},{p[0]:.5f},{p[1]:.5f},{p[2]:.5f},{p[3]:.5f},{y}\n")
-    return str(path)
+    x = {f"x{i + 1}": points[:, i] for i in range(4)}
+    return _common.write_csv(path, {"id": range(rows), **x, "label": labels})
 
 
 def parser() -> argparse.ArgumentParser:
-    p = cli.parser("Train, save, load and apply a Spark ML Pipeline with a sparktf model.")
-    p.add_argument("--csv", required=True, help="input CSV with a header row")
-    p.add_argument("--label", default="label", help="label column (integers or strings)")
-    p.add_argument(
-        "--features",
-        default=None,
-        help="comma-separated feature columns (default: every numeric column but the label and id)",
+    p = _common.parser(
+        "Train, save, load and apply a Spark ML Pipeline with a sparktf model.",
+        label="label",
+        label_help="label column (integers or strings)",
+        epochs=20,
+        batch_size=16,
     )
-    p.add_argument("--model-dir", required=True, help="training model directory (local or hdfs://)")
     p.add_argument(
         "--pipeline-dir",
         default=None,
         help="where the fitted PipelineModel is saved (default: MODEL_DIR/pipeline)",
     )
-    p.add_argument("--output", required=True, help="predictions of the held-out rows (Parquet)")
-    p.add_argument("--test-fraction", type=float, default=0.25, help="rows held out")
     p.add_argument("--strategy", choices=["allreduce", "ps"], default="allreduce")
-    p.add_argument("--num-workers", type=int, default=2, help="training processes")
     p.add_argument("--num-ps", type=int, default=1, help="parameter servers (ps)")
-    p.add_argument("--epochs", type=float, default=20, help="passes over the training rows")
     p.add_argument("--steps", type=int, default=None, help="global steps (with --epochs: first)")
-    p.add_argument("--batch-size", type=int, default=16, help="global batch size")
     p.add_argument("--learning-rate", type=float, default=0.01)
     p.add_argument("--hidden-units", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0, help="split and shuffle seed")
-    p.add_argument(
-        "--demo-rows",
-        type=int,
-        default=0,
-        help="first write a synthetic CSV of this many rows to --csv (0: read --csv as it is)",
-    )
     return p
 
 
@@ -113,25 +90,9 @@ def run(args: argparse.Namespace, spark) -> dict:
     from sparktf import models, storage
     from sparktf.ml import TFEstimator
 
-    if args.demo_rows:
-        write_demo_csv(args.csv, rows=args.demo_rows, seed=args.seed)
-        log.info("wrote a synthetic demo CSV of %d rows to %s", args.demo_rows, args.csv)
-    df = spark.read.csv(storage.spark_uri(args.csv), header=True, inferSchema=True)
-    if args.label not in df.columns:
-        raise cli.UsageError(f"{args.csv} has no label column {args.label!r} ({df.columns})")
-    if args.features:
-        features = [c.strip() for c in args.features.split(",") if c.strip()]
-        missing = [c for c in features if c not in df.columns]
-        if missing:
-            raise cli.UsageError(f"{args.csv} has no column(s) {missing} ({df.columns})")
-    else:
-        features = [
-            f.name
-            for f in df.schema.fields
-            if isinstance(f.dataType, T.NumericType) and f.name not in (args.label, "id")
-        ]
-    if not features:
-        raise cli.UsageError(f"{args.csv} has no numeric feature columns")
+    df = _common.read_csv(spark, args, write_demo_csv)
+    _common.check_label(df, args)
+    features = _common.feature_columns(df, args)
     stages = []
     label = args.label
     if not isinstance(df.schema[label].dataType, T.NumericType):
@@ -148,20 +109,14 @@ def run(args: argparse.Namespace, spark) -> dict:
         StandardScaler(inputCol="raw_features", outputCol="features", withMean=True),
         TFEstimator(
             model=MODEL_NAME,
-            modelDir=args.model_dir,
             strategy=args.strategy,
-            numWorkers=args.num_workers,
             numPs=args.num_ps,
             psOnDriver=args.strategy == "ps",
-            threadsPerWorker=1,
-            epochs=args.epochs,
             steps=args.steps,
-            batchSize=args.batch_size,
-            seed=args.seed,
-            labelCol=label,
+            **_common.estimator_params(args, label),
         ),
     ]
-    train, test = df.randomSplit([1.0 - args.test_fraction, args.test_fraction], seed=args.seed)
+    train, test = _common.split(df, args)
     log.info(
         "fitting %d stages on %d rows (features %s), %d rows held out",
         len(stages),
@@ -179,10 +134,7 @@ def run(args: argparse.Namespace, spark) -> dict:
         for c in ("id", args.label, label, "prediction", "probability")
         if c in predictions.columns
     ]
-    predictions.select(*dict.fromkeys(keep)).write.mode("overwrite").parquet(
-        storage.spark_uri(args.output)
-    )
-    scored = spark.read.parquet(storage.spark_uri(args.output))
+    scored = _common.write_predictions(spark, predictions.select(*dict.fromkeys(keep)), args)
     accuracy = scored.agg(
         F.avg((F.col(label).cast("long") == F.col("prediction")).cast("double"))
     ).first()[0]
@@ -201,12 +153,7 @@ def run(args: argparse.Namespace, spark) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sparktf.spark import get_session
-
-    def session(args):
-        return get_session("sparktf-tabular-pipeline", profile=args.profile)
-
-    return cli.run_example(parser(), run, session, argv)
+    return _common.main(parser(), run, "sparktf-tabular-pipeline", argv)
 
 
 if __name__ == "__main__":

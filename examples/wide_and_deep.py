@@ -26,16 +26,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 
+import _common  # examples/_common.py: the flags, the CSV, the session (puts sparktf on sys.path)
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(REPO))
-
-from sparktf import cli  # noqa: E402
+from sparktf import cli
 
 log = logging.getLogger("sparktf.examples.wide_and_deep")
 MODEL_NAME = "wide_deep"
@@ -77,40 +73,34 @@ def write_demo_csv(path: str | Path, rows: int = 2000, seed: int = 0) -> str:
     plans = rng.choice(sorted(PLANS), size=rows)
     score = tenure - 1.5 * spend + np.array([CITIES[c] + PLANS[p] for c, p in zip(cities, plans)])
     churned = (score + rng.normal(0.0, 0.3, size=rows) > 0).astype(int)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        f.write("id,tenure,spend,city,plan,churned\n")
-        for i in range(rows):
-            f.write(f"{i},{tenure[i]:.6f},{spend[i]:.6f},{cities[i]},{plans[i]},{churned[i]}\n")
-    return str(path)
+    return _common.write_csv(
+        path,
+        {
+            "id": range(rows),
+            "tenure": tenure,
+            "spend": spend,
+            "city": cities,
+            "plan": plans,
+            "churned": churned,
+        },
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    p = cli.parser(
-        "Train a wide-and-deep model on numeric and string columns, score held-out rows."
+    p = _common.parser(
+        "Train a wide-and-deep model on numeric and string columns, score held-out rows.",
+        label="churned",
+        label_help="the integer class label column",
+        features=False,
+        epochs=5,
+        batch_size=32,
     )
-    p.add_argument("--csv", required=True, help="input CSV with a header row")
-    p.add_argument("--label", default="churned", help="the integer class label column")
-    p.add_argument("--model-dir", required=True, help="training model directory (local or hdfs://)")
-    p.add_argument("--output", required=True, help="predictions of the held-out rows (Parquet)")
-    p.add_argument("--test-fraction", type=float, default=0.25, help="rows held out")
-    p.add_argument("--num-workers", type=int, default=2, help="all-reduce training processes")
-    p.add_argument("--epochs", type=float, default=5, help="passes over the training rows")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch size")
     p.add_argument("--learning-rate", type=float, default=0.01, help="Adam's learning rate")
     p.add_argument(
         "--max-vocabulary",
         type=int,
         default=1000,
         help="most frequent values kept per string column",
-    )
-    p.add_argument("--seed", type=int, default=0, help="split and shuffle seed")
-    p.add_argument(
-        "--demo-rows",
-        type=int,
-        default=0,
-        help="first write a synthetic CSV of this many rows to --csv (0: read --csv as it is)",
     )
     return p
 
@@ -133,28 +123,18 @@ def run(args: argparse.Namespace, spark) -> dict:
     from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import types as T
 
-    from sparktf import models, storage
+    from sparktf import models
     from sparktf.ml import TFEstimator
 
-    if args.demo_rows:
-        write_demo_csv(args.csv, rows=args.demo_rows, seed=args.seed)
-        log.info("wrote a synthetic demo CSV of %d rows to %s", args.demo_rows, args.csv)
-    df = spark.read.csv(storage.spark_uri(args.csv), header=True, inferSchema=True)
-    if args.label not in df.columns or not isinstance(
-        df.schema[args.label].dataType, T.IntegralType
-    ):
-        raise cli.UsageError(
-            f"{args.csv} has no integer label column {args.label!r} ({df.columns})"
-        )
+    df = _common.read_csv(spark, args, write_demo_csv)
+    _common.check_label(df, args, T.IntegralType, "integer ")
     others = [f for f in df.schema.fields if f.name not in (args.label, "id")]
     numeric = [f.name for f in others if isinstance(f.dataType, T.NumericType)]
     strings = [f.name for f in others if isinstance(f.dataType, T.StringType)]
     if not numeric:
         raise cli.UsageError(f"{args.csv} has no numeric feature column ({df.columns})")
     assembled = VectorAssembler(inputCols=numeric, outputCol=NUMERIC).transform(df)
-    train, test = assembled.randomSplit(
-        [1.0 - args.test_fraction, args.test_fraction], seed=args.seed
-    )
+    train, test = _common.split(assembled, args)
     train = train.cache()  # each epoch runs the plan again: keep the split's rows
     vocab = vocabularies(train, strings, args.max_vocabulary)
     models.register(MODEL_NAME, build, learning_rate=args.learning_rate)
@@ -162,13 +142,7 @@ def run(args: argparse.Namespace, spark) -> dict:
         model=MODEL_NAME,
         modelConfig={"vocabularies": vocab},
         featuresCols=[NUMERIC, *strings],
-        labelCol=args.label,
-        modelDir=args.model_dir,
-        numWorkers=args.num_workers,
-        threadsPerWorker=1,
-        epochs=args.epochs,
-        batchSize=args.batch_size,
-        seed=args.seed,
+        **_common.estimator_params(args),
     )
     rows = train.count()
     log.info(
@@ -181,10 +155,7 @@ def run(args: argparse.Namespace, spark) -> dict:
     fitted = estimator.fit(train)
     train.unpersist()
     keep = [c for c in ("id", args.label) if c in test.columns] + ["prediction"]
-    fitted.transform(test).select(*keep).write.mode("overwrite").parquet(
-        storage.spark_uri(args.output)
-    )
-    scored = spark.read.parquet(storage.spark_uri(args.output))
+    scored = _common.write_predictions(spark, fitted.transform(test).select(*keep), args)
     evaluator = MulticlassClassificationEvaluator(labelCol=args.label, metricName="accuracy")
     summary = {
         "model": MODEL_NAME,
@@ -203,12 +174,7 @@ def run(args: argparse.Namespace, spark) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sparktf.spark import get_session
-
-    def session(args):
-        return get_session("sparktf-wide-and-deep", profile=args.profile)
-
-    return cli.run_example(parser(), run, session, argv)
+    return _common.main(parser(), run, "sparktf-wide-and-deep", argv)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ done
 case "$DATANODES" in
   ''|*[!0-9]*|0*) echo "hdfs.sh: --datanodes needs a whole number >= 1, got '$DATANODES'" >&2; exit 2 ;;
 esac
-mkdir -p "$DIR"
+# shellcheck source=scripts/lib/private_dir.sh
+. "$ROOT/scripts/lib/private_dir.sh"
+private_dir hdfs.sh "$DIR"  # what it sources and kills is trusted only from a private DIR
 DIR="$(cd "$DIR" && pwd)"
 PIDFILE="$DIR/hdfs.pid"
 READY="$DIR/ready.env"

@@ -23,17 +23,34 @@ STATE_ROOT="${SPARKTF_NETCLUSTER_DIR:-/run/sparktf-netcluster}"
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "netcluster.sh: $*" >&2; exit "${2:-1}"; }
 
+# NAME and HOST end up in paths that stop removes as root and in namespace names: checked in
+# every subcommand, before anything else (so `stop ../../x` never reaches rm -rf).
+check_name() {
+  [[ "$1" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "NAME: 1-8 lowercase letters and digits, got '$1'" 2
+}
+check_host() {
+  [[ "$1" =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "host names: 1-6 lowercase letters and digits, got '$1'" 2
+}
+
 cmd="${1:-}"; shift || true
 case "$cmd" in -h|--help|"") usage; [ -n "$cmd" ] && exit 0; exit 2 ;; esac
+case "$cmd" in
+  exec) [ $# -ge 2 ] && { check_name "$1"; check_host "$2"; } ;;
+  status|stop) [ $# -ge 1 ] && check_name "$1" ;;
+esac
 [ "$(id -u)" = 0 ] || die "needs root (network and mount namespaces)"
 command -v ip >/dev/null || die "needs iproute2 (ip)"
 
-state_of() { echo "$STATE_ROOT/$1"; }
+state_of() { check_name "$1"; echo "$STATE_ROOT/$1"; }
+# The namespaces of cluster $1 (NAME-...), matched as a fixed prefix, never as a pattern.
+namespaces_of() {
+  ip netns list 2>/dev/null | awk -v prefix="$1-" 'index($1, prefix) == 1 {print $1}'
+}
 
 stop_cluster() {  # $1 = name: everything start made, whatever is left of it
   local name="$1" dir ns pids
   dir="$(state_of "$name")"
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${name}-" || true); do
+  for ns in $(namespaces_of "$name"); do
     pids="$(ip netns pids "$ns" 2>/dev/null || true)"
     [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
   done
@@ -50,7 +67,7 @@ stop_cluster() {  # $1 = name: everything start made, whatever is left of it
       umount "$f" 2>/dev/null || umount -l "$f" 2>/dev/null || true
     done
   fi
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${name}-" || true); do
+  for ns in $(namespaces_of "$name"); do
     ip netns del "$ns" 2>/dev/null || true
   done
   if [ -d "$dir" ]; then
@@ -74,9 +91,7 @@ case "$cmd" in
     [ ${#hosts[@]} -le 200 ] || die "at most 200 hosts" 2
     [[ "$name" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name: 1-8 lowercase letters and digits, got '$name'" 2
     [[ "$subnet" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--subnet: A.B.C, got '$subnet'" 2
-    for h in "${hosts[@]}"; do
-      [[ "$h" =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "host names: 1-6 lowercase letters and digits, got '$h'" 2
-    done
+    for h in "${hosts[@]}"; do check_host "$h"; done
     dir="$(state_of "$name")"
     [ -e "$dir" ] && die "a cluster named $name is running (stop it first)"
     trap 'stop_cluster "$name"' ERR
@@ -120,18 +135,19 @@ case "$cmd" in
   exec)
     [ $# -ge 3 ] || die "usage: exec NAME HOST -- COMMAND..." 2
     name="$1"; h="$2"; shift 2
+    check_name "$name"; check_host "$h"
     [ "${1:-}" = "--" ] && shift
     dir="$(state_of "$name")"
     [ -e "$dir/$h.mnt" ] || die "no host $h in cluster $name"
     exec nsenter --mount="$dir/$h.mnt" --net="/run/netns/$name-$h" --wd="$PWD" -- "$@"
     ;;
   status)
-    name="${1:-sparktf}"; dir="$(state_of "$name")"
+    name="${1:-sparktf}"; check_name "$name"; dir="$(state_of "$name")"
     [ -f "$dir/hosts" ] || { echo "not running"; exit 3; }
     cat "$dir/hosts"
     ;;
   stop)
-    name="${1:-sparktf}"
+    name="${1:-sparktf}"; check_name "$name"
     stop_cluster "$name"
     echo "netcluster.sh: $name stopped"
     ;;

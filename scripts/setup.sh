@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent set-up: a virtual environment with a tested stack and sparktf (editable), and the
-# Hadoop jars of the local HDFS (cached under .local/hadoop/lib; Maven's own cache is ~/.m2).
+# Idempotent set-up: a virtual environment with a tested stack and sparktf (editable), the
+# Hadoop jars of the local HDFS (cached under .local/hadoop/lib; Maven's own cache is ~/.m2)
+# and Hadoop's S3A connector at pyspark's Hadoop version (.local/hadoop/s3a-VERSION).
 #   scripts/setup.sh [--stack default|petastorm] [--gpu] [--no-hadoop]
 #   --stack default (.venv, requirements.lock): the current Spark line, pyarrow and numpy 2;
 #   --stack petastorm (.venv-petastorm, requirements-petastorm.lock): Spark 4.0 and petastorm.
@@ -16,7 +17,7 @@ HADOOP=1
 STACK=default
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --stack) [ $# -ge 2 ] || { echo "setup.sh: --stack needs a value (default, petastorm)" >&2; exit 2; }
              STACK="$2"; shift ;;
     --stack=*) STACK="${1#--stack=}" ;;
@@ -76,22 +77,36 @@ if [ "$HADOOP" = 0 ]; then
   echo "setup.sh: done (no Hadoop jars: --no-hadoop). Python: $ROOT/$VENV/bin/python"
   exit 0
 fi
-# The jars are fetched again whenever scripts/hdfs/pom.xml changes (its hash is kept beside them),
+# fetch_jars DIR POM JAR WHAT [MVN-ARGS...]: POM's runtime dependencies into DIR. They are
+# fetched again whenever POM changes (its hash is kept beside them) or DIR has no JAR (a glob),
 # into a fresh folder that then replaces the old one, so no jar of an older pom stays behind.
-jars_want="$(sha256sum scripts/hdfs/pom.xml | cut -c1-16)"
-if [ "$(cat "$JARS/.pom-sha256" 2>/dev/null)" != "$jars_want" ] \
-    || ! ls "$JARS"/hadoop-minicluster-*.jar >/dev/null 2>&1; then
-  echo "setup.sh: fetching the Hadoop jars of the local HDFS from Maven Central"
-  rm -rf "$JARS.new"; mkdir -p "$JARS.new"
-  mvn -q -B -f scripts/hdfs/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
-      -DoutputDirectory="$ROOT/$JARS.new" || fail "mvn could not fetch the Hadoop jars (see above)"
-  rm -rf scripts/hdfs/target
-  echo "$jars_want" > "$JARS.new/.pom-sha256"
-  rm -rf "$JARS.old"
-  if [ -d "$JARS" ]; then mv "$JARS" "$JARS.old"; fi
-  mv "$JARS.new" "$JARS"
-  rm -rf "$JARS.old"
-else
-  echo "setup.sh: Hadoop jars present in $JARS"
-fi
+fetch_jars() {
+  local dir="$1" pom="$2" jar="$3" what="$4" want
+  shift 4
+  want="$(sha256sum "$pom" | cut -c1-16)"
+  if [ "$(cat "$dir/.pom-sha256" 2>/dev/null)" = "$want" ] && compgen -G "$dir/$jar" >/dev/null; then
+    echo "setup.sh: $what present in $dir"
+    return 0
+  fi
+  echo "setup.sh: fetching $what from Maven Central"
+  rm -rf "$dir.new"; mkdir -p "$dir.new"
+  mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime "$@" \
+      -DoutputDirectory="$ROOT/$dir.new" || fail "mvn could not fetch $what (see above)"
+  rm -rf "$(dirname "$pom")/target"
+  echo "$want" > "$dir.new/.pom-sha256"
+  rm -rf "$dir.old"
+  if [ -d "$dir" ]; then mv "$dir" "$dir.old"; fi
+  mv "$dir.new" "$dir"
+  rm -rf "$dir.old"
+}
+fetch_jars "$JARS" scripts/hdfs/pom.xml "hadoop-minicluster-*.jar" "the Hadoop jars of the local HDFS"
+# Hadoop's S3A connector for Spark's s3a:// paths (sparktf.spark.s3a), at the Hadoop version of
+# the stack's pyspark, with the AWS SDK modules it needs (scripts/s3a/pom.xml): one folder per
+# Hadoop version.
+HADOOP_VERSION="$("$VENV/bin/python" -c 'import glob, os, pyspark
+jars = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar"))
+print(os.path.basename(jars[0])[len("hadoop-client-api-"):-len(".jar")] if jars else "")')"
+[ -n "$HADOOP_VERSION" ] || fail "no hadoop-client-api jar in $VENV's pyspark: cannot tell its Hadoop version"
+fetch_jars ".local/hadoop/s3a-$HADOOP_VERSION" scripts/s3a/pom.xml "hadoop-aws-*.jar" \
+  "Hadoop's S3A connector ($HADOOP_VERSION)" -Dhadoop.version="$HADOOP_VERSION"
 echo "setup.sh: done. Python: $ROOT/$VENV/bin/python"

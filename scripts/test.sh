@@ -6,9 +6,10 @@
 #   clusters as separate applications; all (the default, what CI runs): the three.
 #   Two test processes run at once (pytest-xdist, a test module each at a time); set
 #   SPARKTF_TEST_PROCESSES=1 for one.
-#   --stack petastorm: the second stack (.venv-petastorm); by default its unit tier, the
-#   petastorm interop tests and the elastic runs (what CI runs there, beside the default
-#   stack's suite: pytest -m "unit or petastorm or elastic"; a -m of yours replaces it), any
+#   --stack petastorm: the second stack (.venv-petastorm); by default its unit tier but the
+#   TensorFlow-only modules (their pins are the default stack's), the petastorm interop tests
+#   and the elastic runs (what CI runs there, beside the default stack's suite: pytest -m
+#   "(unit and not tensorflow_only) or petastorm or elastic"; a -m of yours replaces it), any
 #   --tier on request. The default stack leaves the elastic runs to it (-m "not elastic";
 #   -m elastic runs them here).
 set -uo pipefail
@@ -17,7 +18,7 @@ STACK=default
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --tier) [ $# -ge 2 ] || { echo "test.sh: --tier needs a value" >&2; exit 2; }; TIER="$2"; shift 2 ;;
     --tier=*) TIER="${1#--tier=}"; shift ;;
     --stack) [ $# -ge 2 ] || { echo "test.sh: --stack needs a value" >&2; exit 2; }; STACK="$2"; shift 2 ;;
@@ -32,7 +33,7 @@ case "$STACK" in
 esac
 case "$TIER" in
   unit|integration|e2e|all) select=(--tier "$TIER") ;;
-  "") TIER=interop; select=(--tier all -m "unit or petastorm or elastic") ;;  # the petastorm stack's default
+  "") TIER=interop; select=(--tier all -m "(unit and not tensorflow_only) or petastorm or elastic") ;;  # the petastorm stack's default
   *) echo "test.sh: unknown tier '$TIER' (unit, integration, e2e, all)" >&2; exit 2 ;;
 esac
 if [ "$STACK" = default ] && [ "$TIER" != unit ]; then select+=(-m "not elastic"); fi

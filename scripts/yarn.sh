@@ -57,7 +57,9 @@ for value in "$RM_PORT" "$WEB_PORT" "$SCHEDULER_PORT" "$TRACKER_PORT" "$ADMIN_PO
              "$MEMORY_MB" "$VCORES"; do
   [[ "$value" =~ ^[0-9]+$ ]] || { echo "yarn.sh: expected a number, got '$value'" >&2; exit 2; }
 done
-mkdir -p "$DIR"
+# shellcheck source=scripts/lib/private_dir.sh
+. "$ROOT/scripts/lib/private_dir.sh"
+private_dir yarn.sh "$DIR"  # what it sources and kills is trusted only from a private DIR
 DIR="$(cd "$DIR" && pwd)"
 PIDFILE="$DIR/yarn.pid"
 READY="$DIR/ready.env"

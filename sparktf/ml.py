@@ -9,7 +9,7 @@
 ...                 epochs=5, batchSize=32),
 ... ])
 >>> fitted = pipeline.fit(train_df)            # trains on the executors (sparktf.train.fit)
->>> scored = fitted.transform(test_df)         # + prediction, probability
+>>> scored = fitted.transform(test_df)         # + prediction, probability, rawPrediction
 >>> MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
 >>> fitted.stages[-1].summary.final_step       # the fit's TrainResult, saved with the model
 >>> fitted.save("hdfs://nn:8020/pipelines/mlp"); PipelineModel.load(...)
@@ -20,9 +20,9 @@ before TensorFlow starts), then feeds them to the TensorFlow processes as they a
 ``spark`` input mode, :func:`sparktf.train.fit` with the DataFrame as ``TrainConfig.data``:
 no copy is written; each epoch runs the DataFrame's plan again, so cache a costly one), and
 returns a :class:`TFModel` of the run's export. ``TFModel``
-adds the columns of a Spark ML classifier (``prediction`` double, ``probability`` Vector;
-and ``rawPrediction``, a Vector, when ``rawPredictionCol`` is set), so Spark's evaluators,
-``CrossValidator`` and ``TrainValidationSplit`` work on it unchanged. Both stages save and
+adds the columns of a Spark ML classifier (``prediction`` double, ``probability`` and
+``rawPrediction`` Vectors), so Spark's evaluators, ``CrossValidator`` and
+``TrainValidationSplit`` work on it unchanged. Both stages save and
 load with Spark ML, also inside ``Pipeline`` and ``PipelineModel``. The column contract, what
 ``rawPrediction`` holds, the model directories of a ``CrossValidator`` and what a saved model
 contains are in docs/ml.md.
@@ -86,9 +86,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SAVED_MODEL = "savedmodel"  # TFModel.save: the SavedModel's copy under the path
-# The smallest normal float32: a probability the model rounded to 0 gets this log instead of
-# -inf, so rawPrediction stays finite.
-_SMALLEST_PROBABILITY = 1.1754943508222875e-38
 
 
 # TrainResult's former field names, as summaries saved before the rename hold them.
@@ -141,8 +138,10 @@ class _ColumnParams(HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPred
 
     def __init__(self) -> None:
         super().__init__()
-        # rawPrediction only when asked: sparktf.predict and TFModel add the same columns
-        self._setDefault(inputCol="features", featuresCols=[], idCol="id", rawPredictionCol="")
+        # Spark ML's classifier columns, which sparktf.predict adds under the same names
+        self._setDefault(
+            inputCol="features", featuresCols=[], idCol="id", rawPredictionCol="rawPrediction"
+        )
 
     def _set_given(self) -> Any:
         """Sets the Params a ``@keyword_only`` method was given (None: left as is)."""
@@ -329,7 +328,7 @@ class TFEstimator(_TrainParams, Estimator, DefaultParamsWritable, DefaultParamsR
         labelCol: str = "label",
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        rawPredictionCol: str = "",
+        rawPredictionCol: str = "rawPrediction",
         idCol: str = "id",
         runConfig: dict | None = None,
     ) -> None:
@@ -503,14 +502,14 @@ class _TFModelWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path: str) -> None:
-        from sparktf.inference import resolve_model
+        from sparktf.inference import resolve_export
 
         extra: dict[str, Any] = {"savedModel": SAVED_MODEL}
         if self.instance.hasSummary:
             extra["summary"] = self.instance.summary.to_dict()
         spark = self.sparkSession
         DefaultParamsWriter.saveMetadata(self.instance, path, spark, extraMetadata=extra)
-        source = resolve_model(self.instance.getExportDir())
+        source = resolve_export(self.instance.getExportDir())
         target = storage.join(_as_spark_resolves(spark, path), SAVED_MODEL)
         storage.copy_tree(source, target)
         log.info("TFModel saved to %s (SavedModel copied from %s)", path, source)
@@ -590,18 +589,17 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
       a classifier on features; images for an image classifier). ``featuresCols``: the
       columns of a model of several named inputs instead, each named as its input.
     * ``predictionCol`` (``"prediction"``), ``probabilityCol`` (``"probability"``),
-      ``rawPredictionCol`` (``""``: not added; ``"rawPrediction"`` for Spark's
-      ``BinaryClassificationEvaluator``): the added columns; an empty name leaves that column
-      out. By default they are the columns :func:`sparktf.predict` adds.
+      ``rawPredictionCol`` (``"rawPrediction"``): the added columns, named as Spark ML's
+      classifiers name them, so its evaluators read them with their defaults; an empty name
+      leaves that column out. They are the columns :func:`sparktf.predict` adds.
     * ``idCol`` (``"id"``): names rows in errors; ``batchSize`` (128): rows per model
       call; ``signature`` (``""``: :func:`sparktf.predict`'s choice).
 
     ``transform(df)`` returns ``df``'s columns plus, for a classifier, ``predictionCol``
     (double, the class), ``probabilityCol`` (a dense ``Vector``, one probability per class)
-    and, when set, ``rawPredictionCol`` (a dense ``Vector`` of the log-probabilities,
-    ``log(p)``: the model's logits less their log-sum-exp, so its ``softmax`` is
-    ``probabilityCol``, its argmax the prediction and its order within a row that of the
-    logits; the exported
+    and ``rawPredictionCol`` (a dense ``Vector`` of the log-probabilities, ``log(p)``: the
+    model's logits less their log-sum-exp, so its ``softmax`` is ``probabilityCol``, its
+    argmax the prediction and its order within a row that of the logits; the exported
     signatures give probabilities, not logits). For another model :func:`sparktf.predict`
     serves, its output with a numeric ``predictionCol`` as a double. It is lazy; the model
     runs on the executors over Arrow batches and the Vectors are made by Spark SQL
@@ -635,7 +633,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         featuresCols: list[str] | None = None,
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
-        rawPredictionCol: str = "",
+        rawPredictionCol: str = "rawPrediction",
         idCol: str = "id",
         batchSize: int = 128,
         signature: str = "",
@@ -681,12 +679,14 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         hidden = f"__sparktf_{self.uid}_"  # an output the caller left out (an empty name)
         prediction = self.getPredictionCol() or f"{hidden}prediction"
         probability = self.getProbabilityCol() or f"{hidden}probability"
+        raw = self.getRawPredictionCol()
         out = predict(
             dataset,
             self.getExportDir(),
             input_col=None if self.getFeaturesCols() else self.getInputCol(),
             output_col=prediction,
             probability_col=probability,
+            raw_prediction_col=raw,
             batch_size=self.getOrDefault(self.batchSize),
             signature=self.getOrDefault(self.signature) or None,
             id_col=self.getIdCol(),
@@ -694,9 +694,7 @@ class TFModel(_ColumnParams, Model, MLWritable, MLReadable):
         if probability in dataset.columns or probability not in out.columns:
             out = _as_double(out, prediction)  # not a classifier
         else:
-            out = _classifier_columns(
-                out, prediction, probability, self.getRawPredictionCol(), dataset.columns
-            )
+            out = _classifier_columns(out, prediction, probability, raw)
         return out.drop(*(c for c in (prediction, probability) if c.startswith(hidden)))
 
     def write(self) -> MLWriter:
@@ -720,26 +718,14 @@ def _as_double(out: DataFrame, prediction: str) -> DataFrame:
     return out
 
 
-def _classifier_columns(
-    out: DataFrame, prediction: str, probability: str, raw: str, given: list[str]
-) -> DataFrame:
-    """sparktf.predict's classes (long) and probabilities (array<float>) as Spark ML's
-    prediction (double), probability and rawPrediction (Vectors)."""
+def _classifier_columns(out: DataFrame, prediction: str, probability: str, raw: str) -> DataFrame:
+    """sparktf.predict's classes (long), probabilities and raw prediction (array<float>) as
+    Spark ML's prediction (double), probability and rawPrediction (Vectors)."""
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
-    from sparktf.inference import PredictInputError
-
-    if raw and raw in given:
-        raise PredictInputError(
-            f"output column {raw!r} already exists in the input DataFrame: rename it or set "
-            "rawPredictionCol"
-        )
-    probabilities = F.col(probability)
     columns = {prediction: F.col(prediction).cast("double")}
-    if raw:
-        floor = F.lit(_SMALLEST_PROBABILITY)
-        logs = F.transform(probabilities, lambda p: F.log(F.greatest(p.cast("double"), floor)))
-        columns[raw] = array_to_vector(logs)
-    columns[probability] = array_to_vector(probabilities)
+    for vector in (probability, raw):
+        if vector:
+            columns[vector] = array_to_vector(F.col(vector))
     return out.withColumns(columns)

@@ -2,7 +2,10 @@
 
 A TensorFlow process keeps checkpoints in a private ``sparktf-modeldir-*`` directory, reads
 the ``spark`` input mode's chunks from a ``sparktf-feed-*`` directory, and the Spark task
-that starts it keeps its error file in a ``sparktf-node-*`` directory. Each is made by
+that starts it keeps its error file in a ``sparktf-node-*`` directory; a new Spark JVM's
+private settings (Spark's shared secret, the run's token, the UI's key) wait for it in a
+``sparktf-secret-*`` directory and a process's HDFS credentials file lives in a
+``sparktf-token-*`` one. Each is made by
 :func:`make_dir`, which holds an exclusive ``flock`` on an owner file inside it
 (:data:`OWNER_FILE`) for as long as the directory is in use. The kernel drops that lock when
 the process ends, however it ends (``os._exit``, SIGKILL, out of memory), so "the process
@@ -62,6 +65,7 @@ PREFIXES = (
     "sparktf-submit-",
     "sparktf-ps-",
     "sparktf-token-",
+    "sparktf-secret-",
 )
 # A directory with no owner file is left alone this long after its last change (seconds).
 UNOWNED_GRACE_S = 600.0

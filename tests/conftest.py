@@ -30,10 +30,12 @@ from pathlib import Path
 import pytest
 
 from sparktf.ports import free_port
-from tests import tiers
+from tests import durations, tiers
+from tests.helpers import drop_py4j_connection
 
 ROOT = Path(__file__).resolve().parent.parent
 HDFS_SH = ROOT / "scripts" / "hdfs.sh"
+S3_SH = ROOT / "scripts" / "s3.sh"
 
 
 def _terminate(signum, frame):  # SIGTERM (e.g. from `timeout`) runs the fixtures' teardown
@@ -120,17 +122,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _longest_first(items):
-    """The order of the modules: those of the most separate applications (e2e tests) first,
-    then those of integration tests, then the rest, each module's tests in their own order.
-    With two test processes (pytest-xdist, a module each at a time) the long modules then
-    start early and both processes end about together."""
+    """The order of the modules: the longest first, by the seconds each took in a measured
+    whole-suite run (tests/durations.json, :mod:`tests.durations`), each module's tests in
+    their own order. A module not measured
+    yet is placed by what it runs: a minute per separate application (e2e test), ten seconds
+    per integration test, a second per other test. With two test processes (pytest-xdist, a
+    module each at a time) the long modules then start early and both processes end about
+    together."""
+    measured = durations.load()
     tiers_of: dict[str, list[str]] = {}
     for item in items:
         tiers_of.setdefault(item.module.__name__, []).append(item.stash[_TIER])
-    weight = {
-        name: (-found.count("e2e"), -found.count("integration"), name)
-        for name, found in tiers_of.items()
-    }
+    weight = {}
+    for name, found in tiers_of.items():
+        guess = 60 * found.count("e2e") + 10 * found.count("integration") + found.count("unit")
+        weight[name] = (-measured.get(name, guess), name)
     return lambda item: weight[item.module.__name__]
 
 
@@ -155,6 +161,9 @@ def _watched(phase):
         with _SPAWNS.watching() as started:
             try:
                 return (yield)
+            except BaseException:
+                drop_py4j_connection()
+                raise
             finally:
                 item.stash.setdefault(_STARTED, {})[phase] = list(started)
 
@@ -257,6 +266,46 @@ def hdfs(tmp_path_factory) -> Hdfs:
                 os.environ[key] = value
 
 
+class S3Store:
+    """The session's object store (scripts/s3.sh): what its ``start`` printed."""
+
+    def __init__(self, values: dict[str, str]):
+        self.env = {k: v for k, v in values.items() if k.startswith("AWS_")}
+        self.uri = values["S3_URI"]
+
+    def fresh(self, name: str = "t") -> str:
+        """A new, unused prefix URI for one test."""
+        return f"{self.uri}/tests/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory) -> S3Store:
+    """A real S3-compatible store (SeaweedFS through scripts/s3.sh) for the session, its
+    endpoint and keys exported (``AWS_*``) as a user does with what ``start`` prints."""
+    args = ["--dir", str(tmp_path_factory.mktemp("s3") / "store")]
+    with _SPAWNS.exempt():
+        out = subprocess.run(
+            [str(S3_SH), "start", *args], capture_output=True, text=True, timeout=120
+        )
+    if out.returncode != 0:
+        with _SPAWNS.exempt():
+            subprocess.run([str(S3_SH), "stop", *args], capture_output=True, timeout=60)
+        raise RuntimeError(f"scripts/s3.sh start failed:\n{out.stdout}\n{out.stderr}")
+    store = S3Store(dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line))
+    saved = {k: os.environ.get(k) for k in store.env}
+    os.environ.update(store.env)
+    try:
+        yield store
+    finally:
+        with _SPAWNS.exempt():
+            subprocess.run([str(S3_SH), "stop", *args], capture_output=True, timeout=60)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def spark(hdfs):
     """A local-cluster[2,1,1024] session: two executor JVMs with their own Python workers."""
@@ -310,12 +359,14 @@ def mnist_hdfs(mnist_data, hdfs) -> str:
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
     """No sparktf setting of the user's environment (configuration and home directories,
-    profile, master, cluster secret, Hadoop configuration), and no local cluster's directory:
+    profile, master, cluster secret, Hadoop configuration, AWS settings: the ``s3`` fixture
+    exports its store's for the session), and no local cluster's directory:
     the monkeypatch, to set some for the test; all restored after it."""
     from sparktf import spark
 
     names = ("SPARKTF_CONF_DIR", "SPARKTF_HOME", "SPARKTF_PROFILE", "SPARKTF_SPARK_MASTER")
-    for name in (*names, spark.SECRET_FILE_ENV, "HADOOP_CONF_DIR"):
+    aws = [name for name in os.environ if name.startswith("AWS_")]  # the session's S3 store's
+    for name in (*names, spark.SECRET_FILE_ENV, "HADOOP_CONF_DIR", *aws):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SPARKTF_SPARK_CLUSTER_DIR", str(tmp_path / "no-cluster"))
     return monkeypatch

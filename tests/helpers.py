@@ -92,6 +92,27 @@ def run_command(command, **kwargs) -> subprocess.CompletedProcess:
         raise AssertionError(f"{timed_out}\n" + "\n".join(tails)) from None
 
 
+def drop_py4j_connection() -> bool:
+    """Closes this thread's connection to the session's JVM, if there is one; the next call
+    opens a new one. A test cut short in a Py4J call (pytest-timeout's alarm, an assertion
+    from a signal handler) leaves that call's answer unread on the connection, and every
+    later call on it would read the answer of the call before: the session-scoped Spark of
+    every test after it would be broken. Returns whether a connection was closed."""
+    context = sys.modules.get("pyspark") and sys.modules["pyspark"].SparkContext
+    gateway = getattr(context, "_gateway", None)
+    client = getattr(gateway, "_gateway_client", None)
+    thread_connection = getattr(client, "get_thread_connection", None)  # Py4J's ClientServer
+    connection = thread_connection() if thread_connection else None
+    if connection is None or connection.socket is None:
+        return False
+    try:
+        client.deque.remove(connection)
+    except ValueError:  # in use: taken out of the pool by the call that was cut short
+        pass
+    connection.close(reset=True)
+    return True
+
+
 def remove_local_copy(fingerprint: str) -> None:
     """Deletes the executors' local copy of an HDFS model (and its lock file)."""
     from sparktf import inference

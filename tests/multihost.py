@@ -52,6 +52,24 @@ def namespaces_usable() -> str | None:
     return None
 
 
+DISKS = Path("/var/tmp")  # the hosts' /tmp lie here (MultiHost.mount_disks)
+# A shipped environment is
+# fetched and unpacked on each worker host: 0.8 GB packed and 2.2 GB unpacked (measured,
+# default stack), twice, with a margin for the datasets, the models and the logs.
+DISK_NEEDED_GIB = 7.0
+
+
+def disk_short(where: Path = DISKS) -> str | None:
+    """Why the hosts' disks would fill, or None. A full disk makes a standalone Worker fail
+    every executor it launches ("Unable to create executor due to No space left on
+    device"), and the master relaunches them for as long as the application lives: a CI
+    run spent half an hour so once, and every other test's tmp_path failed beside it."""
+    free = shutil.disk_usage(where).free / 2**30
+    if free >= DISK_NEEDED_GIB:
+        return None
+    return f"need {DISK_NEEDED_GIB:.0f} GiB free under {where} for the hosts' disks: {free:.1f}"
+
+
 def new_name() -> str:
     return "t" + "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz") for _ in range(5))
 
@@ -63,7 +81,7 @@ def started(*, kerberos: bool = False, cores: int = 1, memory: str = "2g") -> It
     stopped and removed on exit. Skips the test where namespaces cannot be made."""
     import pytest
 
-    why = namespaces_usable()
+    why = namespaces_usable() or disk_short()
     if why:
         pytest.skip(f"multi-host tests {why}")
     name = new_name()
@@ -93,7 +111,7 @@ class MultiHost:
         self.name, self.state, self.hosts = name, state, hosts
         self.shared = state / name / "shared"
         self.shared.mkdir(mode=0o700)
-        self.disks = Path("/var/tmp") / f"sparktf-test-{name}"  # the hosts' /tmp
+        self.disks = DISKS / f"sparktf-test-{name}"  # the hosts' /tmp
         self.daemons: list[subprocess.Popen] = []
         self.env = {
             k: v

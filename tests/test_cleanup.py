@@ -107,6 +107,48 @@ def test_sweep_removes_only_this_users_scratch_whose_owner_is_gone(tmp_path):
     assert not os.path.exists(held) and held not in scratch.held_dirs()
 
 
+def test_scratch_that_holds_secrets_is_owned_and_swept_once_its_owner_is_gone(tmp_path):
+    """The directory of a new JVM's private settings (Spark's secret, the run's token, the
+    UI's key: ``sparktf-secret-*``) and that of a process's HDFS token file
+    (``sparktf-token-*``) are scratch directories like the others: held by their owner's
+    lock (a sweep leaves them, however old they look, while the process lives) and swept once
+    it is killed. The secret's used to be no swept name, and the token's had no owner file, so
+    a sweep removed it from a process that still used it once it had not changed for
+    ``UNOWNED_GRACE_S``."""
+    base = str(tmp_path)
+    child = _python(
+        "import os, shlex, time\n"
+        "from pyspark.sql import SparkSession\n"
+        "from sparktf.spark.transport import private_for_new_jvm\n"
+        "from sparktf.storage import native\n"
+        "private = {'spark.authenticate.secret': 's3cr3t-value-0123'}\n"
+        "with private_for_new_jvm(SparkSession.Builder(), private):\n"
+        "    given = shlex.split(os.environ['PYSPARK_SUBMIT_ARGS'])\n"
+        "    print(os.path.dirname(given[1]))\n"
+        "    print(native._token_dir(), flush=True)\n"
+        "    time.sleep(600)\n",
+        TMPDIR=base,
+    )
+    try:
+        held = [child.stdout.readline().strip() for _ in range(2)]
+        names = [os.path.basename(path) for path in held]
+        assert names[0].startswith("sparktf-secret-") and names[1].startswith("sparktf-token-")
+        then = time.time() - scratch.UNOWNED_GRACE_S - 60
+        for path in held:
+            assert os.path.isfile(os.path.join(path, scratch.OWNER_FILE)), os.listdir(path)
+            assert os.stat(path).st_mode & 0o077 == 0
+            os.utime(path, (then, then))  # unchanged for long: its owner still holds it
+        assert scratch.sweep([base]) == []
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert sorted(scratch.sweep([base])) == sorted(held)
+    assert not any(os.path.exists(path) for path in held)
+
+
 def test_sweep_leaves_a_directory_whose_owner_has_not_locked_it_yet(tmp_path):
     """Between the owner file's creation and its lock (the record is written after it), a
     sweep neither removes the directory nor takes the lock its creator is about to take."""
@@ -290,7 +332,7 @@ def test_model_cache_evicts_least_recently_used_first_never_one_in_use(tmp_path,
 def test_model_cache_stays_within_its_bound_as_models_are_copied(hdfs, tmp_path, monkeypatch):
     """Copies of HDFS models beyond SPARKTF_MODEL_CACHE_GB evict the least recently used
     copy that no process holds; a held copy stays."""
-    from sparktf.inference import cache, model_fingerprint
+    from sparktf.inference import cache, export_fingerprint
 
     monkeypatch.setenv("SPARKTF_MODEL_CACHE_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("SPARKTF_MODEL_CACHE_GB", str(1.5 / 1024))  # 1.5 MiB
@@ -299,7 +341,7 @@ def test_model_cache_stays_within_its_bound_as_models_are_copied(hdfs, tmp_path,
     for i in range(3):
         uri = storage.join(base, f"m{i}")
         storage.write_bytes(storage.join(uri, "saved_model.pb"), os.urandom(600 << 10))
-        models.append((uri, model_fingerprint(uri)))
+        models.append((uri, export_fingerprint(uri)))
     try:
         first, held_first = cache.hold_model(*models[0])
         second, held_second = cache.hold_model(*models[1])

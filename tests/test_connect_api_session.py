@@ -5,6 +5,9 @@ and the jobs that need a classic session refusing at once (``sparktf.remote``,
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 from sparktf import cli, remote, spark
@@ -12,6 +15,7 @@ from sparktf.errors import SparktfValueError
 from sparktf.jobs import convert as convert_job
 from sparktf.jobs import predict as predict_job
 from sparktf.ports import free_port
+from sparktf.security.redact import REDACTED, redact_url
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +69,8 @@ def test_other_urls_are_refused_naming_the_form_without_the_token(url):
 
 def test_the_token_is_hidden_and_the_port_defaults_to_15002():
     url = f"sc://h:1/;user_id=me;token={TOKEN};use_ssl=true"
-    assert remote.redacted(url) == "sc://h:1/;user_id=me;token=***;use_ssl=true"
+    assert redact_url(url) == f"sc://h:1/;user_id=me;token={REDACTED};use_ssl=true"
+    assert redact_url(f"sc://h/;Token={TOKEN}") == f"sc://h/;Token={REDACTED}"
     assert remote.url_address("sc://spark.example.com") == ("spark.example.com", 15002)
     assert remote.url_address("sc://[::1]:15999/;token=x") == ("::1", 15999)
 
@@ -87,25 +92,56 @@ class _ConnectSession:
         self.client = _Client(*args)
 
 
-def test_a_connect_channel_in_clear_over_the_network_is_warned_about():
-    warning = remote.channel_warning(_ConnectSession("10.1.2.3", 15002, False))
-    assert "10.1.2.3:15002 is not encrypted" in warning and "use_ssl=true" in warning
+def test_a_connect_channel_in_clear_over_the_network_is_refused_unless_accepted_by_name(
+    monkeypatch,
+):
+    """A run's functions and secrets cross a Connect channel: in clear to another host the
+    run is refused, with a message naming how to protect it and the opt-in; TLS (or a token,
+    which pyspark sends over TLS to any host but localhost) and loopback pass; with
+    SPARKTF_CONNECT_ALLOW_CLEAR=1 it is only warned about."""
+    monkeypatch.delenv(remote.ALLOW_CLEAR_ENV, raising=False)
+    with pytest.raises(remote.InsecureChannelError) as refused:
+        remote.channel_warning(_ConnectSession("10.1.2.3", 15002, False))
+    message = str(refused.value)
+    assert "10.1.2.3:15002 is not encrypted" in message and "refused" in message
+    assert "use_ssl=true" in message and "SPARKTF_CONNECT_ALLOW_CLEAR=1" in message
     assert remote.channel_warning(_ConnectSession("10.1.2.3", 15002, True)) is None
     assert remote.channel_warning(_ConnectSession("localhost", 15002, False)) is None
     assert remote.channel_warning(_ConnectSession("127.0.0.1", 15002, False)) is None
     assert remote.is_loopback("::1") and not remote.is_loopback("10.1.2.3")
+    monkeypatch.setenv(remote.ALLOW_CLEAR_ENV, "1")
+    warning = remote.channel_warning(_ConnectSession("10.1.2.3", 15002, False))
+    assert "10.1.2.3:15002 is not encrypted" in warning and remote.ALLOW_CLEAR_ENV in warning
+
+
+def test_a_connect_session_in_clear_to_another_host_is_refused_before_anything_is_sent(
+    monkeypatch,
+):
+    """``connect_session`` judges the URL before it connects: nothing (no socket) is opened
+    to a host the channel would reach in clear."""
+    monkeypatch.delenv(remote.ALLOW_CLEAR_ENV, raising=False)
+    opened = []
+    monkeypatch.setattr(remote.socket, "create_connection", lambda *a, **k: opened.append(a))
+    for url in ("sc://10.1.2.3:15002", "sc://spark.example.com/;user_id=me;use_ssl=false"):
+        with pytest.raises(remote.InsecureChannelError, match="SPARKTF_CONNECT_ALLOW_CLEAR=1"):
+            remote.connect_session("app", url)
+    assert opened == []
+    assert remote.url_protected("sc://h:1/;use_ssl=true") and remote.url_protected(
+        f"sc://h:1/;user_id=me;token={TOKEN}"
+    )
+    assert not remote.url_protected("sc://h:1") and not remote.url_protected("sc://h/;user_id=x")
 
 
 def test_a_connect_clients_servers_never_listen_on_every_interface(monkeypatch):
-    from sparktf.train.wire import reservation
+    from sparktf.train.driver import bringup
 
     session = _ConnectSession("127.0.0.1", 15002, True)
-    monkeypatch.delenv(reservation.DRIVER_HOST_ENV, raising=False)
+    monkeypatch.delenv(bringup.DRIVER_HOST_ENV, raising=False)
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
-    assert reservation.connect_driver_address(session).bind == "127.0.0.1"  # routes to the server
-    monkeypatch.setenv(reservation.DRIVER_HOST_ENV, "0.0.0.0")
+    assert bringup.connect_driver_address(session).bind == "127.0.0.1"  # routes to the server
+    monkeypatch.setenv(bringup.DRIVER_HOST_ENV, "0.0.0.0")
     with pytest.raises(SparktfValueError, match="every interface"):
-        reservation.connect_driver_address(session)
+        bringup.connect_driver_address(session)
 
 
 def test_the_url_comes_from_the_flag_then_spark_remote_outside_spark_submit(no_remote_env):
@@ -148,6 +184,18 @@ def test_is_connect_is_false_for_what_is_not_a_connect_session(thing):
     assert remote.is_connect(thing) is False
 
 
+def test_is_connect_is_asked_once_per_session(monkeypatch):
+    """The answer is kept with the session: a later check is a lookup, and agrees."""
+    connect = types.ModuleType("pyspark.sql.connect.session")
+    connect.SparkSession = type("SparkSession", (), {})
+    monkeypatch.setitem(sys.modules, connect.__name__, connect)
+    session, classic = connect.SparkSession(), SparkSession()
+    assert remote.is_connect(session) is True and remote.is_connect(classic) is False
+    monkeypatch.delitem(sys.modules, connect.__name__)  # the check itself would now say no
+    assert remote.is_connect(session) is True and spark.is_connect(session) is True
+    assert remote.is_connect(classic) is False
+
+
 def test_a_connect_session_with_nothing_listening_fails_at_once(no_remote_env):
     """No retries for minutes: the address is tried once, and the error names it (the
     token hidden). In a process that runs a classic session (the suite's, when it runs),
@@ -160,7 +208,7 @@ def test_a_connect_session_with_nothing_listening_fails_at_once(no_remote_env):
     with pytest.raises(error) as caught:
         spark.get_session("sparktf-test", remote=url)
     text = str(caught.value)
-    assert TOKEN not in text and "token=***" in text
+    assert TOKEN not in text and f"token={REDACTED}" in text
     assert ("process of its own" if classic else "no Spark Connect server answers") in text
 
 

@@ -17,7 +17,7 @@ import urllib.error
 
 import pytest
 
-from sparktf.train.config import TrainingError
+from sparktf.train.errors import TrainingError
 from sparktf.train.result import ProcessResult, ResultRejected, within
 from sparktf.train.wire import control as control_lib
 from sparktf.train.wire import reservation

@@ -178,6 +178,7 @@ def _dense(input_shape, num_outputs, hidden_units=8):
     return keras.Model(inputs, keras.layers.Dense(num_outputs)(x))
 
 
+@pytest.mark.tensorflow_only  # Keras alone: the second stack leaves it to the first
 @pytest.mark.parametrize(
     ("options", "kind", "outputs"),
     [
@@ -269,14 +270,15 @@ def _wide_and_deep(inputs, num_outputs, embed_dim=2):
     return keras.Model(inputs, keras.layers.Dense(num_outputs)(x))
 
 
+@pytest.mark.tensorflow_only  # Keras alone: the second stack leaves it to the first
 def test_named_inputs_take_their_specs_from_the_data_train_and_export_by_name(tmp_path):
     """A model of several named inputs (a vector, a string, an integer): their dtypes and
     shapes come from the dataset's columns, a batch is a dict by name, and the export's
     ``serving_default`` takes each input by its name (a StringLookup's table included)."""
     import tensorflow as tf
 
-    from sparktf.inference.model import inspect_model
     from sparktf.inference.prediction_plan import signature_kind
+    from sparktf.inference.saved_model import inspect_export
 
     models.register(
         "named_regression",
@@ -323,7 +325,7 @@ def test_named_inputs_take_their_specs_from_the_data_train_and_export_by_name(tm
     served = helpers.call(export, "serving_default", num=num[:8], city=city[:8], count=count[:8])
     direct = model({k: v[:8] for k, v in batch.items() if k != "label"})
     np.testing.assert_allclose(served["predictions"], direct.numpy()[:, 0], rtol=1e-5, atol=1e-5)
-    assert signature_kind(inspect_model(export).signatures["serving_default"]) == "named"
+    assert signature_kind(inspect_export(export).signatures["serving_default"]) == "named"
 
     with pytest.raises(ValueError, match="named inputs read"):
         task.data_overrides([Field("num", "uint8", (2,)), *fields[1:]], {"dataset": "d"})
@@ -343,14 +345,15 @@ def _two_outputs(input_shape, outputs):
     return keras.Model(inputs, {"price": price, "churned": keras.layers.Dense(1)(hidden)})
 
 
+@pytest.mark.tensorflow_only  # Keras alone: the second stack leaves it to the first
 def test_several_outputs_train_with_a_loss_each_and_export_by_name(tmp_path):
     """Two outputs, a regression one (mse) and a binary one (a logit): each reads the label
     column of its name, the step and the evaluation report each output's loss, and the export
     returns both by name (the binary one as a probability)."""
     import tensorflow as tf
 
-    from sparktf.inference.model import inspect_model
     from sparktf.inference.prediction_plan import signature_kind
+    from sparktf.inference.saved_model import inspect_export
 
     name = models.register(
         "two_outputs",
@@ -390,7 +393,7 @@ def test_several_outputs_train_with_a_loss_each_and_export_by_name(tmp_path):
     np.testing.assert_allclose(served["price"], direct["price"].numpy()[:, 0], rtol=1e-5)
     p = 1.0 / (1.0 + np.exp(-direct["churned"].numpy()[:, 0]))
     np.testing.assert_allclose(served["churned"], p, rtol=1e-5, atol=1e-6)
-    assert signature_kind(inspect_model(export).signatures["predict_features"]) == "named"
+    assert signature_kind(inspect_export(export).signatures["predict_features"]) == "named"
 
     with pytest.raises(ValueError, match="outputs must name two outputs or more"):
         models.get_task(name, outputs={"price": {"loss": "mse", "weight": 1.0}})

@@ -282,7 +282,7 @@ def test_job_reads_and_writes_hdfs(spark, hdfs, mnist_eval, capsys, caplog):
     storage.copy_tree(mnist_eval["data"], data)
     storage.copy_tree(mnist_eval["model_dir"], storage.join(base, "model"))
     output = storage.join(base, "eval", "metrics.json")
-    fingerprint = inference.inspect_model(mnist_eval["export"]).fingerprint
+    fingerprint = inference.inspect_export(mnist_eval["export"]).fingerprint
     try:
         argv = ["--export", storage.join(base, "model"), "--data", data, "--output", output]
         assert job.main([*argv, "--batch-size", "16"], spark=spark) == 0

@@ -44,6 +44,36 @@ def test_spark_parquet_on_hdfs_read_back_from_python(spark, hdfs):
     assert spark.read.parquet(out).count() == 1000
 
 
+def test_a_test_cut_short_in_a_py4j_call_leaves_the_session_to_the_next(spark):
+    """What tests/conftest.py does when a test ends on an exception. pytest-timeout's alarm
+    cuts a test short wherever it is, in a Py4J call too. That call's answer then waits on
+    the connection, and every later call of the session's Spark reads the answer of the one
+    before it. After the connection is dropped, the next call opens a new one."""
+    import signal
+    import time
+
+    jsc = spark.sparkContext._jsc
+    sleep = spark.sparkContext._jvm.java.lang.Thread.sleep  # one round trip per call
+
+    def alarm(signum, frame):
+        pytest.fail("Timeout")  # what pytest-timeout's handler does
+
+    before = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(pytest.fail.Exception) as cut:  # its traceback holds the connection
+            sleep(1500)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    time.sleep(1.5)
+    assert jsc.defaultParallelism() is None  # the sleep's answer: the calls are out of step
+    assert helpers.drop_py4j_connection()
+    assert jsc.defaultParallelism() == 2
+    assert spark.range(10).count() == 10
+    del cut
+
+
 @pytest.mark.e2e
 def test_second_hdfs_beside_the_first_and_stop_leaves_no_jvm(hdfs, tmp_path):
     args = [

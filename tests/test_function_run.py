@@ -175,16 +175,16 @@ def fails_once(config):
     """Attempt 0: the chief reports a checkpoint, then raises (the worker returns); attempt
     1 resumes from it."""
     ctx = get_context()
-    if ctx.checkpoint is None and not ctx.is_chief:
+    if ctx.restored_dir is None and not ctx.is_chief:
         return None
-    if ctx.checkpoint is None:
+    if ctx.restored_dir is None:
         path = os.path.join(ctx.local_dir, "state")
         os.makedirs(path)
         with open(os.path.join(path, "state.json"), "w") as f:
             json.dump({"epoch": 1}, f)
         report({"epoch": 1}, checkpoint=path)
         raise ValueError(config["message"])
-    with open(os.path.join(ctx.checkpoint, "state.json")) as f:
+    with open(os.path.join(ctx.restored_dir, "state.json")) as f:
         state = json.load(f)
     report({"epoch": state["epoch"] + 1})
     return {"resumed_at": state["epoch"], "attempt": ctx.attempt}
@@ -288,7 +288,12 @@ def test_the_custom_loop_example_trains_through_submit(tmp_path):
     losses = [entry["metrics"]["loss"] for entry in printed["history"]]
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0] / 2  # it learned
-    assert printed["value"] == {"loss": pytest.approx(losses[-1]), "epochs": 4, "workers": 2}
+    assert printed["value"] == {
+        "loss": pytest.approx(losses[-1]),
+        "epochs": 4,
+        "workers": 2,
+        "first_epoch": 0,  # a fresh model directory: nothing to resume
+    }
     last = printed["last_checkpoint"]
     assert last.endswith("/checkpoints/report-000004")
     assert storage.exists(storage.join(last, "model.weights.h5"))
@@ -370,7 +375,8 @@ def test_the_keras_mend_leaves_fit_outside_multi_worker_as_it_was():
 
     from sparktf.train.process import keras_fit
 
-    assert keras_fit.apply() and keras_fit.apply()  # idempotent
+    mended = keras.__version__ in keras_fit.KNOWN_BROKEN  # tests/test_keras_canary.py
+    assert keras_fit.apply() is mended and keras_fit.apply() is mended  # idempotent
     keras.utils.set_random_seed(1)
     x = np.random.rand(64, 3).astype("float32")
     y = x @ np.array([1.0, -2.0, 0.5], "float32")

@@ -108,6 +108,56 @@ def test_a_run_that_needs_more_slots_than_the_cluster_fails_at_once(spark, mnist
 # monkeypatched (a real one is in the integration test above).
 
 
+@pytest.mark.integration
+def test_the_tasks_of_other_jobs_are_told_from_the_runs_own_by_their_tags(spark, tmp_path):
+    """What the elastic decisions read of a real session (local-cluster, 2 slots): one slot
+    held by a job the run tagged (as its barrier stage and its feed tag theirs, from a thread
+    of their own) and the other by a job the run did not start: one task is another job's,
+    one slot is the run's to have; without the run's tags both tasks count."""
+    import functools
+    import threading
+    import uuid
+
+    from sparktf.train.driver import elastic
+
+    ours, theirs = (f"{who}-{uuid.uuid4().hex[:8]}" for who in ("sparktf-nodes", "another"))
+    release = tmp_path / "release"  # the executors are on this machine
+
+    def hold(batches, until: str):
+        import os
+        import time
+
+        deadline = time.monotonic() + 120
+        while not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        yield from batches
+
+    def job(tag: str) -> None:
+        spark.addTag(tag)
+        try:
+            task = functools.partial(hold, until=str(release))
+            spark.range(0, 1, 1, 1).mapInArrow(task, "id long").collect()
+        finally:
+            spark.removeTag(tag)
+
+    threads = [threading.Thread(target=job, args=(tag,), daemon=True) for tag in (ours, theirs)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while gang.busy_with_other_jobs(spark) != 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert gang.busy_with_other_jobs(spark) == 2
+        assert gang.busy_with_other_jobs(spark, {ours}) == 1
+        assert elastic.free_for_run(spark, {ours}) == 1
+        assert elastic.free_for_run(spark, {ours, theirs}) == 2
+    finally:
+        release.touch()
+        for thread in threads:
+            thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+
+
 def test_the_scheduler_count_fails_a_run_that_cannot_fit_and_waits_for_busy_slots(monkeypatch):
     spark = ConfSession({"spark.master": "spark://h:7077"})  # the settings fix no count
     counts = iter([(4, 3), (4, 3), (4, 1)])  # 4 slots, 3 then 1 busy with another job

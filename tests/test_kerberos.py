@@ -164,6 +164,65 @@ def test_negotiate_header_only_where_needed(monkeypatch):
     assert "Authorization" not in auth(cookie.prepare()).headers
 
 
+class _FakeGss:
+    """libgssapi_krb5 as SpnegoContext calls it: each gss_init_sec_context answers the next of
+    ``steps`` (status, output token, returned flags)."""
+
+    def __init__(self, steps):
+        self.steps = list(steps)
+        self._kept = []  # output buffers, alive while the test runs
+
+    def gss_import_name(self, minor, buf, oid, name):
+        name.value = 1
+        return 0
+
+    def gss_release_name(self, minor, name):
+        return 0
+
+    def gss_release_buffer(self, minor, buf):
+        return 0
+
+    def gss_delete_sec_context(self, minor, context, out):
+        return 0
+
+    def gss_init_sec_context(self, minor, cred, context, target, mech, wanted, time_req,
+                             bindings, given, actual_mech, out, ret_flags, time_rec):  # fmt: skip
+        import ctypes
+
+        major, token, flags = self.steps.pop(0)
+        context.value = 0xC0FFEE
+        raw = ctypes.create_string_buffer(token, len(token))
+        self._kept.append(raw)
+        out._obj.length, out._obj.value = len(token), ctypes.cast(raw, ctypes.c_void_p).value
+        if ret_flags is not None:
+            ret_flags._obj.value = flags
+        return major
+
+
+def test_a_spnego_context_completed_without_the_mutual_flag_is_refused(monkeypatch):
+    """The service's reply completes the context only if GSS-API says, in the flags it
+    returns, that the service authenticated itself (GSS_C_MUTUAL_FLAG); a context the library
+    completes without it (a mechanism or a reply that skipped the service's proof) is refused
+    instead of trusted."""
+    mutual, sequence, continue_needed = 2, 8, 1
+    for flags, trusted in ((mutual | sequence, True), (sequence, False)):
+        fake = _FakeGss([(continue_needed, b"first", sequence), (0, b"", flags)])
+        monkeypatch.setattr(gss, "_lib", lambda fake=fake: fake)
+        with gss.SpnegoContext("nn.example.test") as context:
+            assert context.token == b"first" and not context.complete
+            if trusted:
+                context.verify(b"reply")
+                assert context.complete
+            else:
+                with pytest.raises(gss.GssError, match="without mutual authentication"):
+                    context.verify(b"reply")
+                assert not context.complete
+    fake = _FakeGss([(0, b"at once", sequence)])  # complete at the first step: no proof
+    monkeypatch.setattr(gss, "_lib", lambda: fake)
+    with pytest.raises(gss.GssError, match="HTTP@nn.example.test did not prove itself"):
+        gss.SpnegoContext("nn.example.test")
+
+
 def test_no_delegation_token_in_any_log_record():
     redact.install()
     redact.add_secret("Zm9vYmFyc2VjcmV0")
@@ -267,6 +326,18 @@ def test_the_token_reaches_executors_without_a_command_line_on_this_machine(krb_
     assert remote["spark.executorEnv.HADOOP_TOKEN"] == "rpc-1,rpc-2"
 
 
+def test_yarns_application_master_reads_the_kerberos_configuration_too(krb_env):
+    """Java does not read KRB5_CONFIG: every JVM of the application gets it as a system
+    property, on YARN the application master too (client mode: it starts with the session,
+    and without it fails at once with "Cannot locate default realm")."""
+    flag = f"-Djava.security.krb5.conf={krb_env / 'krb5.conf'}"
+    on_yarn = kerberos.spark_settings({"spark.master": "yarn"})
+    for key in ("driver", "executor", "yarn.am"):
+        assert flag in on_yarn[f"spark.{key}.extraJavaOptions"], on_yarn
+    standalone = kerberos.spark_settings({"spark.master": "spark://m:7077"})
+    assert "spark.yarn.am.extraJavaOptions" not in standalone
+
+
 def test_the_rpc_token_is_the_webhdfs_token_for_each_name_of_the_namenode():
     """What Hadoop's ``Token.decodeFromUrlString`` reads from ``$HADOOP_TOKEN``: the WebHDFS
     token's identifier and password, kind HDFS_DELEGATION_TOKEN, one copy per service (the
@@ -289,6 +360,104 @@ def test_the_rpc_token_is_the_webhdfs_token_for_each_name_of_the_namenode():
         field(b"ident") + field(b"pass") + field(b"HDFS_DELEGATION_TOKEN") + field(s.encode())
         for s in services
     ]
+
+
+def _token_and_services() -> tuple[str, list[str]]:
+    """A WebHDFS delegation token's URL string (identifier, password, kind, service) and the
+    NameNode RPC services it is re-encoded for."""
+    import base64
+
+    def field(value: bytes) -> bytes:
+        return bytes([len(value)]) + value
+
+    raw = field(b"identifier-of-the-token") + field(b"password-of-the-token-20")
+    raw += field(b"WEBHDFS delegation") + field(b"nn.example.test:9870")
+    token = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    return token, ["nn.example.test:8020", "10.0.0.9:8020"]
+
+
+_PLAIN_DRIVER = """
+import json, sys
+from sparktf.spark import session
+
+class Started(Exception):
+    pass
+
+def new_jvm(builder, private):  # where PySpark would start spark-submit
+    print(json.dumps({"options": dict(builder._options), "private": dict(private)}))
+    raise Started
+
+session.private_for_new_jvm = new_jvm
+try:
+    session.get_session("plain-python", profile="local", overrides=json.loads(sys.argv[1]))
+except Started:
+    sys.exit(0)
+sys.exit("no spark-submit would have started")
+"""
+
+
+def test_a_plain_python_driver_puts_no_form_of_a_secret_on_spark_submits_command_line(
+    krb_env, monkeypatch
+):
+    """From plain Python (no spark-submit), with Kerberos on and executors on other hosts,
+    the settings PySpark puts on spark-submit's command line (the builder's options) hold no
+    form of the run's token (its URL string, its RPC encoding as ``HADOOP_TOKEN``, either
+    one's bytes in hex or base64) nor any other secret: every setting that holds one, by its
+    name (an S3 secret key) or by its value (the token under an innocent name), goes to the
+    private settings file instead."""
+    token, services = _token_and_services()
+    rpc = delegation.rpc_tokens(token, services)
+    monkeypatch.setenv("SPARKTF_HDFS_DELEGATION_TOKEN", token)
+    monkeypatch.setenv("SPARKTF_HDFS_RPC_TOKENS", rpc)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+
+    overrides = {
+        "spark.master": "k8s://https://10.0.0.1:6443",  # executors elsewhere, no master secret
+        "spark.hadoop.fs.s3a.secret.key": "an-s3-secret-key-value",
+        "spark.executorEnv.JOB_INPUT": rpc.split(",")[1],  # a registered secret's value
+    }
+    # A plain Python process of its own: no Spark session, no JVM yet (a session of the
+    # suite's, or a Kerberos login, in this pytest process would change what it does).
+    done = helpers.run_command(
+        [sys.executable, "-c", _PLAIN_DRIVER, json.dumps(overrides)], cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    command_line = "\n".join(f"--conf {k}={v}" for k, v in seen["options"].items())
+    forms = set().union(*(redact.secret_forms(f) for f in delegation.token_forms(token, services)))
+    assert not [form for form in forms if form in command_line], command_line
+    assert "an-s3-secret-key-value" not in command_line
+    assert seen["private"]["spark.executorEnv.HADOOP_TOKEN"] == rpc
+    assert seen["private"]["spark.executorEnv.SPARKTF_HDFS_DELEGATION_TOKEN"] == token
+    assert seen["private"]["spark.hadoop.fs.s3a.secret.key"] == "an-s3-secret-key-value"
+    assert seen["private"]["spark.executorEnv.JOB_INPUT"] == rpc.split(",")[1]
+    assert seen["options"]["spark.master"] == overrides["spark.master"]  # the rest stays
+
+
+def test_every_form_of_the_token_is_redacted_in_logs(caplog):
+    """``HADOOP_TOKEN=`` and the other token variables are redacted by name; the token's
+    forms that :func:`delegation.token_forms` lists, by value, wherever they stand."""
+    import base64
+
+    token, services = _token_and_services()
+    rpc = delegation.rpc_tokens(token, services)
+    assert rpc not in redact.redact(f"export HADOOP_TOKEN={rpc}; SPARKTF_HDFS_RPC_TOKENS={rpc}")
+    redact.add_secret(*delegation.token_forms(token, services))
+    password = b"password-of-the-token-20"
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("sparktf.test").info(
+            "env %s, one service %s, password %s, hex %s, the URL string %s",
+            {"HADOOP_TOKEN": rpc},
+            rpc.split(",")[0],
+            base64.b64encode(password).decode(),
+            password.hex(),
+            token,
+        )
+    text = caplog.text
+    assert "env" in text and text.count("<redacted>") == 5, text
+    assert password.decode() not in text and token not in text
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -578,17 +747,149 @@ def test_the_documented_commands_with_only_what_hdfs_sh_prints(krb_hdfs, tmp_pat
         _no_token_in(text)
 
 
+# A plain-Python driver (no spark-submit) on YARN with Kerberos on: it writes the run's token
+# for the test as soon as it has it, then runs one task per executor that reads the two
+# variables the token reaches the executors in (their digests only).
+_DRIVER_ON_YARN = """
+import hashlib, json, os, sys
+
+import pyspark
+
+from sparktf.security import kerberos
+from sparktf.spark import get_session, stop_session
+from sparktf.storage import delegation
+
+secrets_file, result_file, staging = sys.argv[1:4]
+jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+overrides = {
+    "spark.executor.instances": "2", "spark.executor.cores": "1", "spark.task.cpus": "1",
+    "spark.executor.memory": "1g", "spark.executor.memoryOverhead": "512m",
+    "spark.yarn.am.memory": "512m", "spark.yarn.jars": f"local:{jars}/*",
+    "spark.yarn.stagingDir": f"file://{staging}", "spark.ui.enabled": "false",
+    "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+    # this YARN (MiniYARNCluster) is not Kerberized: its clients may talk to it in simple auth
+    "spark.hadoop.ipc.client.fallback-to-simple-auth-allowed": "true",
+}
+
+
+def private_json(path, value):
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        json.dump(value, f)
+
+
+def seen(_):
+    import hashlib, os
+
+    return [hashlib.sha256(os.environ.get(name, "").encode()).hexdigest()
+            for name in ("HADOOP_TOKEN", "SPARKTF_HDFS_DELEGATION_TOKEN")]
+
+
+with delegation.job_credentials() as token:
+    rpc = os.environ[kerberos.RPC_TOKENS_ENV]
+    private_json(secrets_file, {"token": token, "rpc": rpc})
+    spark = get_session("kerberos-on-yarn", profile="yarn", overrides=overrides)
+    try:
+        executors = spark.sparkContext.parallelize(range(2), 2).map(seen).collect()
+        wanted = [hashlib.sha256(value.encode()).hexdigest() for value in (rpc, token)]
+        private_json(result_file, {"executors": executors, "wanted": wanted,
+                                   "master": spark.sparkContext.master})
+    finally:
+        stop_session(spark)
+"""
+
+
+@pytest.fixture(scope="module")
+def krb_yarn(krb_hdfs, tmp_path_factory):
+    """A YARN (``scripts/yarn.sh``: MiniYARNCluster, not Kerberized) beside the Kerberized
+    HDFS, its yarn-site.xml in a copy of that HDFS's client configuration; yields its
+    directory (``hadoop-conf``: the configuration, ``yarn``: the cluster)."""
+    import shutil
+
+    base = tmp_path_factory.mktemp("krb-yarn")
+    shutil.copytree(krb_hdfs.env["HADOOP_CONF_DIR"], base / "hadoop-conf")
+    args = ["--dir", str(base / "yarn"), "--conf-dir", str(base / "hadoop-conf")]
+    yarn_sh = ROOT / "scripts" / "yarn.sh"
+    try:
+        out = helpers.run_command([yarn_sh, "start", *args], timeout=240)
+        assert out.returncode == 0, out.stdout + out.stderr
+        yield base
+    finally:
+        helpers.run_command([yarn_sh, "stop", *args], timeout=180)
+
+
+@pytest.mark.e2e
+def test_a_plain_python_driver_on_yarn_shows_no_form_of_the_token_on_any_command_line(
+    krb_hdfs, krb_yarn, tmp_path
+):
+    """The path where the token's RPC form reached a command line: a driver started with
+    plain ``python`` (PySpark starts spark-submit with every builder setting as ``--conf``),
+    Kerberos on, the master YARN (executors elsewhere, so the token goes to them as
+    ``SPARKTF_HDFS_DELEGATION_TOKEN`` and, for their JVMs, ``HADOOP_TOKEN``). While it runs,
+    every process's command line (``/proc/*/cmdline``: spark-submit's scripts and JVM, the
+    ResourceManager, the application master, the executors and their Python workers) is
+    read every 0.2 s; none holds any form of the run's token (its URL string, its RPC
+    encoding for each service and both joined, their bytes and password in hex and base64)
+    nor a token variable's name with a value. The executors did get both variables, so the
+    settings took the private file's way; and neither the driver's output nor the
+    containers' logs hold the token."""
+    from urllib.parse import urlparse
+
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER_ON_YARN)
+    secrets_file, result_file = tmp_path / "secrets.json", tmp_path / "result.json"
+    (tmp_path / "staging").mkdir()
+    env = {**os.environ, **krb_hdfs.env, "PYSPARK_PYTHON": sys.executable}
+    env.update(HADOOP_CONF_DIR=str(krb_yarn / "hadoop-conf"), SPARKTF_LOG_LEVEL="INFO")
+    for name in ("SPARKTF_HDFS_DELEGATION_TOKEN", "SPARKTF_HDFS_USER", "HADOOP_USER_NAME"):
+        env.pop(name, None)
+    for name in ("PYSPARK_GATEWAY_PORT", "PYSPARK_SUBMIT_ARGS", "SPARK_REMOTE", "MASTER"):
+        env.pop(name, None)
+    command = [sys.executable, script, secrets_file, result_file, tmp_path / "staging"]
+    watch = _CommandLines()
+    watch.start()
+    try:
+        run = helpers.run_command(command, env=env, cwd=ROOT, timeout=420)
+    finally:
+        watch.stop()
+    output = run.stdout + run.stderr
+    given = json.loads(secrets_file.read_text())  # written before Spark started
+    services = delegation.rpc_services(urlparse(krb_hdfs.uri).netloc)
+    assert delegation.rpc_tokens(given["token"], services) == given["rpc"]
+    forms = set().union(
+        *(redact.secret_forms(f) for f in delegation.token_forms(given["token"], services))
+    )
+    leaked = sorted({form for line in watch.lines for form in forms if form in line})
+    assert watch.found == [] and leaked == [], (watch.found[:3], leaked[:3])
+    # what was scanned: spark-submit as PySpark started it, and the executors in YARN
+    submits = [line for line in watch.lines if "org.apache.spark.deploy.SparkSubmit" in line]
+    assert any("pyspark-shell" in line for line in submits), submits
+    assert any("YarnCoarseGrainedExecutorBackend" in line for line in watch.lines)
+    assert run.returncode == 0, output[-4000:]
+    result = json.loads(result_file.read_text())
+    assert result["master"] == "yarn"
+    assert result["executors"] == [result["wanted"]] * 2  # both forms reached both executors
+    logs = [output] + [
+        path.read_text(errors="replace")
+        for path in (krb_yarn / "yarn" / "cluster").rglob("container_*/std*")
+        if path.is_file()
+    ]
+    assert len(logs) > 1
+    assert not [form for text in logs for form in forms if form in text]
+    _no_token_in(output)
+
+
 class _CommandLines(threading.Thread):
     """Reads every process's command line (``/proc/*/cmdline``) every 0.2 s and keeps those
     that carry a delegation token or Spark's shared secret. (The path of the run's private
     token file, ``HADOOP_TOKEN_FILE_LOCATION``, may be there: it is not the token.)"""
 
-    MARKS = (kerberos.TOKEN_ENV, "delegation=", "spark.authenticate.secret=")
+    MARKS = (kerberos.TOKEN_ENV, "HADOOP_TOKEN=", "delegation=", "spark.authenticate.secret=")
 
     def __init__(self):
         super().__init__(daemon=True)
         self.found: list[str] = []
         self.seen = 0
+        self.lines: set[str] = set()  # every command line seen, for secrets known only later
         self._stop_event = threading.Event()
 
     def run(self):
@@ -600,6 +901,7 @@ class _CommandLines(threading.Thread):
                 except OSError:  # not a process, or gone
                     continue
                 self.seen += 1
+                self.lines.add(line)
                 for mark in self.MARKS:
                     if mark in line:
                         at = line.index(mark)

@@ -41,13 +41,19 @@ def build(input_shape, num_classes, hidden_units=16):
 
 
 def _imported(path: Path, name: str):
-    """An example script imported as the module ``name`` (removed again after the tests)."""
+    """An example script imported as the module ``name``, its directory on ``sys.path`` as
+    when it runs as a script (it imports ``examples/_common.py``); both removed again after
+    the tests."""
+    sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.path.remove(str(path.parent))
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +111,12 @@ def test_stages_have_pyspark_params():
         "predictionCol",
     ):
         assert est.hasParam(name), name
-    assert est.hasParam("rawPredictionCol") and est.getRawPredictionCol() == ""
+    assert est.getRawPredictionCol() == "rawPrediction"  # Spark ML's classifiers' columns
     assert est.getOrDefault("strategy") == "allreduce" and est.getInputCol() == "features"
     model = TFModel(exportDir="/e")
     assert model.getPredictionCol() == "prediction"
     assert model.getProbabilityCol() == "probability"
-    assert model.getRawPredictionCol() == ""  # asked for, not added by default
+    assert model.getRawPredictionCol() == "rawPrediction"
 
 
 @pytest.mark.unit
@@ -160,11 +166,11 @@ def test_transform_adds_spark_ml_columns_reads_vectors_and_arrays_and_names_a_ba
     ]
     df = spark.createDataFrame(rows, ["id", "features", "values"])
     model = TFModel(exportDir=small_export)
-    # By default the columns sparktf.predict adds, under the same names.
+    # Spark ML's classifier columns, which sparktf.predict adds under the same names.
+    added = ["prediction", "probability", "rawPrediction"]
     plain = sparktf.predict(df.select("id", "features"), small_export, input_col="features")
-    assert model.transform(df).columns == [*df.columns, "prediction", "probability"]
-    assert plain.columns[-2:] == ["prediction", "probability"]
-    scored = model.setRawPredictionCol("rawPrediction").transform(df)
+    scored = model.transform(df)
+    assert scored.columns == [*df.columns, *added] and plain.columns[-3:] == added
     types = {f.name: f.dataType for f in scored.schema.fields}
     assert isinstance(types["prediction"], T.DoubleType)
     assert isinstance(types["probability"], VectorUDT)
@@ -188,7 +194,7 @@ def test_transform_adds_spark_ml_columns_reads_vectors_and_arrays_and_names_a_ba
     model.setRawPredictionCol("").setProbabilityCol("")
     assert model.transform(df).columns == [*df.columns, "prediction"]
     model.setRawPredictionCol("rawPrediction").setProbabilityCol("probability")
-    with pytest.raises(PredictInputError, match="'rawPrediction' already exists"):
+    with pytest.raises(PredictInputError, match=r"\['rawPrediction'\] already exist"):
         model.transform(df.withColumn("rawPrediction", F.lit(1.0)))
 
     bad = spark.createDataFrame(
@@ -531,14 +537,16 @@ def _blobs(spark, rows: int, seed: int):
     return spark.createDataFrame(data, ["id", "features", "label"])
 
 
-def test_cross_validator_over_an_estimator_selects_a_model_for_the_binary_evaluator(
-    spark, tmp_path
-):
-    """CrossValidator fits the estimator per fold (each in its own model directory), then
-    once more on all rows; BinaryClassificationEvaluator reads rawPrediction; the best model's
-    summary is saved with it."""
-    from pyspark.ml.evaluation import BinaryClassificationEvaluator
-    from pyspark.ml.tuning import CrossValidator, CrossValidatorModel, ParamGridBuilder
+def test_spark_evaluators_read_a_fitted_models_columns_with_no_column_set(spark, tmp_path):
+    """Spark's evaluators read the model's columns with no column set, as they read a
+    LogisticRegressionModel's; the model's summary is saved with it. (CrossValidator over
+    the estimator, a directory per fold and the final fit on all rows: in
+    test_regression_example_tunes_a_learning_rate_and_reaches_the_noise.)"""
+    from pyspark.ml.evaluation import (
+        BinaryClassificationEvaluator,
+        MulticlassClassificationEvaluator,
+    )
+    from pyspark.ml.linalg import VectorUDT
 
     from sparktf import models
     from sparktf.ml import TFEstimator, TFModel
@@ -555,29 +563,28 @@ def test_cross_validator_over_an_estimator_selects_a_model_for_the_binary_evalua
         modelDir=str(tmp_path / "cv"),
         threadsPerWorker=1,
         epochs=20,
+        steps=12,
         batchSize=8,
         seed=3,
-        rawPredictionCol="rawPrediction",  # what BinaryClassificationEvaluator reads
     )
-    grid = ParamGridBuilder().addGrid(est.steps, [12]).build()
-    evaluator = BinaryClassificationEvaluator(metricName="areaUnderROC")
-    cv = CrossValidator(
-        estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=5
-    )
-    fitted = cv.fit(_blobs(spark, 96, seed=1))
-    assert isinstance(fitted, CrossValidatorModel)
-    assert len(fitted.avgMetrics) == 1 and all(math.isfinite(m) for m in fitted.avgMetrics)
-    assert fitted.avgMetrics[0] > 0.8, fitted.avgMetrics
-    folds = sorted((tmp_path / "cv").glob("fits-*/0"))
-    assert len(folds) == 2  # one new directory per fold: no fold resumed another's checkpoint
-    best = fitted.bestModel
+    best = est.fit(_blobs(spark, 96, seed=1))
+    evaluator = BinaryClassificationEvaluator()  # areaUnderROC of rawPrediction
     assert isinstance(best, TFModel)
     assert (best.summary.start_step, best.summary.final_step) == (0, 12)
-    assert "/cv/export/" in best.getExportDir()  # the final fit trains in modelDir itself
+    assert "/cv/export/" in best.getExportDir()
 
     test = _blobs(spark, 64, seed=2)
     scored = best.transform(test)
+    assert isinstance(scored.schema["rawPrediction"].dataType, VectorUDT)
     assert evaluator.evaluate(scored) > 0.9
+    assert BinaryClassificationEvaluator(metricName="areaUnderPR").evaluate(scored) > 0.9
+    assert MulticlassClassificationEvaluator().evaluate(scored) > 0.8  # f1 of prediction
+    log_loss = MulticlassClassificationEvaluator(metricName="logLoss").evaluate(scored)
+    assert math.isfinite(log_loss) and log_loss < math.log(2)  # of probability: < chance
+    rows = scored.collect()
+    raw = np.array([r["rawPrediction"].toArray() for r in rows])
+    probability = np.array([r["probability"].toArray() for r in rows])
+    np.testing.assert_allclose(np.exp(raw), probability, rtol=1e-5, atol=1e-6)
     assert evaluator.setRawPredictionCol("probability").evaluate(scored) == pytest.approx(
         evaluator.setRawPredictionCol("rawPrediction").evaluate(scored)
     )  # log-probabilities order the rows as the probabilities do

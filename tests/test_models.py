@@ -23,7 +23,7 @@ import tensorflow as tf
 from sparktf import models
 from sparktf.models import count_params
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.tensorflow_only]  # see pyproject.toml
 
 REPO = Path(__file__).resolve().parents[1]
 

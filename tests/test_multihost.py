@@ -120,7 +120,8 @@ def test_ps_from_files_across_hosts_and_an_outsider_reaches_nothing(cluster, mni
     def with_token(listener):  # the user, on the driver's host, with the token sparktf wrote
         if listener["host"] == "drv" and listener["port"] == 4040:
             env = cluster.driver_env()
-            ui_seen.append(cluster.run("drv", sys.executable, "-c", UI_WITH_TOKEN, env=env).stdout)
+            seen = cluster.run("drv", sys.executable, "-c", UI_WITH_TOKEN, env=env)
+            ui_seen.append(seen.stdout if seen.returncode == 0 else seen.stdout + seen.stderr)
 
     with open(log, "w") as out:
         job = subprocess.Popen(
@@ -165,7 +166,7 @@ UI_WITH_TOKEN = """
 import glob, os, time, urllib.error, urllib.request
 url = "http://" + os.environ["SPARK_LOCAL_IP"] + ":4040/jobs/"
 tokens = []
-for _ in range(50):  # written just after the UI starts
+for _ in range(600):  # written once the SparkContext is up, seconds after its UI listens
     tokens = glob.glob(os.environ["SPARKTF_HOME"] + "/ui/*.token")  # this run's only
     if tokens:
         break

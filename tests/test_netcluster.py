@@ -108,3 +108,30 @@ def test_stop_leaves_no_namespace_link_mount_or_process(tmp_path, monkeypatch):
     assert not (state / name).exists()
     bad = helpers.run_command([SCRIPT, "start", "a", "--name", "Bad-Name"])
     assert bad.returncode == 2 and "--name" in bad.stderr
+
+
+def test_every_subcommand_refuses_a_name_that_is_not_a_plain_word(tmp_path, monkeypatch):
+    """NAME (and exec's HOST) become paths that ``stop`` unmounts and removes as root, and
+    the prefix of the namespaces it deletes: every subcommand refuses anything but 1-8
+    lowercase letters and digits (6 for a host), before it touches anything. ``stop
+    ../victim`` used to remove the directory beside the state directory, and a NAME such as
+    ``t.*`` was a regular expression over every namespace's name."""
+    state, victim = tmp_path / "state", tmp_path / "victim"
+    state.mkdir()
+    victim.mkdir()
+    (victim / "kept").write_text("not netcluster's\n")
+    monkeypatch.setenv("SPARKTF_NETCLUSTER_DIR", str(state))
+    for args in (
+        ["stop", "../victim"],
+        ["status", "../victim"],
+        ["exec", "../victim", "a", "--", "true"],
+        ["exec", "ok", "../../x", "--", "true"],
+        ["stop", "t.*"],
+        ["stop", "a b"],
+        ["stop", ""],
+    ):
+        out = helpers.run_command([SCRIPT, *args], timeout=60)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "lowercase letters and digits" in out.stderr, (args, out.stderr)
+    assert (victim / "kept").read_text() == "not netcluster's\n"
+    assert list(state.iterdir()) == []

@@ -41,7 +41,7 @@ class Records(logging.Handler):
 def spied(monkeypatch):
     """The run's secrets, kept as its objects make them."""
     from sparktf.train.driver import bringup
-    from sparktf.train.wire import control, reservation
+    from sparktf.train.wire import control
 
     found: dict[str, list] = {"drawn": [], "startups": [], "servers": [], "issued": [], "nodes": []}
     for name in ("token_bytes", "token_hex", "token_urlsafe"):
@@ -54,7 +54,7 @@ def spied(monkeypatch):
 
         monkeypatch.setattr(secrets, name, draw)
 
-    real_startup = reservation.authenticated_startup
+    real_startup = bringup.authenticated_startup
 
     @contextmanager
     def startup(*args, **kwargs):
@@ -62,7 +62,7 @@ def spied(monkeypatch):
             found["startups"].append(made)
             yield made
 
-    monkeypatch.setattr(reservation, "authenticated_startup", startup)
+    monkeypatch.setattr(bringup, "authenticated_startup", startup)
     real_init = control.ControlServer.__init__
 
     def init(self, *args, **kwargs):

@@ -208,6 +208,30 @@ def test_a_dataset_written_on_the_default_stack_reads_here(spark, converted, tmp
     assert [r["prediction"] for r in sorted(rows, key=lambda r: r["id"])] == direct.tolist()
 
 
+@pytest.mark.e2e
+def test_a_dataset_converted_onto_s3_reads_with_petastorms_readers(s3, tmp_path):
+    """jobs/convert_mnist.py on this stack writes to the session's S3 store (this Spark's
+    S3A connector, the keys from the environment). petastorm's make_reader and
+    make_batch_reader read every row of it back through sparktf's S3 file system, and
+    refuse the dataset once its commit marker is gone."""
+    raw = tmp_path / "raw"
+    data = write_mnist(raw, n_train=30, n_test=9, gzip=False, seed=7)
+    out = f"{s3.fresh('petastorm')}/mnist"
+    command = [sys.executable, "jobs/convert_mnist.py", "--input", raw, "--output", out]
+    run = helpers.run_command([*command, "--shards", "2"], cwd=ROOT, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    split = storage.join(out, "train", "parquet")
+    helpers.assert_images(make_reader_rows(split), data["train"])
+    with petastorm_io.make_batch_reader(
+        split, num_epochs=1, shuffle_row_groups=False, reader_pool_type="dummy"
+    ) as reader:
+        ids = sorted(int(i) for batch in reader for i in batch.id)
+    assert ids == sorted(data["train"]["ids"].tolist())
+    storage.delete(storage.join(out, storage.COMMIT_MARKER))
+    with pytest.raises(storage.NotCommittedError, match="is not committed"):
+        make_reader_rows(split)
+
+
 @pytest.mark.unit
 def test_sparktf_writes_the_row_groups_where_petastorm_reads_them():
     from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY

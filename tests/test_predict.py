@@ -113,11 +113,11 @@ def test_sparktf_predict_is_the_function_and_import_is_light():
 @pytest.mark.unit
 def test_the_package_keeps_its_public_names():
     """sparktf.inference re-exports the names its submodules define."""
-    from sparktf.inference import cache, model
+    from sparktf.inference import cache, saved_model
     from sparktf.inference import prediction_plan as plan
 
     assert inference.predict is sparktf.predict
-    assert inference.ModelNotFoundError is model.ModelNotFoundError
+    assert inference.ModelNotFoundError is saved_model.ModelNotFoundError
     assert inference.PredictInputError is plan.PredictInputError
     assert inference.ModelCache is cache.ModelCache
     assert not hasattr(inference, "OUTPUT_BATCH_BYTES"), "a setting lives in its own module"
@@ -128,30 +128,31 @@ def test_the_package_keeps_its_public_names():
         "ModelCache",
         "ModelCacheError",
         "ModelCacheMismatchError",
-        "ModelInfo",
+        "ExportInfo",
         "ModelNotFoundError",
         "PredictInputError",
         "Signature",
         "TensorSpec",
-        "inspect_model",
+        "inspect_export",
         "model_cache_dir",
-        "model_fingerprint",
+        "export_fingerprint",
         "predict",
-        "resolve_model",
+        "resolve_export",
     }
 
 
 @pytest.mark.unit
-def test_resolve_model_picks_the_highest_version(mlp, tmp_path):
+def test_resolve_export_picks_the_highest_version(mlp, tmp_path):
     for given in (mlp["model_dir"], mlp["export"], mlp["latest"]):
-        assert inference.resolve_model(given) == mlp["latest"]
-    info = inference.inspect_model(mlp["export"])
+        assert inference.resolve_export(given) == mlp["latest"]
+    info = inference.inspect_export(mlp["export"])
     assert info.version == 12 and info.uri == mlp["latest"]
     assert set(info.signatures) == {"serving_default", "predict_images"}
     assert info.signatures["predict_images"].inputs["images"].shape == (None, *SHAPE)
-    assert info.fingerprint != inference.inspect_model(os.path.join(mlp["export"], "3")).fingerprint
+    older = inference.inspect_export(os.path.join(mlp["export"], "3"))
+    assert info.fingerprint != older.fingerprint
     with pytest.raises(ModelNotFoundError, match="holds no SavedModel"):
-        inference.resolve_model(str(tmp_path))
+        inference.resolve_export(str(tmp_path))
 
 
 @pytest.mark.unit
@@ -159,7 +160,7 @@ def test_decoders_accept_npy_raw_and_arrays():
     images = np.random.default_rng(1).integers(0, 256, (5, *SHAPE), dtype=np.uint8)
     plan = Plan(
         kind="images",
-        model_uri="m",
+        export_uri="m",
         fingerprint="f",
         signature="predict_images",
         input_col="image",
@@ -203,7 +204,7 @@ def test_decoders_accept_npy_raw_and_arrays():
 def test_a_bad_row_among_npy_rows_is_named_by_its_id():
     plan = Plan(
         kind="images",
-        model_uri="m",
+        export_uri="m",
         fingerprint="f",
         signature="predict_images",
         input_col="image",
@@ -254,13 +255,22 @@ def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
         "image",
         "prediction",
         "probability",
+        "rawPrediction",
         "top_classes",
         "top_probabilities",
     ]
     types = {f.name: f.dataType.simpleString() for f in result.schema.fields}
     assert types["prediction"] == "bigint" and types["probability"] == "array<float>"
+    assert types["rawPrediction"] == "array<float>"
     rows = result.collect()
     assert_matches(rows, mlp)
+    # Spark ML's raw prediction: the log of each probability (the logits less a constant)
+    np.testing.assert_allclose(
+        np.array([r["rawPrediction"] for r in by_id(rows)]),
+        np.log(np.maximum(mlp["scores"], np.finfo(np.float32).tiny)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     for r in rows:
         assert r["image"] == npy(mlp["images"][r["id"]])  # input columns pass through
         best = np.argsort(-mlp["scores"][r["id"]], kind="stable")[:3]
@@ -270,7 +280,7 @@ def test_classifier_predictions_equal_the_savedmodel(spark, images_df, mlp):
 
 def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
     result = sparktf.predict(images_df, mlp["export"], batch_size=8, keep_columns=["id"])
-    assert result.columns == ["id", "prediction", "probability"]
+    assert result.columns == ["id", "prediction", "probability", "rawPrediction"]
     assert_matches(result.collect(), mlp)
     # What goes into the Python stage: the image (read by the model) and id, not label.
     plan = result._jdf.queryExecution().executedPlan().toString().splitlines()
@@ -279,7 +289,7 @@ def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
     assert "image" in child and "id" in child and "label" not in child, plan
     # A kept column may come before the input; label kept, id still names bad rows.
     result = sparktf.predict(images_df, mlp["export"], keep_columns=["label", "image"])
-    assert result.columns == ["label", "image", "prediction", "probability"]
+    assert result.columns == ["label", "image", "prediction", "probability", "rawPrediction"]
     rows = result.collect()
     assert sorted(r["label"] for r in rows) == sorted(i % 10 for i in range(N))
     with pytest.raises(PredictInputError, match=r"keep_columns \['nope'\]"):
@@ -290,7 +300,7 @@ def test_keep_columns_sends_only_what_the_result_needs(spark, images_df, mlp):
 def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypatch):
     """In this process, with the real model: a 40-row Arrow batch run 8 rows at a time comes
     back as one batch; with a tiny size limit it is cut after every model call."""
-    info = inference.inspect_model(mlp["latest"])
+    info = inference.inspect_export(mlp["latest"])
     from pyspark.sql import types as T
 
     schema = T.StructType(
@@ -308,6 +318,7 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
         input_col=None,
         output_col="prediction",
         probability_col="probability",
+        raw_prediction_col="rawPrediction",
         log_probabilities_col="log_probabilities",
         batch_size=8,
         top_k=None,
@@ -327,17 +338,29 @@ def test_outputs_go_back_as_one_batch_per_input_batch_cut_by_size(mlp, monkeypat
         monkeypatch.setattr(execute, "OUTPUT_BATCH_BYTES", limit)
         out = list(execute.predict_partition(plan, iter([batch])))
         assert [b.num_rows for b in out] == sizes
-        assert out[0].schema.names == ["id", "prediction", "probability"]
+        assert out[0].schema.names == ["id", "prediction", "probability", "rawPrediction"]
         table = pa.Table.from_batches(out)
         assert table["id"].to_pylist() == list(range(N))
         np.testing.assert_array_equal(table["prediction"].to_numpy(), mlp["classes"])
-        np.testing.assert_allclose(
-            np.array(table["probability"].to_pylist()), mlp["scores"], rtol=1e-5, atol=1e-6
-        )
+        probability = np.array(table["probability"].to_pylist())
+        np.testing.assert_allclose(probability, mlp["scores"], rtol=1e-5, atol=1e-6)
+        raw = np.array(table["rawPrediction"].to_pylist())
+        np.testing.assert_allclose(np.exp(raw), probability, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.unit
+def test_a_raw_prediction_is_the_log_probability_and_finite_for_a_zero():
+    from sparktf.inference import execute
+
+    scores = np.array([[0.25, 0.75], [0.0, 1.0]], np.float32)
+    raw = execute.raw_prediction(scores)
+    assert raw.dtype == np.float32 and np.isfinite(raw).all()
+    np.testing.assert_allclose(raw[0], np.log([0.25, 0.75]), rtol=1e-6)
+    assert raw[1, 1] == 0.0 and raw[1, 0] == pytest.approx(-87.3365, abs=1e-3)
 
 
 def test_model_is_loaded_once_per_worker_and_reused_across_partitions(spark, mlp):
-    fingerprint = inference.inspect_model(mlp["export"]).fingerprint
+    fingerprint = inference.inspect_export(mlp["export"]).fingerprint
     df = spark.createDataFrame(image_rows(mlp["images"]), "id long, label long, image binary")
     rows = sparktf.predict(df.repartition(8), mlp["model_dir"], batch_size=4).collect()
     assert_matches(rows, mlp)
@@ -360,11 +383,15 @@ def test_raw_bytes_and_integer_array_columns(spark, mlp):
         input_col="pixels",
         output_col="p2",
         probability_col="probs2",
+        raw_prediction_col="raw2",  # the first call added rawPrediction
         batch_size=5,
     )
     rows = both.collect()
     assert_matches(rows, mlp)
     assert_matches(rows, mlp, prediction="p2", probabilities="probs2")
+    np.testing.assert_allclose(
+        [r["raw2"] for r in rows], [r["rawPrediction"] for r in rows], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_serving_default_signature_takes_serialized_examples(spark, mlp):
@@ -387,7 +414,9 @@ def test_empty_dataframe_gives_an_empty_result(spark, mlp):
     empty = spark.createDataFrame([], "id long, label long, image binary")
     result = sparktf.predict(empty, mlp["latest"])
     assert result.collect() == []
-    assert result.columns[-2:] == ["prediction", "probability"]
+    assert result.columns[-3:] == ["prediction", "probability", "rawPrediction"]
+    without_raw = sparktf.predict(empty, mlp["latest"], raw_prediction_col="")
+    assert without_raw.columns[-2:] == ["prediction", "probability"]
 
 
 # ----------------------------------------------------------------------------- HDFS
@@ -403,7 +432,7 @@ def test_model_and_table_on_hdfs(spark, hdfs, mlp):
     spark.createDataFrame(
         image_rows(mlp["images"]), "id long, label long, image binary"
     ).repartition(2).write.parquet(table)
-    info = inference.inspect_model(storage.join(base, "model"))
+    info = inference.inspect_export(storage.join(base, "model"))
     assert info.uri == model and info.version == 3
     copy = os.path.join(inference.model_cache_dir(), info.fingerprint[:32])
     direct = call(version3, "predict_images", images=mlp["images"])
@@ -591,7 +620,14 @@ def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
         argv = ["--model", model, "--input", str(split), "--output", output]
         assert job.main([*argv, "--batch-size", "16"], spark=spark) == 0
         result = spark.read.parquet(output)
-        assert result.columns == ["id", "label", "prediction", "probability", "model_version"]
+        assert result.columns == [
+            "id",
+            "label",
+            "prediction",
+            "probability",
+            "rawPrediction",
+            "model_version",
+        ]
         rows = result.collect()
         assert_matches(rows, mlp)
         assert {r["model_version"] for r in rows} == {12}
@@ -602,5 +638,5 @@ def test_job_writes_predictions_to_hdfs(spark, hdfs, mlp, tmp_path):
             job.main(argv, spark=spark)
         assert spark.read.parquet(output).count() == len(rows)  # the session lives on
     finally:
-        remove_local_copy(inference.inspect_model(mlp["latest"]).fingerprint)
+        remove_local_copy(inference.inspect_export(mlp["latest"]).fingerprint)
         storage.delete(base)

@@ -71,7 +71,7 @@ def one_node_feeder(tf_manager, control, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "executor_id").write_text("0")
     feeder = feed.make_feeder(
-        {0: {"addr": mgr.address, "authkey": authkey, "key": "executor-0", "host": LOOPBACK}},
+        [{"addr": mgr.address, "authkey": authkey, "key": "executor-0", "host": LOOPBACK}],
         control.token,
         control.url,
         feed_timeout_s=5,
@@ -127,7 +127,7 @@ def test_feed_dir_and_chunks_written_by_the_feeder_are_private(
                 {"id": np.arange(rows), "label": np.arange(rows) % 10}
             )
             feeder = feed.make_feeder(
-                {0: {"addr": mgr.address, "authkey": authkey, "key": key, "host": LOOPBACK}},
+                [{"addr": mgr.address, "authkey": authkey, "key": key, "host": LOOPBACK}],
                 control.token,
                 control.url,
                 feed_timeout_s=30,
@@ -367,7 +367,7 @@ def models_on_hdfs(hdfs, tmp_path_factory):
     uri = storage.join(base, "model", "export", "1")
     storage.copy_tree(real, uri)
     images = np.random.default_rng(0).integers(0, 256, (24, 28, 28, 1), dtype=np.uint8)
-    info = inference.inspect_model(uri)
+    info = inference.inspect_export(uri)
     try:
         yield {
             "uri": uri,
@@ -389,8 +389,8 @@ def test_tampered_cached_copy_is_replaced(models_on_hdfs, cache_dir):
     from sparktf.inference import cache
 
     uri, fingerprint = models_on_hdfs["uri"], models_on_hdfs["info"].fingerprint
-    assert fingerprint == inference.model_fingerprint(models_on_hdfs["real"])
-    assert fingerprint != inference.model_fingerprint(models_on_hdfs["planted"])
+    assert fingerprint == inference.export_fingerprint(models_on_hdfs["real"])
+    assert fingerprint != inference.export_fingerprint(models_on_hdfs["planted"])
     inference.ModelCache.stats.pop(fingerprint, None)
     target = os.path.join(cache_dir, fingerprint[:32])
     with umask(0):
@@ -414,7 +414,7 @@ def test_tampered_cached_copy_is_replaced(models_on_hdfs, cache_dir):
         tamper()
         assert cache.local_model_dir(uri, fingerprint) == target, what
         assert inference.ModelCache.stats[fingerprint]["copies"] == n, what
-        assert inference.model_fingerprint(target) == fingerprint, what
+        assert inference.export_fingerprint(target) == fingerprint, what
     assert sorted(os.listdir(cache_dir)) == sorted([fingerprint[:32], fingerprint[:32] + ".lock"])
 
     loaded = cache.LoadedSignature(uri, fingerprint, "predict_images")
@@ -452,7 +452,7 @@ def test_predict_ignores_a_model_planted_in_the_cache(spark, models_on_hdfs):
             rtol=1e-5,
             atol=1e-6,
         )
-        assert inference.model_fingerprint(target) == info.fingerprint
+        assert inference.export_fingerprint(target) == info.fingerprint
     finally:
         shutil.rmtree(target, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
@@ -460,14 +460,24 @@ def test_predict_ignores_a_model_planted_in_the_cache(spark, models_on_hdfs):
 
 
 def test_a_feeding_task_writes_to_a_process_of_its_own_host():
-    """Any executor of a host may run a feeding task: it picks one of that host's processes
-    by its partition, and where the run has none it fails naming the host and the run's."""
-    nodes = {
-        0: {"key": "executor-0", "host": "10.0.0.1"},
-        1: {"key": "executor-1", "host": "10.0.0.2"},
-        2: {"key": "executor-2", "host": "10.0.0.1"},
-    }
-    assert feed.local_node(nodes, "10.0.0.2")["key"] == "executor-1"
-    assert feed.local_node(nodes, "10.0.0.1")["key"] == "executor-0"  # partition 0 of none
-    with pytest.raises(feed.FeedError, match=r"host 10\.0\.0\.9,.*10\.0\.0\.1, 10\.0\.0\.2"):
-        feed.local_node(nodes, "10.0.0.9")
+    """Share j goes to process j when Spark placed its task on that process's host; tasks
+    placed elsewhere are paired, host by host, with that host's processes whose own task
+    is elsewhere (each process one share), and a host with more such tasks than processes
+    fails naming it and the processes' hosts."""
+    shares = [
+        {"key": "executor-0", "host": "10.0.0.1"},
+        {"key": "executor-1", "host": "10.0.0.2"},
+        {"key": "executor-2", "host": "10.0.0.1"},
+    ]
+    placed = ["10.0.0.1", "10.0.0.2", "10.0.0.1"]
+    assert [feed.share_node(shares, placed, j)["key"] for j in range(3)] == [
+        "executor-0", "executor-1", "executor-2"
+    ]  # fmt: skip
+    swapped = ["10.0.0.2", "10.0.0.1", "10.0.0.1"]  # tasks 0 and 1 on each other's host
+    assert [feed.share_node(shares, swapped, j)["key"] for j in range(3)] == [
+        "executor-1", "executor-0", "executor-2"
+    ]  # fmt: skip
+    crowded = ["10.0.0.1", "10.0.0.1", "10.0.0.1"]  # host .1 runs 2 processes, not 3
+    assert feed.share_node(shares, crowded, 0)["key"] == "executor-0"
+    with pytest.raises(feed.FeedError, match=r"host 10\.0\.0\.1,.*10\.0\.0\.1, 10\.0\.0\.2"):
+        feed.share_node(shares, crowded, 1)

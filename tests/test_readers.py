@@ -163,7 +163,7 @@ def test_paths_info_and_argument_errors(cifar, tmp_path):
 @pytest.mark.parametrize("location", ["local", "hdfs"])
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
 def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, location):
-    from sparktf.train.config import ConfigError
+    from sparktf.train.errors import ConfigError
     from sparktf.train.plan import describe_data
     from sparktf.train.process import inputs
 
@@ -188,6 +188,34 @@ def test_training_input_repeats_a_shard_and_names_an_empty_one(cifar, fmt, locat
     assert ids[:12] != ids[12:]  # each epoch in a new order
     with pytest.raises(ConfigError, match=rf"shard {empty} of 13 of the 'test' split has no rows"):
         next(inputs.file_batches(data, fmt, 4, 13, empty, seed=1))
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+@pytest.mark.parametrize("num_shards,location", [(1, "hdfs"), (2, "local"), (3, "hdfs")])
+def test_a_stream_goes_on_from_any_record_as_it_would_have(cifar, fmt, num_shards, location):
+    # 4 files of 12 records: 1 and 2 shards by file, 3 by record. A training process that
+    # resumes at record `start` of its shard's endless stream gets what followed it.
+    path = f"{where(cifar, location)}/train"
+    shard = num_shards - 1
+    size = readers.shard_records(path, fmt, num_shards=num_shards, shard_index=shard)
+    one_pass = collect(READERS[fmt](path, batch_size=5, num_shards=num_shards, shard_index=shard))
+    assert size == len(one_pass["id"])  # what a pass of the shard holds
+    options = dict(batch_size=5, num_shards=num_shards, shard_index=shard, shuffle=True,
+                   seed=11, repeat=True, drop_remainder=True, shuffle_buffer=8)  # fmt: skip
+    full = collect(READERS[fmt](path, **options), limit=-(-3 * size // 5))["id"][: 3 * size]
+    passes = full.reshape(3, size)
+    assert all(sorted(p) == sorted(set(passes[0])) for p in passes)  # each record once a pass
+    assert passes[0].tolist() != passes[1].tolist()  # in a new order each pass
+    for start in (7, size + 3):  # in the first pass, and in the second
+        got = collect(READERS[fmt](path, start=start, **options), limit=-(-(3 * size) // 5))
+        assert got["id"][: 3 * size - start].tolist() == full[start:].tolist(), start
+    plain = collect(READERS[fmt](path, batch_size=5, repeat=True), limit=12)["id"]
+    later = collect(READERS[fmt](path, batch_size=5, repeat=True, start=9), limit=10)["id"]
+    assert later.tolist() == plain[9:59].tolist()  # unshuffled: the records before skipped
+    with pytest.raises(ValueError, match="needs a seed"):
+        READERS[fmt](path, batch_size=5, shuffle=True, repeat=True, start=3)
+    with pytest.raises(ValueError, match="needs repeat=True"):
+        READERS[fmt](path, batch_size=5, start=3)
 
 
 def test_hdfs_tfrecord_checksums_and_truncation(cifar, hdfs):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.tensorflow_only]  # see pyproject.toml
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "conf" / "jobs" / "recipes").glob("*.json"))

@@ -29,6 +29,7 @@ from tensorflowonspark import reservation as tfos_reservation
 
 from sparktf.ports import free_port
 from sparktf.security import redact
+from sparktf.train.driver import bringup
 from sparktf.train.wire import reservation
 from sparktf.train.wire.control import MAX_REQUEST_BYTES, ControlClient, ControlServer
 from tests import helpers
@@ -240,18 +241,18 @@ def test_reservation_forged_pickle_from_the_external_address(tmp_path, caplog):
 
 
 def test_authenticated_startup_always_stops_the_server():
-    address = reservation.DriverAddress(bind=LOOPBACK, advertise=LOOPBACK)
+    address = bringup.DriverAddress(bind=LOOPBACK, advertise=LOOPBACK)
     # A failed start (anything raised, SystemExit included): the server stops at once.
     for error in (RuntimeError("boom"), SystemExit(1)):
         with pytest.raises(type(error)):
-            with reservation.authenticated_startup(address, 1) as startup:
+            with bringup.authenticated_startup(address, 1) as startup:
                 srv = startup.server
                 addr = srv.address
                 assert addr[0] == LOOPBACK and not refused(addr)
                 raise error
         assert srv.stopped and refused(addr)
     # A successful start: the server stops once every node has fetched the cluster.
-    with reservation.authenticated_startup(address, 1, served_timeout_s=30) as startup:
+    with bringup.authenticated_startup(address, 1, served_timeout_s=30) as startup:
         srv = startup.server
         client = reservation.AuthClient(srv.address, secret=startup.secret)
         client.register(NODE)

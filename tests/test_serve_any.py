@@ -18,9 +18,9 @@ import pytest
 import sparktf
 from sparktf import inference
 from sparktf.inference import PredictInputError
-from sparktf.inference.model import Signature, TensorSpec
 from sparktf.inference.output_columns import Output, plan_outputs
 from sparktf.inference.prediction_plan import feed_problem, signature_kind
+from sparktf.inference.saved_model import Signature, TensorSpec
 from tests.helpers import call, export, worker_stats
 
 pytestmark = pytest.mark.integration  # tests of another tier carry their own mark
@@ -285,7 +285,7 @@ def test_a_streaming_query_predicts_each_micro_batch_with_one_load_per_worker(sp
     assert [r["id"] for r in rows] == list(range(N))
     np.testing.assert_array_equal([r["prediction"] for r in rows], mlp["classes"])
     np.testing.assert_allclose([r["probability"] for r in rows], mlp["scores"], rtol=1e-5)
-    stats = worker_stats(spark, inference.inspect_model(mlp["path"]).fingerprint)
+    stats = worker_stats(spark, inference.inspect_export(mlp["path"]).fingerprint)
     assert stats and all(s["loads"] <= 1 for s in stats.values()), stats
     assert sum(s["batches"] for s in stats.values()) >= 2, stats
 

@@ -107,6 +107,7 @@ def test_archive_runs_where_unpacked(venv, tmp_path, fmt):
     (tensorflow / "include" / "tensorflow").mkdir(parents=True)
     (tensorflow / "__init__.py").write_text("")
     (tensorflow / "include" / "tensorflow" / "op.h").write_text("// header")
+    (venv / "bin" / "weed").write_bytes(b"\x7fELF")  # the test extra's object store
     archive = shipenv.pack(tmp_path / "cache", venv, fmt=fmt)
     assert archive.name.endswith(f".{fmt}")
     with tarfile.open(archive) as tar:
@@ -116,6 +117,7 @@ def test_archive_runs_where_unpacked(venv, tmp_path, fmt):
     assert not any("pyspark/jars" in n for n in names), "Spark's jars are executor-side"
     assert f"lib/{PY}/site-packages/tensorflow/__init__.py" in names
     assert not any("tensorflow/include" in n for n in names), "headers build ops, never run"
+    assert "bin/weed" not in names, "the test extra's SeaweedFS server is not shipped"
 
     # As on an executor: unpacked under ./environment, the original venv gone.
     work = tmp_path / "container"

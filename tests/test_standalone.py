@@ -362,6 +362,7 @@ def train_on_cluster(
     return export
 
 
+@pytest.mark.full  # not in CI (pyproject.toml): ps fed by Spark trains on local-cluster in CI
 def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist_on_cluster, tmp_path):
     """chief + worker + ps, each on its own executor: submit.sh sizes spark.cores.max to 3."""
     config = json.loads((ROOT / "conf" / "jobs" / "train_mnist.json").read_text())
@@ -389,6 +390,7 @@ def test_ps_training_fed_by_spark_on_the_cluster(cluster, mnist_on_cluster, tmp_
     assert logs and not [p for p in logs if "'authkey'" in p.read_text(errors="replace")]
 
 
+@pytest.mark.full  # not in CI (pyproject.toml): the README command trains on this cluster in CI
 def test_allreduce_training_from_files_then_predict_on_the_cluster(
     cluster, mnist_on_cluster, tmp_path
 ):

@@ -122,7 +122,7 @@ def test_copy_tree_between_file_systems(hdfs, tmp_path):
         assert open(os.path.join(local, "variables", "variables.index"), "rb").read() == b"idx"
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/key", "gs://b/k", "webhdfs://h/x", "hdfs:///no-host"])
+@pytest.mark.parametrize("uri", ["gs://b/k", "webhdfs://h/x", "hdfs:///no-host"])
 def test_unknown_scheme_is_a_clear_error(uri):
     with pytest.raises(storage.UnknownSchemeError) as err:
         storage.exists(uri)
@@ -167,9 +167,10 @@ def test_hung_namenode_times_out_within_seconds():
 
 
 def test_a_transfer_cut_short_is_resumed_or_fails_never_short(monkeypatch):
-    """A DataNode whose connection closes before the declared Content-Length: the scan asks
-    again from the byte reached (same bytes in the end); when every answer is cut short it
-    fails instead of handing over a short file."""
+    """A DataNode whose connection closes before the declared Content-Length: the scan and
+    the seekable reader ask again from the byte reached (same bytes in the end); when every
+    answer is cut short the scan fails instead of handing over a short file."""
+    import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlparse
@@ -180,6 +181,15 @@ def test_a_transfer_cut_short_is_resumed_or_fails_never_short(monkeypatch):
     class WebHdfsOpen(BaseHTTPRequestHandler):
         def do_GET(self):
             query = parse_qs(urlparse(self.path).query)
+            if query["op"] == ["GETFILESTATUS"]:  # what the seekable reader asks first
+                status = {"FileStatus": {"length": len(data), "type": "FILE"}}
+                answer = json.dumps(status).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+                return
             offset = int(query.get("offset", ["0"])[0])
             body = data[offset:]
             self.send_response(200)
@@ -203,6 +213,11 @@ def test_a_transfer_cut_short_is_resumed_or_fails_never_short(monkeypatch):
         uri = f"hdfs://127.0.0.1:{port}/data/part-0"
         with storage.open_scan(uri) as scan:
             assert scan.read(len(data) + 1) + scan.read() == data  # resumed once, complete
+        cut["first"] = True
+        with storage.open_file(uri) as reader:
+            assert reader.read() == data
+            reader.seek(100)
+            assert reader.read(10) == data[100:110]
         cut["every"] = True
         with pytest.raises(storage.StorageError) as err, storage.open_scan(uri) as scan:
             while scan.read(1 << 12):

@@ -129,7 +129,7 @@ def test_tracking_settings_are_checked(tmp_path, file_store):
     # A store MLflow cannot open: the error names the setting and the URI (without a
     # password); the job shows the flag in its place.
     bad = RunConfig(model_dir="/m", tracking={"mlflow_tracking_uri": "nosuch://u:secret@h/x"})
-    named = r"nosuch://u:\*\*\*@h/x \(TrackingConfig\.mlflow_tracking_uri\)"
+    named = r"nosuch://u:<redacted>@h/x \(TrackingConfig\.mlflow_tracking_uri\)"
     with pytest.raises(ConfigError, match=named) as e:
         tracking.check(bad)
     assert "secret" not in str(e.value)

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sparktf.train.config import RunConfig, ScalingConfig, TrainingError
+from sparktf.train.config import RunConfig, ScalingConfig
+from sparktf.train.errors import TrainingError
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker
 from sparktf.train.result import ProcessResult

@@ -1,6 +1,6 @@
 """Spark's transport protected by default (``sparktf.spark``'s transport settings, ``sparktf
 submit``), the warning when a run's secrets travel in clear, and TensorFlowOnSpark's log
-lines without secrets (``sparktf.train.wire.tfos_logs``). No JVM: configurations, command lines
+lines without secrets (``sparktf.security.redact``). No JVM: configurations, command lines
 and log records."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 from sparktf import cli, spark
 from sparktf.console import submit
 from sparktf.security import redact
-from sparktf.train.wire import tfos_logs
 from tests.helpers import ConfSession
 
 pytestmark = pytest.mark.unit
@@ -194,7 +193,7 @@ def test_the_driver_logs_the_warning_once_per_run(caplog):
 @pytest.fixture
 def tfos_loggers():
     """TensorFlowOnSpark's loggers restored after the test (levels and filters)."""
-    loggers = [logging.getLogger(n) for n in tfos_logs.TFOS_LOGGERS] + [logging.root]
+    loggers = [logging.getLogger(n) for n in redact.TFOS_LOGGERS] + [logging.root]
     saved = [(lg, lg.level, list(lg.filters)) for lg in loggers]
     yield
     for logger, level, filters in saved:
@@ -205,7 +204,7 @@ def tfos_loggers():
 def test_tensorflowonspark_node_lines_lose_their_authkeys_at_every_level(tfos_loggers, caplog):
     logging.getLogger("tensorflowonspark").setLevel(logging.DEBUG)  # set on purpose: kept
     run_secret = os.urandom(32)
-    tfos_logs.protect_tensorflowonspark_logs(run_secret, None)
+    redact.protect_tensorflowonspark_logs(run_secret, None)
     authkey = b"\x8a'\x00\x17\"secret\\key\xff" + os.urandom(8)
     node = {"executor_id": 0, "addr": ("127.0.0.1", 4242), "authkey": authkey, "port": 1}
     cluster = logging.getLogger("tensorflowonspark.TFCluster")
@@ -235,15 +234,27 @@ def test_tensorflowonspark_goes_quiet_unless_sparktf_logs_at_debug(tfos_loggers)
     level = sparktf_log.level
     try:
         sparktf_log.setLevel(logging.DEBUG)
-        tfos_logs.protect_tensorflowonspark_logs()
+        redact.protect_tensorflowonspark_logs()
         assert package.level == logging.NOTSET  # DEBUG: its lines stay, redacted
         sparktf_log.setLevel(logging.INFO)
-        tfos_logs.protect_tensorflowonspark_logs()
+        redact.protect_tensorflowonspark_logs()
         assert package.level == logging.WARNING
     finally:
         sparktf_log.setLevel(level)
-    for name in tfos_logs.TFOS_LOGGERS:
+    for name in redact.TFOS_LOGGERS:
         assert logging.getLogger(name).filters.count(redact.FILTER) == 1
+
+
+def test_urls_named_in_logs_and_errors_lose_their_passwords_and_tokens():
+    uri = "https://me:s3cr3t-pass@mlflow.example.com:5000/path?x=1"
+    assert redact.redact_url(uri) == "https://me:<redacted>@mlflow.example.com:5000/path?x=1"
+    assert redact.redact_url("http://mlflow:5000") == "http://mlflow:5000"
+    assert redact.redact_url("https://h/x?token=abc&y=2") == "https://h/x?token=<redacted>&y=2"
+    assert redact.redact_url("sc://[::1") == "sc://[::1"  # no URL: nothing to hide
+    said = "cannot reach https://me:s3cr3t-pass@h: bad password s3cr3t-pass"
+    hidden = "cannot reach https://me:<redacted>@h: bad password <redacted>"
+    assert redact.scrub(said, uri) == hidden
+    assert redact.scrub("no password here", "http://mlflow:5000") == "no password here"
 
 
 # ----------------------------------------------------------------------------- running apps

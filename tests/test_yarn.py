@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 import urllib.request
@@ -60,7 +61,7 @@ class Yarn:
         return [p.name for p in self.container_logs(app_id)]
 
     def submit(
-        self, job: str, *args: str, spark_options=()
+        self, job: str, *args: str, spark_options=(), timeout: float = 540
     ) -> tuple[subprocess.CompletedProcess, dict]:
         """``scripts/submit.sh --profile yarn JOB ARGS``; returns the run and the one
         application it submitted."""
@@ -70,7 +71,7 @@ class Yarn:
             ["./scripts/submit.sh", "--profile", "yarn", *spark_options, job, *args],
             cwd=ROOT,
             env=env,
-            timeout=540,
+            timeout=timeout,
         )
         new = [app for app_id, app in self.apps().items() if app_id not in before]
         assert len(new) == 1, f"expected one new YARN application, got {new}\n{explain(run)}"
@@ -153,61 +154,45 @@ def test_start_refuses_bad_options_and_a_yarn_site_it_did_not_write(tmp_path):
     assert not (tmp_path / "yarn" / "yarn.pid").exists()
 
 
-def test_allreduce_spark_feed_then_predict_on_yarn(yarn, hdfs, mnist_hdfs, spark, tmp_path):
-    model_dir = hdfs.fresh("yarn-allreduce")
-    result_file = tmp_path / "result.json"
-    events = tmp_path / "events"
-    events.mkdir()
-    run, app = yarn.submit(
-        "jobs/train_mnist.py",
-        *("--strategy", "allreduce", "--num-workers", "2", "--input-mode", "spark"),
-        *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "4"),
-        *("--batch-size", "20", "--result-json", str(result_file)),
-        spark_options=tuple(event_log_conf(events)),
-    )
-    assert run.returncode == 0, explain(run)
-    # Spark's transport protected (the profile's settings; YARN made the application's
-    # secret), and the run did not warn about it
-    assert_transport_protected(app_settings(events))
-    assert "transport is not protected" not in run.stdout + run.stderr
-    result = json.loads(result_file.read_text())
-    trained = (result["final_step"], result["strategy"], result["input_mode"])
-    assert trained == (4, "allreduce", "spark")
-    assert result["export_dir"] == storage.join(model_dir, "export", "4")
-    assert storage.exists(storage.join(result["export_dir"], "saved_model.pb"))
-    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
-    assert len(yarn.containers(app["id"])) == 1 + 2  # the application master + 2 executors
-
-    output = hdfs.fresh("yarn-predictions")
-    run, app = yarn.submit(
-        "jobs/predict.py",
-        *("--export", model_dir, "--input", storage.join(mnist_hdfs, "test", "parquet")),
-        *("--output", output),
-        spark_options=("--num-executors", "1"),
-    )
-    assert run.returncode == 0, explain(run)
-    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
-    predictions = spark.read.parquet(output)
-    assert predictions.count() == N_TEST
-    assert {"prediction", "probability"} <= set(predictions.columns)
-
-
-def test_ps_files_feed_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):
-    model_dir = hdfs.fresh("yarn-ps")
-    result_file = tmp_path / "result.json"
-    run, app = yarn.submit(
-        "jobs/train_mnist.py",
-        *("--strategy", "ps", "--num-workers", "2", "--num-ps", "1", "--input-mode", "files"),
-        *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "4"),
-        *("--batch-size", "20", "--result-json", str(result_file)),
-    )
-    assert run.returncode == 0, explain(run)
-    result = json.loads(result_file.read_text())
-    assert (result["final_step"], result["strategy"], result["input_mode"]) == (4, "ps", "files")
-    assert storage.exists(storage.join(result["export_dir"], "saved_model.pb"))
-    assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
-    # chief + 2 workers in executors (conf/jobs/train_mnist.json keeps the ps on the driver)
-    assert len(yarn.containers(app["id"])) == 1 + 3
+def test_a_state_directory_others_can_write_is_refused_before_anything_is_read(tmp_path):
+    """yarn.sh sources DIR/ready.env, hdfs.sh prints it for the user to eval, and both kill
+    the process of DIR's pid file: all of it is trusted only from a directory of the user's
+    own that no one else can write to. A directory others can write to, holding a planted
+    ready.env and the pid of a process whose command line says MiniYarn/MiniHdfs, is refused
+    by every subcommand before anything of it is read; a directory of the user's that only
+    they could write to is tightened to 0700, and a new one is made 0700."""
+    hdfs_sh = ROOT / "scripts" / "hdfs.sh"
+    marker = tmp_path / "planted-code-ran"
+    decoy = subprocess.Popen(["bash", "-c", "exec -a MiniYarn-MiniHdfs sleep 300"])
+    try:
+        for script, pid_file, args in (
+            (YARN_SH, "yarn.pid", ["--conf-dir", str(tmp_path / "conf")]),
+            (hdfs_sh, "hdfs.pid", ["--conf-dir", str(tmp_path / "conf")]),
+        ):
+            state = tmp_path / f"shared-{pid_file}"
+            state.mkdir()
+            state.chmod(0o777)  # another user's to write into
+            (state / pid_file).write_text(f"{decoy.pid}\n")
+            planted = f"HDFS_URI=hdfs://x:1\nYARN_RM=x:1\nYARN_WEBAPP=x:2\ntouch {marker}\n"
+            (state / "ready.env").write_text(planted)
+            for command in ("start", "status", "stop"):
+                run = helpers.run_command([script, command, "--dir", state, *args], timeout=60)
+                assert run.returncode == 1, (script.name, command, run.stdout, run.stderr)
+                assert "is writable by others (mode 777)" in run.stderr, run.stderr
+                assert "touch" not in run.stdout and not marker.exists()
+            assert decoy.poll() is None  # not killed by a planted pid file
+            assert (state / "ready.env").read_text() == planted
+        own = tmp_path / "own"
+        own.mkdir()
+        own.chmod(0o755)  # the user's, as an older yarn.sh made it: no one else could write
+        status = helpers.run_command([YARN_SH, "status", "--dir", own])
+        assert status.returncode == 3 and "not running" in status.stdout, status.stderr
+        assert stat.S_IMODE(own.stat().st_mode) == 0o700
+        helpers.run_command([YARN_SH, "status", "--dir", tmp_path / "new"])
+        assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    finally:
+        decoy.kill()
+        decoy.wait()
 
 
 def test_an_executor_yarn_cannot_hold_fails_at_once_with_the_numbers(yarn, mnist_hdfs):
@@ -227,24 +212,40 @@ def test_an_executor_yarn_cannot_hold_fails_at_once_with_the_numbers(yarn, mnist
     assert set(yarn.apps()) == before  # nothing was submitted
 
 
-@pytest.mark.timeout(1200)  # packing the whole stack once takes minutes on 2 cores
-def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, tmp_path):
+@pytest.mark.timeout(1500)  # packing the whole stack once takes minutes on 2 cores
+def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, spark, tmp_path):
     """--ship-env: the executors' Python is the packed venv unpacked in each container
-    (spark.pyspark.python=./environment/bin/python), for training and then prediction; the
-    archive goes to HDFS once and YARN localizes it from there."""
+    (spark.pyspark.python=./environment/bin/python), for training (ps, the workers reading
+    files) and then prediction; the archive goes to HDFS once and YARN localizes it from
+    there. Spark's transport is protected (the profile's settings; YARN made the
+    application's secret). A YARN application costs minutes of this machine's two cores, so
+    this is the one training on YARN: the strategies and input modes train on the local and
+    standalone masters (tests/test_train.py, tests/test_standalone.py), where they are not
+    YARN's business."""
     model_dir = hdfs.fresh("yarn-ship-env")
     result_file = tmp_path / "result.json"
+    events = tmp_path / "events"
+    events.mkdir()
     run, app = yarn.submit(
         "jobs/train_mnist.py",
-        *("--strategy", "allreduce", "--num-workers", "2", "--input-mode", "files"),
+        *("--strategy", "ps", "--num-workers", "2", "--num-ps", "1", "--input-mode", "files"),
         *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "3"),
         *("--batch-size", "20", "--result-json", str(result_file)),
-        spark_options=("--ship-env",),
+        spark_options=("--ship-env", *event_log_conf(events)),
+        # packing the stack comes first (unless another test packed it): 9 minutes were not
+        # enough once, on a machine busy with other tests
+        timeout=900,
     )
     assert run.returncode == 0, explain(run)
-    assert json.loads(result_file.read_text())["final_step"] == 3
+    assert_transport_protected(app_settings(events))
+    assert "transport is not protected" not in run.stdout + run.stderr
+    result = json.loads(result_file.read_text())
+    assert (result["final_step"], result["strategy"], result["input_mode"]) == (3, "ps", "files")
+    assert storage.exists(storage.join(result["export_dir"], "saved_model.pb"))
     assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
-    # Each TensorFlow process logged its interpreter: the environment inside its container.
+    # chief + 2 workers in executors (conf/jobs/train_mnist.json keeps the ps on the driver)
+    assert len(yarn.containers(app["id"])) == 1 + 3
+    # Each TensorFlow process in a container logged its interpreter: the environment there.
     pythons = re.findall(
         r"role \S+ in .* \(python (\S+)\)",
         "".join(
@@ -253,7 +254,7 @@ def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, tmp_pa
             for f in d.glob("stderr*")
         ),
     )
-    assert len(pythons) == 2, pythons
+    assert len(pythons) == 3, pythons
     for python in pythons:
         assert re.search(r"/container_[^/]+/environment/bin/python3?(\.\d+)?$", python), python
         assert not python.startswith(str(ROOT / ".venv"))
@@ -270,8 +271,10 @@ def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, tmp_pa
     )
     assert run.returncode == 0, explain(run)
     assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
-    assert storage.exists(storage.join(output, "_SUCCESS"))
     assert "copying the environment" not in run.stdout + run.stderr  # already there
+    predictions = spark.read.parquet(output)
+    assert predictions.count() == N_TEST
+    assert {"prediction", "probability"} <= set(predictions.columns)
 
 
 def test_stop_leaves_no_jvm_and_no_container(yarn):

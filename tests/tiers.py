@@ -16,7 +16,7 @@ That is the default of its tests. A test (or class) of another tier says so itse
 marks=pytest.mark.integration)``: the closest declaration wins (the test or its parameter,
 then its class, then its module). ``tests/conftest.py`` stops the collection, naming the
 tests, when a test has no tier, has two at the same place, or is below integration while it
-asks for the ``spark`` or ``hdfs`` fixture; then every test carries exactly its own tier's
+asks for the ``spark``, ``hdfs`` or ``s3`` fixture; then every test carries exactly its own tier's
 marker, so ``--tier unit`` and ``-m unit`` select the same tests.
 
 At run time every process a test starts is checked against its tier: while each of its
@@ -25,7 +25,7 @@ through), ``os.system`` and ``os.posix_spawn``/``posix_spawnp`` are wrapped with
 ``pytest.MonkeyPatch`` and put back after the phase. A Java process (``java``,
 ``spark-submit``) needs integration; a script of ``scripts/`` or ``bench/`` or a job of
 ``jobs/`` or ``examples/`` needs e2e. A test that starts more than its tier allows, or asks
-for ``spark`` or ``hdfs`` by name (``request.getfixturevalue``) below integration, fails and
+for ``spark``, ``hdfs`` or ``s3`` by name (``request.getfixturevalue``) below integration, fails and
 says what it used.
 """
 
@@ -45,7 +45,7 @@ TIERS = ("unit", "integration", "e2e")
 ROOT = Path(__file__).resolve().parent.parent
 
 # Session fixtures that bring up the suite's shared services.
-FIXTURE_TIERS = {"spark": "integration", "hdfs": "integration"}
+FIXTURE_TIERS = {"spark": "integration", "hdfs": "integration", "s3": "integration"}
 
 HOW_TO_DECLARE = (
     "declare it at the top of the module (pytestmark = pytest.mark.unit, integration or e2e), "

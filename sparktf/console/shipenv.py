@@ -13,9 +13,9 @@ What is packed: every file of the prefix but the Spark jars of its ``pyspark``
 (``site-packages/pyspark/jars``, hundreds of MB: executors run Spark's own JVM, with jars from the
 cluster's Spark or ``spark.yarn.jars``, never the Python package's), TensorFlow's C++ headers
 (``site-packages/tensorflow/include``: for building custom ops, never read by a running
-TensorFlow) and venv-pack's own exclusions (``activate`` scripts, replaced by relocatable
-ones). ``__pycache__`` stays: without it every Python worker would compile the modules it
-imports (TensorFlow's thousands) again.
+TensorFlow), the test extra's SeaweedFS server (``bin/weed``) and venv-pack's own exclusions
+(``activate`` scripts, replaced by relocatable ones). ``__pycache__`` stays: without it every
+Python worker would compile the modules it imports (TensorFlow's thousands) again.
 
 The archive is built under a temporary name in the cache directory and renamed into place
 when complete, so a killed pack never leaves a partial archive under the final name; one pack
@@ -76,11 +76,13 @@ FORMATS = ("tar", "tar.gz")
 # "tar.gz": the one format every cluster manager unpacks with its links (see above).
 DEFAULT_FORMAT = "tar.gz"
 # Paths (relative to the prefix, fnmatch patterns) that executors never use: Spark's jars (the
-# executors' JVM has its own) and TensorFlow's C++ headers (for compiling custom ops: 430 MB,
-# 18,000 of the venv's 44,000 files, each one unpacked and chmod-ed on every node).
+# executors' JVM has its own), TensorFlow's C++ headers (for compiling custom ops: 430 MB,
+# 18,000 of the venv's 44,000 files, each one unpacked and chmod-ed on every node) and the
+# test extra's SeaweedFS server (bin/weed, 150 MB: scripts/s3.sh's local object store).
 EXCLUDES = (
     "lib/python*/site-packages/pyspark/jars/*",
     "lib/python*/site-packages/tensorflow/include/*",
+    "bin/weed",
 )
 # gzip level of "tar.gz": 1 packs markedly faster than venv-pack's default 4 for an archive
 # slightly larger (docs/performance.md).
@@ -214,7 +216,7 @@ def content_digest(archive: Path) -> str:
 
 
 def shared_copy(archive: Path, directory: str) -> str:
-    """``archive`` in ``directory`` of a shared file system (HDFS), named by its content
+    """``archive`` in ``directory`` of a shared file system (HDFS, S3), named by its content
     (``env-SHA256.FMT``, the first 32 hex digits), copied there once and published whole.
 
     A copy found there is used only when its own bytes hash to the archive's sha256: one

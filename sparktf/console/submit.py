@@ -21,6 +21,8 @@ lists them) or a Python file (``jobs/train_resnet.py``). What it adds to spark-s
   ``--ship-env`` (or ``spark.sparktf.shipEnv true`` in the profile) the whole Python
   environment too: packed once per set of installed packages under sparktf's home and passed
   as ``--archives ENV#environment``, ``spark.pyspark.python=./environment/bin/python``;
+  with ``spark.sparktf.shipEnv.dir DIR`` (``hdfs://``, ``s3://``) ENV is its copy there,
+  named and checked by its sha256, as on YARN, where DIR defaults to the user's HDFS home;
 - Spark's transport protected on standalone, YARN and Kubernetes masters:
   ``spark.authenticate``, ``spark.network.crypto.enabled`` and ``spark.io.encryption.enabled``
   turned on unless the profile or a ``--conf`` sets them (``false`` turns one off); a
@@ -59,13 +61,23 @@ from sparktf import cli, paths, placement, scratch, spark
 from sparktf.jobs.catalog import JOBS
 from sparktf.security import kerberos
 
-__all__ = ["Command", "FLAGS", "SHIP_ENV_CONF", "build", "job_name", "main", "parse"]
+__all__ = [
+    "Command",
+    "FLAGS",
+    "SHIP_ENV_CONF",
+    "SHIP_ENV_DIR_CONF",
+    "build",
+    "job_name",
+    "main",
+    "parse",
+]
 
 log = logging.getLogger("sparktf.submit")
 
 # spark-submit options that take no value.
 FLAGS = ("--verbose", "-v", "--supervise")
 SHIP_ENV_CONF = "spark.sparktf.shipEnv"
+SHIP_ENV_DIR_CONF = "spark.sparktf.shipEnv.dir"
 INTERRUPT_S = 30.0  # how long spark-submit gets to stop its application after Ctrl-C
 SCRATCH_PREFIX = "sparktf-submit-"  # its scratch directories, under $SPARKTF_HOME/submit
 
@@ -214,7 +226,11 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         extra += ["--conf", "spark.driver.host=127.0.0.1"]
         extra += ["--conf", "spark.driver.bindAddress=127.0.0.1"]
 
-    transport, profile_file = _transport(command, profile, master, scratch, profile_file)
+    s3_options, s3_private = _s3a(command, profile)
+    extra += s3_options
+    transport, profile_file = _transport(
+        command, profile, master, scratch, profile_file, s3_private
+    )
     extra += transport
 
     name = job_name(command.job)
@@ -238,7 +254,8 @@ def build(command: Command, scratch: Path) -> tuple[list[str], dict[str, str]]:
         from sparktf.console import shipenv
 
         archive = shipenv.pack(paths.state_dir("envs"), prefix=Path(python).parent.parent)
-        extra += shipenv.submit_args(_shared(archive) if master == "yarn" else archive)
+        shared_dir = command.confs().get(SHIP_ENV_DIR_CONF) or profile.get(SHIP_ENV_DIR_CONF)
+        extra += shipenv.submit_args(_shared(archive, shared_dir, yarn=master == "yarn"))
     if ship_env or command.profile != "local" and not master.startswith("local"):
         py_files = str(_library_zip(scratch))
         user = command.option("--py-files", "spark.submit.pyFiles")
@@ -319,23 +336,66 @@ def _log_level(command: Command, env: dict[str, str]) -> str:
     return level
 
 
+def _s3a(command: Command, profile: dict) -> tuple[list[str], dict[str, str]]:
+    """``s3a://`` with this process's AWS settings (``spark.s3a_settings``): the options that
+    give the connector's jars (one ``--jars`` with the user's, and on the driver's and the
+    executors' class paths, where spark-submit and an executor's start fetch an ``s3://``
+    archive, file or job, from where the jars are here) and its settings,
+    and the settings that hold keys, for the private properties file."""
+    s3 = spark.s3a_settings({**profile, **command.confs()})
+    private = spark.private_settings(s3)
+    options = []
+    jars = s3.pop("spark.jars", None)
+    if jars:
+        from sparktf.spark import s3a
+
+        ours = s3a.s3a_jars()
+        user = command.option("--jars", "spark.jars")
+        if user:
+            jars = ",".join(dict.fromkeys(user.split(",") + jars.split(",")))
+            command.before = _without_option(command.before, "--jars")
+        options += ["--jars", jars]
+        key = "spark.driver.extraClassPath"
+        path = command.option("--driver-class-path", key) or profile.get(key)
+        command.before = _without_option(command.before, "--driver-class-path")
+        options += ["--driver-class-path", _class_path(path, ours)]
+        # an executor fetches --archives and --files before it loads --jars
+        key = "spark.executor.extraClassPath"
+        path = command.confs().get(key) or profile.get(key)
+        options += ["--conf", f"{key}={_class_path(path, ours)}"]
+    options += [arg for key, value in s3.items() for arg in ("--conf", f"{key}={value}")]
+    return options, private
+
+
+def _class_path(given: str | None, jars: list[str]) -> str:
+    """A class path of the entries of ``given`` (``:``-separated), then ``jars``, once each."""
+    return ":".join(dict.fromkeys((given.split(":") if given else []) + jars))
+
+
 def _transport(
-    command: Command, profile: dict, master: str, scratch: Path, profile_file: Path
+    command: Command,
+    profile: dict,
+    master: str,
+    scratch: Path,
+    profile_file: Path,
+    private: dict[str, str] | None = None,
 ) -> tuple[list[str], Path]:
     """The options that protect Spark's transport on ``master`` (``spark.transport_defaults``:
     authentication, RPC and I/O encryption, unless the profile or the command line set them)
-    and the shared secret the master needs, in a private file under ``scratch``
-    (``spark.private_properties_args``), never on the command line; and the properties file
-    to give spark-submit: ``profile_file``, or on Spark 4.0 that private file, which then
-    holds the profile's lines too (4.0 has no ``--extra-properties-file``)."""
+    and the shared secret the master needs, with the other ``private`` settings (S3 keys), in
+    a private file under ``scratch`` (``spark.private_properties_args``), never on the command
+    line; and the properties file to give spark-submit: ``profile_file``, or on Spark 4.0 that
+    private file, which then holds the profile's lines too (4.0 has no
+    ``--extra-properties-file``)."""
     user = {**profile, **command.confs()}
     added = spark.transport_defaults(master, user)
     options = [arg for key, value in added.items() for arg in ("--conf", f"{key}={value}")]
     secret = spark.transport_secret(master, {**user, **added})
+    private = dict(private or {})
     if secret is not None:
-        given = spark.private_properties_args(
-            scratch / "secret.conf", {spark.SECRET_CONF: secret}, base=profile_file
-        )
+        private[spark.SECRET_CONF] = secret
+    if private:
+        given = spark.private_properties_args(scratch / "secret.conf", private, base=profile_file)
         if given[0] == "--properties-file":  # in the profile's place
             return options, Path(given[1])
         options += given
@@ -363,16 +423,19 @@ def _yarn_here(command: Command, profile: dict, env: dict[str, str]) -> list[str
     return extra
 
 
-def _shared(archive: Path) -> str | Path:
-    """The packed environment on the cluster's HDFS (``shipenv.shared_copy``: named and
-    checked by its sha256): YARN localizes an archive it reads from HDFS once per node and
-    keeps it for later applications, where a local file would be uploaded to each
-    application's staging directory and unpacked again. The local archive where there is
-    no HDFS."""
+def _shared(archive: Path, directory: str | None, *, yarn: bool) -> str | Path:
+    """Where the executors fetch the packed environment from: its copy in ``directory`` (the
+    profile's or a ``--conf``'s ``spark.sparktf.shipEnv.dir``: ``hdfs://``, ``s3://``, any
+    shared file system; ``shipenv.shared_copy``: named and checked by its sha256), else on
+    YARN its copy under the user's HDFS home, else the local archive (which spark-submit
+    uploads or serves per application). YARN localizes an archive it reads from a shared
+    file system once per node and keeps it for later applications."""
     from sparktf import storage
     from sparktf.console import shipenv
 
-    fs = storage.default_fs()
+    if directory:
+        return shipenv.shared_copy(archive, directory)
+    fs = storage.default_fs() if yarn else None
     if fs is None:
         return archive
     return shipenv.shared_copy(archive, f"{fs}/user/{storage.hdfs_user()}/.sparktf/envs")

@@ -684,6 +684,8 @@ def load_manifest(path: str) -> dict:
     and per split ``tokens`` and ``dropped_tokens``.
     """
     file = path if path.rstrip("/").endswith(".json") else manifest_path(path)
+    # on an object store, a dataset whose publish did not finish is refused, naming its marker
+    storage.require_committed(storage.parse(file).parent().uri)
     try:
         manifest = json.loads(storage.read_text(file))
     except storage.PathNotFoundError as exc:

@@ -8,9 +8,10 @@ conversion adds petastorm's Unischema to ``_common_metadata`` (``unischema_metad
 opens it. ``make_batch_reader`` reads any sparktf Parquet split as it is (the row groups per
 file are always written under petastorm's key).
 
-petastorm opens ``hdfs://`` through libhdfs (JNI), which sparktf does not have. Its readers
-and ``materialize_dataset`` accept a legacy ``pyarrow.filesystem`` object instead; here that is
-the fsspec file system of ``sparktf.storage`` (WebHDFS for ``hdfs://``, the local one else)
+petastorm opens ``hdfs://`` through libhdfs (JNI), which sparktf does not have, and ``s3://``
+through s3fs, which the stack does not have. Its readers and ``materialize_dataset`` accept a
+legacy ``pyarrow.filesystem`` object instead; here that is the fsspec file system of
+``sparktf.storage`` (WebHDFS for ``hdfs://``, pyarrow's S3 for ``s3://``, the local one else)
 wrapped as ``pyarrow.filesystem.DaskFileSystem`` with the few methods pyarrow 14's legacy
 Parquet code calls (``isdir``, ``isfile``, ``walk``, ``_isfilestore``).
 
@@ -143,11 +144,32 @@ def add_unischema(path: str, name: str | None = None) -> None:
     formats.write_common_metadata(path, fields, row_groups, unischema_metadata(name, fields))
 
 
+def _url(path: str) -> str:
+    """What petastorm is given as the URL of ``path`` (it reads through the file system it is
+    given). An object on S3 goes as ``file:///bucket/key``: petastorm finds the path of any
+    other scheme through fsspec's class for it, which for ``s3`` is s3fs, not installed here
+    (docs/versions.md), and sparktf's S3 file system takes ``/bucket/key``."""
+    loc = storage.parse(path)
+    if loc.scheme == "s3":
+        return f"file:///{loc.netloc}{loc.path}"
+    return storage.spark_uri(path)
+
+
+def _require_committed(path: str) -> None:
+    """On an object store, refuses the split ``path`` (``<dataset>/<split>/parquet``) of a
+    dataset whose publish did not finish: its commit marker is at the dataset's root."""
+    parts = path.rstrip("/").rsplit("/", 2)
+    if storage.parse(path).scheme == "s3" and len(parts) == 3 and parts[2] == "parquet":
+        storage.require_committed(parts[0])
+
+
 def make_reader(path: str, **kwargs):
     """``petastorm.make_reader`` (decoded rows, one by one) on a sparktf path (a split's
     ``parquet`` directory with petastorm's Unischema: see ``add_unischema``)."""
     import petastorm
     from petastorm.etl.dataset_metadata import UNISCHEMA_KEY
+
+    _require_committed(path)
 
     if UNISCHEMA_KEY not in formats.read_common_metadata(path):
         raise formats.ParquetSchemaError(
@@ -160,9 +182,7 @@ def make_reader(path: str, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return CompleteReader(
-            petastorm.make_reader(
-                storage.spark_uri(path), filesystem=legacy_filesystem(path), **kwargs
-            )
+            petastorm.make_reader(_url(path), filesystem=legacy_filesystem(path), **kwargs)
         )
 
 
@@ -176,11 +196,8 @@ def make_batch_reader(paths: str | Sequence[str], **kwargs):
     import petastorm
 
     first = paths if isinstance(paths, str) else paths[0]
-    urls = (
-        storage.spark_uri(paths)
-        if isinstance(paths, str)
-        else [storage.spark_uri(p) for p in paths]
-    )
+    _require_committed(first if isinstance(paths, str) else storage.parse(first).parent().uri)
+    urls = _url(paths) if isinstance(paths, str) else [_url(p) for p in paths]
     with warnings.catch_warnings():
         # It warns that a petastorm dataset "may give unexpected results": sparktf decodes
         # the ndarray columns itself, in batches.

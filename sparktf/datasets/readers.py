@@ -18,7 +18,14 @@ Both readers take the same arguments and give the same batches (``id`` tells rec
 - ``shuffle``: part files in a new order each epoch and records through a buffer of
   ``shuffle_buffer`` records that empties at the end of each epoch (a shard smaller than the
   buffer is not read many times over first); ``seed`` makes it repeatable. ``repeat``:
-  endless epochs.
+  endless epochs; shuffled, pass ``p`` of the shard is shuffled with the seed ``seed + p``
+  alone, so any pass can be built without the ones before it.
+- ``start`` (with ``repeat``; shuffled, with a ``seed``): the shard's endless stream from its
+  record ``start`` on, exactly as it goes on after the ``start`` records before it (a
+  training process resuming mid-epoch: :func:`shard_records` gives the records of one pass).
+  Shuffled, pass ``start // shard_records`` is built alone and its first records skipped
+  (read, not parsed); unshuffled, the stream runs from its beginning, the records before
+  ``start`` read and skipped.
 - Batches are parsed as batches (``tf.io.parse_example`` on a batch of records; Parquet
   columns decoded per row group), never row by row.
 
@@ -73,6 +80,7 @@ __all__ = [
     "SHUFFLE_CHUNK",
     "dataset_info",
     "parquet_dataset",
+    "shard_records",
     "tfrecord_dataset",
 ]
 
@@ -138,6 +146,60 @@ def _check_batch(batch_size: int) -> None:
         raise SparktfValueError(f"batch_size must be positive, got {batch_size}")
 
 
+def _check_start(start: int, *, shuffle: bool, seed, repeat: bool) -> None:
+    if start < 0:
+        raise SparktfValueError(f"start must be 0 or more, got {start}")
+    if start and not repeat:
+        raise SparktfValueError("start= needs repeat=True: it places an endless stream")
+    if start and shuffle and seed is None:
+        raise SparktfValueError(
+            "start= with shuffle=True needs a seed: an unseeded order cannot be found again"
+        )
+
+
+def shard_records(
+    path: str,
+    fmt: str,
+    *,
+    split: str | None = None,
+    num_shards: int = 1,
+    shard_index: int = 0,
+) -> int:
+    """The records one pass of a shard holds (the shards of :func:`tfrecord_dataset` and
+    :func:`parquet_dataset`): from the manifest's records per file, except for Parquet
+    sharded by records, whose ``id`` column is read (one column of every file)."""
+    dataset_dir, split, manifest = _resolve(path, split)
+    return _shard_size(manifest, dataset_dir, split, fmt, num_shards, shard_index)
+
+
+def _shard_size(manifest, dataset_dir, split, fmt, num_shards: int, shard_index: int) -> int:
+    files = formats.split_files(manifest, dataset_dir, split, fmt)
+    mine, by_records = _plan(files, num_shards, shard_index)
+    per_file = [int(n) for n in manifest["splits"][split][fmt]["records"]]
+    if not by_records:
+        return sum(per_file[shard_index::num_shards]) if num_shards > 1 else sum(per_file)
+    if fmt == TFRECORD:  # every num_shards-th record of the interleaved stream
+        return len(range(shard_index, sum(per_file), num_shards))
+    return sum(_ids_in_shard(f, num_shards, shard_index) for f in mine)
+
+
+def _ids_in_shard(path: str, num_shards: int, shard_index: int) -> int:
+    import pyarrow.parquet as pq
+
+    loc = storage.parse(path)
+    if loc.scheme == "file":
+        ids = pq.read_table(loc.path, columns=["id"]).column("id").to_numpy()
+    else:
+        with storage.open_file(path, "rb") as stream:
+            ids = pq.read_table(stream, columns=["id"]).column("id").to_numpy()
+    return int(np.count_nonzero(ids % num_shards == shard_index))
+
+
+def _pass_seed(seed, index):
+    """The seed of pass ``index`` (a tensor in a ``flat_map``) of a shard seeded ``seed``."""
+    return None if seed is None else tf.constant(seed, tf.int64) + index
+
+
 # ----------------------------------------------------------------------------- TFRecord
 
 SHUFFLE_CHUNK = 1024  # records per element handed to tf.data's record shuffle
@@ -157,13 +219,14 @@ def _local_records(
     )
 
 
-def _shuffled_passes(records: tf.data.Dataset, buffer: int, seed, repeat: bool) -> tf.data.Dataset:
-    """``records`` (one pass) shuffled through ``buffer`` records, pass by pass: the buffer
-    empties at the end of each pass, so a shard far smaller than the buffer yields its first
-    batch after one pass, not after reading ``buffer / shard`` passes (over HDFS each pass is
-    a new request per file: minutes for a one-record shard). Every pass is in a new order."""
-    records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    return records.repeat() if repeat else records  # ends when a pass yields nothing
+def _shuffled_pass(records: tf.data.Dataset, buffer: int, seed) -> tf.data.Dataset:
+    """One pass of ``records`` shuffled through ``buffer`` records (a new order each time the
+    dataset is iterated). Endless passes are shuffled one by one instead, each with its own
+    seed (``_pass_seed``): the buffer empties at the end of each pass, so a shard far smaller
+    than the buffer yields its first batch after one pass, not after reading ``buffer /
+    shard`` passes (over HDFS each pass is a new request per file: minutes for a one-record
+    shard)."""
+    return records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
 
 
 def _parser(manifest: dict):
@@ -203,6 +266,7 @@ def tfrecord_dataset(
     drop_remainder: bool = False,
     num_parallel_reads: int = 4,
     verify_checksums: bool = False,
+    start: int = 0,
 ) -> tf.data.Dataset:
     """Batches of the TFRecord part files of one split (local or HDFS); see the module doc.
 
@@ -218,6 +282,8 @@ def tfrecord_dataset(
         drop_remainder: drop a last short batch (the batch dimension is then static).
         num_parallel_reads: files read at once.
         verify_checksums: check each file's CRC32C against the manifest as it is read.
+        start: begin at this record of the shard's endless stream (with ``repeat``; with a
+            ``seed`` when shuffled), as it would have gone on after the records before it.
 
     Returns:
         A ``tf.data.Dataset`` of dicts: images ``{"image": uint8 [B, H, W, C], "label":
@@ -231,86 +297,135 @@ def tfrecord_dataset(
             the file and the record).
     """
     _check_batch(batch_size)
+    _check_start(start, shuffle=shuffle, seed=seed, repeat=repeat)
     dataset_dir, split, manifest = _resolve(path, split)
     files = formats.split_files(manifest, dataset_dir, split, TFRECORD)
     mine, by_records = _plan(files, num_shards, shard_index)
-    deterministic = not shuffle or seed is not None
+    deterministic = _deterministic(shuffle, seed)
+    # Shuffled endless passes are built one by one (pass p seeded seed + p), from the pass
+    # `start` falls in; unshuffled, the records before `start` are skipped.
+    passes, skip = None, start
+    if shuffle and repeat:
+        size = _shard_size(manifest, dataset_dir, split, TFRECORD, num_shards, shard_index)
+        first_pass, skip = divmod(start, size) if size else (0, 0)
+        passes = tf.data.Dataset.range(first_pass, tf.int64.max if size else first_pass)
     parallel = max(1, min(num_parallel_reads, len(mine)))
     parse = _parser(manifest)
+    shuffling = dict(shuffle=shuffle, repeat=repeat, seed=seed, buffer=shuffle_buffer)
     if storage.parse(dataset_dir).scheme != "file":
         # TensorFlow cannot open hdfs://: one Python generator streams `parallel` files at
         # once (a thread each) and hands over whole batches (or chunks for the shuffle).
+        whole = not (shuffle or skip)
         streams = TFRecordStreams(
             mine,
             cycle=parallel,
-            chunk=SHUFFLE_CHUNK if shuffle else batch_size,
+            chunk=batch_size if whole else SHUFFLE_CHUNK,
             by_records=by_records,
             num_shards=num_shards,
             shard_index=shard_index,
             shuffle_files=shuffle and not by_records,
             seed=seed,
             repeat=repeat and not shuffle,  # shuffled: one pass per call, repeated below
-            drop_remainder=drop_remainder and not shuffle,
+            drop_remainder=drop_remainder and whole,
             verify=verify_checksums,
         )
-        fixed = batch_size if drop_remainder and not shuffle else None
-        packed = tf.data.Dataset.from_generator(
-            streams,
-            output_signature=(
-                tf.TensorSpec([], tf.string),
-                tf.TensorSpec([fixed], tf.int64),
-                tf.TensorSpec([fixed], tf.int64),
-            ),
-        )
-        if shuffle:
-            records = packed.map(split_records).unbatch()
-            records = _shuffled_passes(records, shuffle_buffer, seed, repeat)
-            batches = records.batch(batch_size, drop_remainder=drop_remainder)
-            batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        else:
-            batches = packed.map(
+        if whole:  # the generator's batches, cut into records by TensorFlow
+            packed = tf.data.Dataset.from_generator(
+                streams, output_signature=_packed_signature(batch_size if drop_remainder else None)
+            )
+            return packed.map(
                 lambda blob, starts, lengths: parse(split_records(blob, starts, lengths)),
                 num_parallel_calls=AUTOTUNE,
                 deterministic=deterministic,
+            ).prefetch(AUTOTUNE)
+        records = _streamed_records(streams, passes, **shuffling)
+    else:
+        paths = [storage.parse(f).path for f in mine]
+        records = _local_records_of(
+            paths, passes, parallel, by_records, num_shards, shard_index, **shuffling
+        )
+    batches = records.skip(skip).batch(batch_size, drop_remainder=drop_remainder)
+    batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    return batches.prefetch(AUTOTUNE)
+
+
+def _deterministic(shuffle: bool, seed: int | None) -> bool:
+    """Whether parallel reads and parses must keep their order: unless the order is random
+    anyway (shuffled without a seed), where handing results over as they come is faster."""
+    return not shuffle or seed is not None
+
+
+def _packed_signature(batch: int | None) -> tuple:
+    return (
+        tf.TensorSpec([], tf.string),
+        tf.TensorSpec([batch], tf.int64),
+        tf.TensorSpec([batch], tf.int64),
+    )
+
+
+def _streamed_records(streams, passes, *, shuffle, repeat, seed, buffer) -> tf.data.Dataset:
+    """The records (serialized) of an HDFS generator's chunks: shuffled endless passes one by
+    one (the generator shuffles the files of pass ``index``), else its stream."""
+    if shuffle and repeat:
+
+        def one_pass(index):
+            packed = tf.data.Dataset.from_generator(
+                streams, args=(index,), output_signature=_packed_signature(None)
             )
-        return batches.prefetch(AUTOTUNE)
-    mine = [storage.parse(f).path for f in mine]
-    names = tf.data.Dataset.from_tensor_slices(tf.constant(mine, dtype=tf.string))
+            records = packed.map(split_records).unbatch()
+            return records.shuffle(buffer, seed=_pass_seed(seed, index))
+
+        return passes.flat_map(one_pass)
+    packed = tf.data.Dataset.from_generator(streams, output_signature=_packed_signature(None))
+    records = packed.map(split_records).unbatch()
+    return _shuffled_pass(records, buffer, seed) if shuffle else records
+
+
+def _local_records_of(
+    paths, passes, parallel, by_records, num_shards, shard_index, *, shuffle, repeat, seed, buffer
+) -> tf.data.Dataset:
+    """The records (serialized) of local TFRecord files: shuffled endless passes one by one
+    (pass ``index`` shuffles the files, then the records, seeded ``seed + index``)."""
+    deterministic = _deterministic(shuffle, seed)
+    names = tf.data.Dataset.from_tensor_slices(tf.constant(paths, dtype=tf.string))
+    if shuffle and repeat:
+
+        def one_pass(index):
+            pass_seed = _pass_seed(seed, index)
+            if by_records:
+                records = _local_records(names, parallel=parallel, deterministic=True)
+                records = records.shard(num_shards, shard_index)
+            else:
+                order = names.shuffle(len(paths), seed=pass_seed)
+                records = _local_records(order, parallel=parallel, deterministic=deterministic)
+            return records.shuffle(buffer, seed=pass_seed)
+
+        return passes.flat_map(one_pass)
     if by_records:
         records = _local_records(names, parallel=parallel, deterministic=True).shard(
             num_shards, shard_index
         )
-    elif shuffle:
-        names = names.shuffle(len(mine), seed=seed, reshuffle_each_iteration=True)
+        records = records.repeat() if repeat else records
+    elif shuffle:  # one pass (each iteration over the dataset in a new order)
+        names = names.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
         records = _local_records(names, parallel=parallel, deterministic=deterministic)
     else:  # unshuffled epochs run on into each other (the HDFS generator's order)
         records = _local_records(
             names.repeat() if repeat else names, parallel=parallel, deterministic=deterministic
         )
-    if shuffle:
-        records = _shuffled_passes(records, shuffle_buffer, seed, repeat)
-    elif by_records and repeat:
-        records = records.repeat()
-    batches = records.batch(batch_size, drop_remainder=drop_remainder)
-    batches = batches.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    return batches.prefetch(AUTOTUNE)
+    return _shuffled_pass(records, buffer, seed) if shuffle else records
 
 
 # ----------------------------------------------------------------------------- Parquet
 
 
 def _signature(manifest: dict, batch: int | None) -> dict:
-    if manifest["kind"] == "image":
-        shape = manifest["schema"]["image"]["shape"]
-        return {
-            "image": tf.TensorSpec([batch, *shape], tf.uint8),
-            "label": tf.TensorSpec([batch], tf.int64),
-            "id": tf.TensorSpec([batch], tf.int64),
-        }
-    seq_len = manifest["schema"]["tokens"]["shape"][0]
+    """One tensor per column of the manifest's fields (images, PTB chunks, or a table's)."""
     return {
-        "tokens": tf.TensorSpec([batch, seq_len], tf.int64),
-        "id": tf.TensorSpec([batch], tf.int64),
+        f.name: tf.TensorSpec(
+            [batch, *(f.shape or ())], tf.string if f.dtype == "string" else tf.as_dtype(f.dtype)
+        )
+        for f in formats.manifest_fields(manifest)
     }
 
 
@@ -389,8 +504,11 @@ class _ParquetBatches:
         shuffle_buffer,
         drop_remainder,
         workers,
+        first_pass=0,
+        skip=0,
     ):
         self.files = files
+        self.first_pass, self.skip = first_pass, skip
         self.fields = formats.manifest_fields(manifest)
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self.num_shards, self.shard_index, self.by_records = num_shards, shard_index, by_records
@@ -466,16 +584,19 @@ class _ParquetBatches:
             out = {k: v[keep] for k, v in out.items()}
         return out
 
-    def _groups(self, rng) -> Iterator[dict[str, np.ndarray] | None]:
-        """Row groups' columns (this shard's rows), pass after pass; None after each pass
-        when repeating."""
+    def _rng(self, index: int):
+        return np.random.default_rng(None if self.seed is None else self.seed + index)
+
+    def _groups(self) -> Iterator[tuple[object, dict[str, np.ndarray] | None]]:
+        """``(rng, columns)`` of the row groups (this shard's rows), pass after pass, each pass
+        in the order of its own ``rng``; ``(rng, None)`` after each pass when repeating."""
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(self.workers, thread_name_prefix="parquet-read") as pool:
             units = self._units(pool)
 
-            def one_pass() -> Iterator[dict[str, np.ndarray]]:
+            def one_pass(rng) -> Iterator[dict[str, np.ndarray]]:
                 order = rng.permutation(len(units)) if self.shuffle else range(len(units))
                 pending: deque = deque()
                 for index in order:
@@ -485,39 +606,52 @@ class _ParquetBatches:
                 while pending:
                     yield pending.popleft().result()
 
+            # tf.data calls this once per iteration over the dataset: a call of one pass is
+            # seeded seed + call, the endless passes seed + pass (from first_pass on).
+            if self.repeat:
+                index = self.first_pass
+            else:
+                index, self.calls = self.calls, self.calls + 1
             while True:
-                rows = 0
-                for cols in one_pass():
+                rng, rows = self._rng(index), 0
+                for cols in one_pass(rng):
                     rows += len(cols["id"])
-                    yield cols
+                    yield rng, cols
                 if not self.repeat or not rows:  # repeating a pass without rows never ends
                     return
-                yield None  # a pass ends: the shuffle window does not wait for the next
+                yield rng, None  # a pass ends: the shuffle window does not wait for the next
+                index += 1
 
     def __call__(self) -> Iterator[dict[str, np.ndarray]]:
         """Row-group columns in order (or windows of ``shuffle_buffer`` records, permuted),
-        in slices of ``chunk`` rows: views, not copies; ``rebatch`` cuts the batches."""
-        # tf.data calls this once per iteration over the dataset: vary the seed per call.
-        seed = None if self.seed is None else self.seed + self.calls
-        self.calls += 1
-        rng = np.random.default_rng(seed)
+        in slices of ``chunk`` rows, the first ``skip`` rows left out: views, not copies;
+        ``rebatch`` cuts the batches."""
         chunk = -(-PARQUET_CHUNK_ROWS // self.batch_size) * self.batch_size
+        skip = self.skip
+        for cols in self._windows():
+            if skip:
+                n = len(cols["id"])
+                cols, skip = {k: v[skip:] for k, v in cols.items()}, max(0, skip - n)
+            if len(cols["id"]):
+                yield from _slices(cols, chunk)
+
+    def _windows(self) -> Iterator[dict[str, np.ndarray]]:
         if not self.shuffle:
-            for cols in self._groups(rng):
+            for _, cols in self._groups():
                 if cols is not None:
-                    yield from _slices(cols, chunk)
+                    yield cols
             return
         pending: list[dict[str, np.ndarray]] = []
-        held = 0
-        for cols in self._groups(rng):
+        held, rng = 0, None
+        for rng, cols in self._groups():
             if cols is not None:
                 pending.append(cols)
                 held += len(cols["id"])
             if pending and (cols is None or held >= self.shuffle_buffer):
-                yield from _slices(self._permuted(pending, rng), chunk)
+                yield self._permuted(pending, rng)
                 pending, held = [], 0
         if pending:
-            yield from _slices(self._permuted(pending, rng), chunk)
+            yield self._permuted(pending, rng)
 
     @staticmethod
     def _permuted(pending, rng) -> dict[str, np.ndarray]:
@@ -545,12 +679,13 @@ def parquet_dataset(
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     drop_remainder: bool = False,
     workers: int | None = None,
+    start: int = 0,
 ) -> tf.data.Dataset:
     """Batches of the Parquet files of one split (local or HDFS); see the module doc.
 
     Args:
         path, batch_size, split, num_shards, shard_index, shuffle, seed, repeat,
-        shuffle_buffer, drop_remainder: as for :func:`tfrecord_dataset`.
+        shuffle_buffer, drop_remainder, start: as for :func:`tfrecord_dataset`.
         workers: row groups read ahead in parallel threads (default 2 on local disk, 4 on
             HDFS, where each one streams its row group with one request).
 
@@ -566,8 +701,13 @@ def parquet_dataset(
     """
     _check_batch(batch_size)
     dataset_dir, split, manifest = _resolve(path, split)
+    _check_start(start, shuffle=shuffle, seed=seed, repeat=repeat)
     files = formats.split_files(manifest, dataset_dir, split, PARQUET)
     mine, by_records = _plan(files, num_shards, shard_index)
+    first_pass, skip = 0, start
+    if start and shuffle:
+        size = _shard_size(manifest, dataset_dir, split, PARQUET, num_shards, shard_index)
+        first_pass, skip = divmod(start, size) if size else (0, 0)
     generator = _ParquetBatches(
         manifest,
         mine,
@@ -581,6 +721,8 @@ def parquet_dataset(
         shuffle_buffer=shuffle_buffer,
         drop_remainder=drop_remainder,
         workers=max(1, workers or (2 if storage.parse(dataset_dir).scheme == "file" else 4)),
+        first_pass=first_pass,
+        skip=skip,
     )
     chunks = tf.data.Dataset.from_generator(generator, output_signature=_signature(manifest, None))
     return chunks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE)

@@ -251,10 +251,12 @@ class TFRecordStreams:
             if not kept:
                 return
 
-    def __call__(self) -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
-        # tf.data calls this once per iteration over the dataset: vary the seed per call.
-        seed = None if self.seed is None else self.seed + self.calls
-        self.calls += 1
+    def __call__(self, index=None) -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
+        # tf.data calls this once per iteration over the dataset: vary the seed per call, or
+        # per pass: the shuffled endless passes give their number (seed + index).
+        if index is None:
+            index, self.calls = self.calls, self.calls + 1
+        seed = None if self.seed is None else self.seed + int(index)
         rng = np.random.default_rng(seed)
         pending: list[Run] = []
         held = 0

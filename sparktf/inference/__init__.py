@@ -18,13 +18,13 @@ Where the model comes from (the driver reads only ``saved_model.pb`` and
   ``$SPARKTF_MODEL_CACHE_DIR`` (default ``<tempdir>/sparktf-models-<uid>/<fingerprint>``),
   a directory private to the user (0700; one that another user owns or can write, or a
   symbolic link, is refused). A copy is used only while its contents match the
-  fingerprint the driver computed from the source (:func:`model_fingerprint`); one that
+  fingerprint the driver computed from the source (:func:`export_fingerprint`); one that
   does not match is copied again.
 
 The modules, each importing only those above it in this list:
 
-- :mod:`~sparktf.inference.model` — the SavedModel as the driver sees it: where it is, its
-  fingerprint, its signatures;
+- :mod:`~sparktf.inference.saved_model` — the export (the SavedModel) as the driver sees it:
+  where it is, its fingerprint, its signatures;
 - :mod:`~sparktf.inference.output_columns` — any signature's outputs as Spark columns;
 - :mod:`~sparktf.inference.prediction_plan` — the plan of a prediction: signature, input contract,
   added columns, checked against the DataFrame's schema;
@@ -47,34 +47,34 @@ from sparktf.inference.cache import (
     model_cache_dir,
 )
 from sparktf.inference.decode import NPZ_MAGIC
-from sparktf.inference.model import (
-    ModelInfo,
+from sparktf.inference.prediction_plan import LM_OUTPUTS, PredictInputError
+from sparktf.inference.saved_model import (
+    ExportInfo,
     ModelNotFoundError,
     Signature,
     TensorSpec,
-    inspect_model,
-    model_fingerprint,
-    resolve_model,
+    export_fingerprint,
+    inspect_export,
+    resolve_export,
 )
-from sparktf.inference.prediction_plan import LM_OUTPUTS, PredictInputError
 from sparktf.inference.sql import predict_udf, register_udf
 
 __all__ = [
     "LM_OUTPUTS",
     "NPZ_MAGIC",
+    "ExportInfo",
     "ModelCache",
     "ModelCacheError",
     "ModelCacheMismatchError",
-    "ModelInfo",
     "ModelNotFoundError",
     "PredictInputError",
     "Signature",
     "TensorSpec",
-    "inspect_model",
+    "export_fingerprint",
+    "inspect_export",
     "model_cache_dir",
-    "model_fingerprint",
     "predict",
     "predict_udf",
     "register_udf",
-    "resolve_model",
+    "resolve_export",
 ]

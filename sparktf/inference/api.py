@@ -1,6 +1,6 @@
 """The public entry point of batch inference: :func:`predict` (``sparktf.predict``).
 
-On the driver it inspects the model (:mod:`~sparktf.inference.model`), plans the prediction
+On the driver it inspects the model (:mod:`~sparktf.inference.saved_model`), plans the prediction
 against the DataFrame's schema (:mod:`~sparktf.inference.prediction_plan`) and applies
 :func:`~sparktf.inference.execute.predict_partition` to the columns it needs with
 ``DataFrame.mapInArrow``.
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from sparktf.datasets.columns import is_vector
 from sparktf.errors import SparktfTypeError, SparktfValueError
 from sparktf.inference.execute import predict_partition
-from sparktf.inference.model import inspect_model
 from sparktf.inference.prediction_plan import (
     PredictInputError,
     choose_signature,
     make_plan,
     signature_kind,
 )
+from sparktf.inference.saved_model import inspect_export
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import DataFrame
@@ -42,6 +42,7 @@ def predict(
     input_col: str | None = None,
     output_col: str = "prediction",
     probability_col: str = "probability",
+    raw_prediction_col: str = "rawPrediction",
     log_probabilities_col: str = "log_probabilities",
     batch_size: int = 128,
     signature: str | None = None,
@@ -74,6 +75,9 @@ def predict(
     * ``probability_col``: a classifier's per-class probabilities (default ``"probability"``,
       the name :class:`sparktf.ml.TFModel` and Spark ML's classifiers use;
       ``probabilities_col`` is its former name, accepted with a DeprecationWarning).
+    * ``raw_prediction_col``: a classifier's raw scores, the log of each probability
+      (default ``"rawPrediction"``, as Spark ML's classifiers and :class:`sparktf.ml.TFModel`
+      name it; ``""`` leaves it out).
     * ``log_probabilities_col``: a language model's next-word log-probabilities, with
       ``lm_output="next_word"`` (default ``"log_probabilities"``).
     * ``batch_size``: rows per model call (a positive integer, default 128).
@@ -112,8 +116,11 @@ def predict(
         values in [0, 255].
 
       Adds ``output_col`` (``long``, the class), ``probability_col`` (``array<float>``,
-      one probability per class) and, with ``top_k=k``, ``top_classes`` (``array<long>``)
-      and ``top_probabilities`` (``array<float>``), the k best, best first.
+      one probability per class), ``raw_prediction_col`` (``array<float>``, the log of each
+      probability: the logits less their log-sum-exp, so it orders the classes and the rows
+      as the logits and the probabilities do; a probability rounded to 0 gets the log of
+      the smallest normal float32, about -87.3) and, with ``top_k=k``, ``top_classes``
+      (``array<long>``) and ``top_probabilities`` (``array<float>``), the k best, best first.
     * **Classifier on float features**, float32 ``[B, *shape]`` -> ``classes``, ``scores``
       (``predict_features``, a user's model: :mod:`sparktf.models.custom`). ``input_col``
       (default ``"features"``) holds per row an ``array<float|double|int>`` (flat or nested
@@ -170,7 +177,7 @@ def predict(
 
     Raises, before any Spark job starts:
 
-    * :class:`~sparktf.inference.model.ModelNotFoundError` (a
+    * :class:`~sparktf.inference.saved_model.ModelNotFoundError` (a
       :class:`~sparktf.storage.PathNotFoundError`) when ``export`` holds no SavedModel;
     * :class:`~sparktf.inference.prediction_plan.PredictInputError` when the input column (or a
       conditional generator's label column) is missing or has a Spark type that cannot hold
@@ -212,7 +219,7 @@ def predict(
         raise PredictInputError(
             f"keep_columns {unknown} are not columns of the input DataFrame (it has {df.columns})"
         )
-    info = inspect_model(export)
+    info = inspect_export(export)
     sig = choose_signature(info, signature)
     served = outputs is not None or struct_col is not None or bool(binary_outputs)
     kind = signature_kind(sig, served=served)
@@ -230,6 +237,7 @@ def predict(
         input_col=input_col,
         output_col=output_col,
         probability_col=probability_col,
+        raw_prediction_col=raw_prediction_col or "",
         log_probabilities_col=log_probabilities_col,
         batch_size=batch_size,
         top_k=top_k,

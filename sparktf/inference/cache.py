@@ -3,7 +3,7 @@
 An ``hdfs://`` model is copied once per machine into :func:`model_cache_dir`, a directory
 private to the user (0700; one that another user owns or can write, or a symbolic link, is
 refused), and a copy is used only while its contents match the fingerprint the driver
-computed from the source (:func:`~sparktf.inference.model.model_fingerprint`); one that does
+computed from the source (:func:`~sparktf.inference.saved_model.export_fingerprint`); one that does
 not match is copied again. Each Python worker loads a signature once and keeps it in
 :class:`ModelCache`.
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from sparktf import paths, storage
 from sparktf.errors import SparktfError
-from sparktf.inference.model import ModelNotFoundError, model_fingerprint
+from sparktf.inference.saved_model import ModelNotFoundError, export_fingerprint
 
 __all__ = [
     "DEFAULT_CACHE_GB",
@@ -79,8 +79,8 @@ class ModelCache:
     stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
 
     @classmethod
-    def get(cls, model_uri: str, fingerprint: str, signature: str) -> LoadedSignature:
-        """The signature ``signature`` of the model ``model_uri``, loaded on first use (the
+    def get(cls, export_uri: str, fingerprint: str, signature: str) -> LoadedSignature:
+        """The signature ``signature`` of the model ``export_uri``, loaded on first use (the
         least recently used model is dropped beyond ``capacity``)."""
         key = (fingerprint, signature)
         with cls._lock:
@@ -88,11 +88,11 @@ class ModelCache:
             if key in cls._models:
                 cls._models.move_to_end(key)
                 return cls._models[key]
-            loaded = LoadedSignature(model_uri, fingerprint, signature)
+            loaded = LoadedSignature(export_uri, fingerprint, signature)
             cls.stats[fingerprint]["loads"] += 1
             log.info(
                 "loaded model %s, signature %s, in Python worker %d (kept for its later tasks)",
-                model_uri,
+                export_uri,
                 signature,
                 os.getpid(),
             )
@@ -146,7 +146,7 @@ def _verified(path: str, fingerprint: str) -> bool:
     if not os.path.isfile(os.path.join(path, "saved_model.pb")):
         return False
     try:
-        return model_fingerprint(path) == fingerprint
+        return export_fingerprint(path) == fingerprint
     except (OSError, storage.StorageError):  # being replaced by another worker
         return False
 
@@ -254,11 +254,11 @@ def _evict_one(base: str, name: str) -> bool:
         os.close(lock)
 
 
-def hold_model(model_uri: str, fingerprint: str) -> tuple[str, int | None]:
+def hold_model(export_uri: str, fingerprint: str) -> tuple[str, int | None]:
     """:func:`local_model_dir` and, for a cached copy, an open descriptor holding a shared
     lock on it (close it when the model is no longer used: eviction skips held copies).
     Raises as :func:`local_model_dir`."""
-    loc = storage.parse(model_uri)
+    loc = storage.parse(export_uri)
     if loc.scheme == "file":
         if not os.path.isfile(os.path.join(loc.path, "saved_model.pb")):
             raise ModelNotFoundError(
@@ -273,29 +273,29 @@ def hold_model(model_uri: str, fingerprint: str) -> tuple[str, int | None]:
             fd = _hold(target)
             if fd is not None:
                 return target, fd
-        fd = _copy(model_uri, fingerprint, base, target)
+        fd = _copy(export_uri, fingerprint, base, target)
         if fd is not None:
             try:
                 evict(base, limit=cache_limit_bytes(), keep=os.path.basename(target))
             except OSError as exc:
                 log.warning("could not evict from the model cache %s: %s", base, exc)
             return target, fd
-    raise ModelCacheError(f"the cached copy {target} of {model_uri} keeps changing: predict again")
+    raise ModelCacheError(f"the cached copy {target} of {export_uri} keeps changing: predict again")
 
 
-def local_model_dir(model_uri: str, fingerprint: str) -> str:
+def local_model_dir(export_uri: str, fingerprint: str) -> str:
     """A local directory holding the model: itself when local, else a copy made once per
     machine in the user's private cache (a lock file serialises the workers of all
     executors on it). A copy is used only when its contents match ``fingerprint``; a copy
     that does not (tampered, truncated) is replaced by a fresh one. The copy is not held
     (see :func:`hold_model`)."""
-    path, fd = hold_model(model_uri, fingerprint)
+    path, fd = hold_model(export_uri, fingerprint)
     if fd is not None:
         os.close(fd)
     return path
 
 
-def _copy(model_uri: str, fingerprint: str, base: str, target: str) -> int | None:
+def _copy(export_uri: str, fingerprint: str, base: str, target: str) -> int | None:
     """Makes the verified copy ``target`` under its copy lock unless another worker just
     did; returns a hold on it (:func:`_hold`), or None if it changed meanwhile."""
     lock = _open_lock(target + ".lock")
@@ -312,15 +312,15 @@ def _copy(model_uri: str, fingerprint: str, base: str, target: str) -> int | Non
                 "the cached copy %s of model %s does not match its fingerprint: "
                 "copying the model again",
                 target,
-                model_uri,
+                export_uri,
             )
         partial = tempfile.mkdtemp(prefix=f"{fingerprint[:32]}.tmp-", dir=base)
         try:
             copy = os.path.join(partial, "model")
-            storage.copy_tree(model_uri, copy)
-            if model_fingerprint(copy) != fingerprint:
+            storage.copy_tree(export_uri, copy)
+            if export_fingerprint(copy) != fingerprint:
                 raise ModelCacheMismatchError(
-                    f"the copy of model {model_uri} made on this executor does not match the "
+                    f"the copy of model {export_uri} made on this executor does not match the "
                     "model the driver read (it changed since predict() was called?): "
                     "predict again"
                 )
@@ -331,7 +331,7 @@ def _copy(model_uri: str, fingerprint: str, base: str, target: str) -> int | Non
         finally:
             shutil.rmtree(partial, ignore_errors=True)
         ModelCache.stats[fingerprint]["copies"] += 1
-        log.info("copied model %s to %s", model_uri, target)
+        log.info("copied model %s to %s", export_uri, target)
         return _hold(target)
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
@@ -358,13 +358,13 @@ def _configure_tensorflow_threads() -> None:
 class LoadedSignature:
     """One signature of a loaded SavedModel, called with numpy arrays."""
 
-    def __init__(self, model_uri: str, fingerprint: str, signature: str):
+    def __init__(self, export_uri: str, fingerprint: str, signature: str):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         _configure_tensorflow_threads()
         import tensorflow as tf
 
         self._tf = tf
-        path, self._hold = hold_model(model_uri, fingerprint)
+        path, self._hold = hold_model(export_uri, fingerprint)
         try:
             # The loaded root owns the variables: keep it as long as its signature is used.
             self._root = tf.saved_model.load(path)

@@ -22,7 +22,7 @@ from sparktf.inference.prediction_plan import CLASSIFIER_KINDS, Plan
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
 
-__all__ = ["OUTPUT_BATCH_BYTES", "predict_chunks", "predict_partition"]
+__all__ = ["OUTPUT_BATCH_BYTES", "predict_chunks", "predict_partition", "raw_prediction"]
 
 # Outputs of one input Arrow batch are sent back as one batch, cut when they pass this many
 # bytes (a language model's next-word log-probabilities are V floats per row).
@@ -67,7 +67,7 @@ def predict_chunks(
         chunk = batch.slice(start, plan.batch_size)
         inputs = decode(plan, chunk, start)  # input errors surface before the model loads
         if not model:
-            model.append(ModelCache.get(plan.model_uri, plan.fingerprint, plan.signature))
+            model.append(ModelCache.get(plan.export_uri, plan.fingerprint, plan.signature))
         columns = _run(plan, model[0], inputs, chunk.num_rows)
         ModelCache.stats[plan.fingerprint]["batches"] += 1
         yield start + chunk.num_rows, columns
@@ -79,6 +79,15 @@ def _list_array(matrix: np.ndarray) -> pa.Array:
 
     flat = pa.array(np.ascontiguousarray(matrix).reshape(-1))
     return list_array(flat, matrix.shape[0], matrix.shape[1:])
+
+
+def raw_prediction(scores: np.ndarray) -> np.ndarray:
+    """A classifier's raw prediction, as Spark ML's classifiers name their raw scores: the
+    log of each probability (float32), which is the logits less their log-sum-exp (the
+    exported signatures give probabilities, not logits). A probability the model rounded to
+    0 gets the log of the smallest normal float32 (about -87.3) instead of -inf."""
+    tiny = np.finfo(np.float32).tiny
+    return np.log(np.maximum(scores, tiny, dtype=np.float32))
 
 
 def _values_columns(predictions: Any, n: int) -> list[pa.Array]:
@@ -108,6 +117,8 @@ def _run(plan: Plan, model: LoadedSignature, inputs: dict[str, Any], n: int) -> 
         out = out if plan.kind == "named" else model(**inputs)
         scores = out["scores"].astype(np.float32, copy=False)
         columns = [pa.array(out["classes"].astype(np.int64, copy=False)), _list_array(scores)]
+        if plan.raw_prediction:
+            columns.append(_list_array(raw_prediction(scores)))
         if plan.top_k is not None:
             best = np.argsort(-scores, axis=1, kind="stable")[:, : plan.top_k]
             columns += [

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparktf.errors import SparktfValueError
-from sparktf.inference.model import Signature, TensorSpec
+from sparktf.inference.saved_model import Signature, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sparktf.datasets.columns import is_integral, is_numeric_array, leaf_type, spark_types
 from sparktf.errors import SparktfError, SparktfValueError
-from sparktf.inference.model import ModelInfo, Signature, TensorSpec
 from sparktf.inference.output_columns import Output, plan_outputs
+from sparktf.inference.saved_model import ExportInfo, Signature, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql.types import StructField, StructType
@@ -77,7 +77,7 @@ class Plan:
     # "images", "features", "examples", "values", "tokens", "generator"; "named": any other
     # signature, each input fed from a column
     kind: str
-    model_uri: str
+    export_uri: str
     fingerprint: str
     signature: str
     input_col: str
@@ -86,6 +86,8 @@ class Plan:
     batch_size: int
     outputs: tuple[str, ...]  # names of the added columns, in order
     top_k: int | None = None
+    # a classifier: its rawPrediction column, the log of each probability, is added
+    raw_prediction: bool = False
     lm_output: str = "perplexity"
     vocab_size: int | None = None
     label_col: str | None = None  # conditional generator
@@ -148,7 +150,7 @@ class Plan:
         )
 
 
-def choose_signature(info: ModelInfo, signature: str | None) -> Signature:
+def choose_signature(info: ExportInfo, signature: str | None) -> Signature:
     """``signature`` of the model, else the first it has of ``predict_images``,
     ``predict_features`` and ``serving_default``; ValueError naming the model's signatures
     when there is none."""
@@ -292,6 +294,7 @@ def _classifier_layout(
     spec: TensorSpec,
     output_col: str,
     probability_col: str,
+    raw_prediction_col: str,
     top_k: int | None,
 ) -> _Layout:
     T = spark_types()
@@ -306,6 +309,8 @@ def _classifier_layout(
         T.StructField(output_col, T.LongType(), False),
         T.StructField(probability_col, T.ArrayType(T.FloatType(), False), False),
     ]
+    if raw_prediction_col:
+        fields.append(T.StructField(raw_prediction_col, T.ArrayType(T.FloatType(), False), False))
     if top_k is not None:
         fields += [
             T.StructField("top_classes", T.ArrayType(T.LongType(), False), False),
@@ -433,14 +438,14 @@ def _check_schema(schema: StructType | None, plan: Plan, layout: _Layout) -> Non
     if clash:
         raise PredictInputError(
             f"output column(s) {clash} already exist in the input DataFrame: rename them or "
-            "choose other names (output_col=, probability_col=, log_probabilities_col=, "
-            "outputs={name: column}, struct_col=)"
+            "choose other names (output_col=, probability_col=, raw_prediction_col=, "
+            "log_probabilities_col=, outputs={name: column}, struct_col=)"
         )
 
 
 def make_plan(
     schema: StructType | None,
-    info: ModelInfo,
+    info: ExportInfo,
     sig: Signature,
     *,
     input_col: str | None,
@@ -451,6 +456,7 @@ def make_plan(
     top_k: int | None,
     lm_output: str,
     label_col: str,
+    raw_prediction_col: str = "",
     id_col: str = "id",
     inputs: Mapping[str, str] | None = None,
     outputs: Mapping[str, str] | Sequence[str] | None = None,
@@ -467,12 +473,7 @@ def make_plan(
     served = outputs is not None or struct_col is not None or bool(binary_outputs)
     kind = signature_kind(sig, served=served)
     inputs = dict(inputs or {})
-    unknown = [k for k in inputs if k not in sig.inputs]
-    if unknown:
-        raise SparktfValueError(
-            f"inputs: signature {sig.describe()} has no input(s) {unknown}; it has "
-            f"{sorted(sig.inputs)}"
-        )
+    _check_inputs_known(sig, inputs)
     key, spec = next(
         ((k, v) for k, v in sig.inputs.items() if k != "label"), next(iter(sig.inputs.items()))
     )
@@ -481,8 +482,11 @@ def make_plan(
     if kind == "named":
         named = _named_inputs(sig, inputs, input_col)
         key, spec = named[0].key, sig.inputs[named[0].key]
-        if {"classes", "scores"} <= set(sig.outputs) and not served:
-            layout = _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
+        classifier = {"classes", "scores"} <= set(sig.outputs) and not served
+        if classifier:
+            layout = _classifier_layout(
+                kind, sig, spec, output_col, probability_col, raw_prediction_col, top_k
+            )
         elif _values_output(sig.outputs) and not served:
             layout = _values_layout(sig, spec, output_col)
         else:  # outputs as they are: a column each, or one struct
@@ -500,24 +504,19 @@ def make_plan(
                     f"input_col= (or inputs={{{key!r}: column}})"
                 )
             input_col = inputs[key]
+        classifier = kind in CLASSIFIER_KINDS
         layout = _kind_layout(
             kind,
             sig,
             spec,
-            (output_col, probability_col, log_probabilities_col, label_col),
+            (output_col, probability_col, raw_prediction_col, log_probabilities_col, label_col),
             top_k,
             lm_output,
         )
-    if top_k is not None and (
-        typed or (kind not in CLASSIFIER_KINDS and "scores" not in sig.outputs)
-    ):
-        raise SparktfValueError(
-            f"top_k applies to classifiers served as such (not with outputs= or struct_col=); "
-            f"{sig.describe()} is not one"
-        )
+    _check_top_k(top_k, kind, sig, served_as_is=bool(typed))
     plan = Plan(
         kind=kind,
-        model_uri=info.uri,
+        export_uri=info.uri,
         fingerprint=info.fingerprint,
         signature=sig.name,
         input_col=input_col or layout.default_col,
@@ -526,6 +525,7 @@ def make_plan(
         batch_size=batch_size,
         outputs=tuple(f.name for f in layout.fields),
         top_k=top_k,
+        raw_prediction=classifier and bool(raw_prediction_col),
         lm_output=lm_output,
         vocab_size=layout.vocab_size,
         label_col=layout.label_col,
@@ -543,6 +543,28 @@ def make_plan(
             _named_accepts(sig.inputs[each.key]),
         )
     return plan, layout.fields
+
+
+def _check_inputs_known(sig: Signature, inputs: Mapping[str, str]) -> None:
+    """ValueError naming the entries of ``inputs=`` that ``sig`` has no input for."""
+    unknown = [k for k in inputs if k not in sig.inputs]
+    if unknown:
+        raise SparktfValueError(
+            f"inputs: signature {sig.describe()} has no input(s) {unknown}; it has "
+            f"{sorted(sig.inputs)}"
+        )
+
+
+def _check_top_k(top_k: int | None, kind: str, sig: Signature, *, served_as_is: bool) -> None:
+    """ValueError for ``top_k`` on what is not a classifier served as such (``served_as_is``:
+    its outputs are served as they are, with ``outputs=`` or ``struct_col=``)."""
+    if top_k is not None and (
+        served_as_is or (kind not in CLASSIFIER_KINDS and "scores" not in sig.outputs)
+    ):
+        raise SparktfValueError(
+            f"top_k applies to classifiers served as such (not with outputs= or struct_col=); "
+            f"{sig.describe()} is not one"
+        )
 
 
 def _named_inputs(
@@ -570,15 +592,17 @@ def _kind_layout(
     kind: str,
     sig: Signature,
     spec: TensorSpec,
-    columns: tuple[str, str, str, str],
+    columns: tuple[str, str, str, str, str],
     top_k: int | None,
     lm_output: str,
 ) -> _Layout:
     """The layout of one of sparktf's own kinds (not ``named``); ``columns``: the output,
-    probability, log-probabilities and label columns."""
-    output_col, probability_col, log_probabilities_col, label_col = columns
+    probability, raw prediction, log-probabilities and label columns."""
+    output_col, probability_col, raw_prediction_col, log_probabilities_col, label_col = columns
     if kind in CLASSIFIER_KINDS:
-        return _classifier_layout(kind, sig, spec, output_col, probability_col, top_k)
+        return _classifier_layout(
+            kind, sig, spec, output_col, probability_col, raw_prediction_col, top_k
+        )
     if kind == "values":
         return _values_layout(sig, spec, output_col)
     if kind == "tokens":

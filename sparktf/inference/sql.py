@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparktf.errors import SparktfValueError
 from sparktf.inference.execute import predict_chunks
-from sparktf.inference.model import inspect_model
 from sparktf.inference.prediction_plan import Plan, choose_signature, make_plan
+from sparktf.inference.saved_model import inspect_export
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
@@ -60,7 +60,8 @@ def predict_udf(
       name).
     * It returns the columns :func:`sparktf.predict` would add: the one column's value, or
       a struct of them (a classifier: ``struct<prediction: bigint, probability:
-      array<float>>``); ``output`` picks one of them by name (e.g. ``"prediction"``).
+      array<float>, rawPrediction: array<float>>``); ``output`` picks one of them by name
+      (e.g. ``"prediction"``).
 
     Raises ValueError on the driver for an argument that does not fit the model; a column
     of the wrong type or shape fails the query at its first batch, naming the column by
@@ -68,7 +69,7 @@ def predict_udf(
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise SparktfValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    info = inspect_model(export)
+    info = inspect_export(export)
     sig = choose_signature(info, signature)
     plan, fields = make_plan(
         None,
@@ -77,6 +78,7 @@ def predict_udf(
         input_col=None,
         output_col="prediction",
         probability_col="probability",
+        raw_prediction_col="rawPrediction",
         log_probabilities_col="log_probabilities",
         batch_size=batch_size,
         top_k=top_k,

@@ -130,7 +130,8 @@ def refuse_remote(remote: str | None) -> None:
     """A UsageError when the job is to run on Spark Connect (``--remote``, or
     ``$SPARK_REMOTE`` outside spark-submit): a conversion runs its tasks through RDDs, which
     a Connect session has not."""
-    from sparktf.remote import redacted, remote_url
+    from sparktf.remote import remote_url
+    from sparktf.security.redact import redact_url
     from sparktf.spark import launched_by_spark_submit
 
     url = remote_url(remote, spark_submit=launched_by_spark_submit())
@@ -138,7 +139,7 @@ def refuse_remote(remote: str | None) -> None:
         given = "--remote" if remote else "SPARK_REMOTE"
         raise cli.UsageError(
             f"the convert jobs need a classic Spark session (they run their tasks as RDDs) and "
-            f"cannot run on Spark Connect ({given} {redacted(url)}): run the conversion "
+            f"cannot run on Spark Connect ({given} {redact_url(url)}): run the conversion "
             "without --remote and with SPARK_REMOTE unset (or --remote ''), on a local Spark "
             "(--profile local) or through sparktf submit / spark-submit against the cluster; "
             "the converted dataset can then be used from a Connect client"

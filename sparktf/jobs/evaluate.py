@@ -65,7 +65,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import SparkSession
 
-    from sparktf.inference import ModelInfo
+    from sparktf.inference import ExportInfo
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Plan:
     """What an evaluation needs, found and checked without Spark (see :func:`prepare`)."""
 
     kind: str  # CLASSIFIER or LANGUAGE_MODEL
-    model: ModelInfo
+    model: ExportInfo
     signature: str
     data: str
     manifest: dict
@@ -98,7 +98,7 @@ class Plan:
         return self.manifest["splits"][self.split].get("records")
 
 
-def model_kind(info: ModelInfo) -> tuple[str, str]:
+def model_kind(info: ExportInfo) -> tuple[str, str]:
     """``(kind, signature)`` of an exported model, from its signatures; UsageError for a
     generator or anything else that cannot be evaluated against labels or text."""
     sigs = info.signatures
@@ -129,7 +129,7 @@ def prepare(model: str, data: str, split: str) -> Plan:
     from sparktf import inference
 
     try:
-        info = inference.inspect_model(model)
+        info = inference.inspect_export(model)
     except inference.ModelNotFoundError as exc:
         raise cli.UsageError(str(exc)) from None
     kind, signature = model_kind(info)

@@ -25,7 +25,7 @@ without the dashes (``--checkpoint-every``: ``checkpoint_every``, ``--no-export`
 
 :func:`add_flags` adds the flags to a parser, :func:`build` makes a config back from the
 parsed namespace, :func:`flag_names` maps ``Class.field`` to its flag and
-:func:`for_command_line` rewrites a message (a :class:`~sparktf.train.config.ConfigError`'s,
+:func:`for_command_line` rewrites a message (a :class:`~sparktf.train.errors.ConfigError`'s,
 a help text) in terms of flags: one mapping, the metadata, for all three.
 """
 
@@ -249,7 +249,7 @@ def build(cls: type, args: argparse.Namespace) -> Any:
     """The config ``cls`` from the namespace that its flags (:func:`add_flags`) parsed: each
     field from its flag's ``dest``, nested configs built the same way; a flag left at None
     leaves its field at the field's default. Raises
-    :class:`~sparktf.train.config.ConfigError` (naming the field) for values the config
+    :class:`~sparktf.train.errors.ConfigError` (naming the field) for values the config
     refuses."""
     by_path = {f.path: f for f in flags(cls)}
     return _build(cls, (), by_path, args)

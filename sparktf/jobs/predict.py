@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None, *, description: str = DESCRIPTION, s
     if storage.exists(args.output) and not args.overwrite:
         raise cli.UsageError(f"output {args.output} already exists; pass --overwrite to replace it")
     try:
-        info = inference.inspect_model(args.export)
+        info = inference.inspect_export(args.export)
     except inference.ModelNotFoundError as exc:
         raise cli.UsageError(str(exc)) from None
     table = input_table(args.input)

@@ -36,7 +36,7 @@ DEMO_CONTENT = {
 def _shown(path: str) -> str:
     """A path as the user types it from the current directory (scripts/quickstart.sh runs
     from the checkout): relative when inside it."""
-    if storage.is_hdfs(path):
+    if storage.is_remote(path):
         return path
     full = os.path.abspath(path)
     root = os.getcwd()
@@ -101,7 +101,8 @@ def summary(result: Mapping, model: str, data: str) -> str:
     if export_root:
         test_split = storage.join(dataset, "test", "parquet")
         lines += [
-            "  # predictions for the test split (Parquet: id, label, prediction, probability)",
+            "  # predictions for the test split (Parquet: id, label, prediction, probability, "
+            "rawPrediction)",
             "  ./scripts/submit.sh jobs/predict.py --export "
             f"{_shown(export_root)} --input {_shown(test_split)} "
             "--output .local/predictions/quickstart --overwrite",

@@ -270,7 +270,14 @@ class SpnegoContext:
             raise
 
     def _step(self, reply: bytes | None, what: str) -> tuple[int, bytes]:
-        lib, minor, out = _lib(), _uint32(0), _Buffer()
+        """One call of ``gss_init_sec_context``: its status and its output token. A context
+        it completes must say (its returned flags) that the service authenticated itself.
+
+        Raises:
+            GssError: the call failed, or completed the context without mutual
+                authentication.
+        """
+        lib, minor, out, flags = _lib(), _uint32(0), _Buffer(), _uint32(0)
         given = None
         if reply is not None:
             raw = ctypes.create_string_buffer(reply, len(reply))
@@ -281,9 +288,14 @@ class SpnegoContext:
                 self._context, self._target, ctypes.byref(self._mech),
                 _GSS_C_MUTUAL_FLAG | _GSS_C_SEQUENCE_FLAG, 0, None,
                 ctypes.byref(given) if given is not None else None, None,
-                ctypes.byref(out), None, None,
+                ctypes.byref(out), ctypes.byref(flags), None,
             )  # fmt: skip
             _check(major, minor, what)
+            if major == 0 and not flags.value & _GSS_C_MUTUAL_FLAG:
+                raise GssError(
+                    f"{what}: the context was established without mutual authentication "
+                    f"(GSS flags {flags.value:#x}): HTTP@{self.host} did not prove itself"
+                )
             return major, ctypes.string_at(out.value, out.length) if out.value else b""
         finally:
             if out.value:
@@ -291,7 +303,8 @@ class SpnegoContext:
 
     def verify(self, reply: bytes) -> None:
         """Checks the service's reply token; GssError when it does not complete the mutual
-        authentication (a server that does not hold the service's key, a forged reply)."""
+        authentication (a server that does not hold the service's key, a forged reply, a
+        context the library completed without the mutual flag)."""
         major, _ = self._step(reply, f"the SPNEGO reply of HTTP@{self.host}")
         if major != 0:
             raise GssError(

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparktf.errors import SparktfError
-from sparktf.security import gss, hadoop_conf
+from sparktf.security import gss, hadoop_conf, redact
 
 __all__ = [
     "KEYTAB_ENV",
@@ -198,9 +198,11 @@ def spark_settings(spark_conf: Mapping[str, str] | None = None) -> dict[str, str
     run's token file (``SPARKTF_HDFS_TOKEN_FILE``) as their ``HADOOP_TOKEN_FILE_LOCATION``
     (they inherit ``SPARKTF_HDFS_DELEGATION_TOKEN`` from this process), for executors
     elsewhere the token itself as their ``SPARKTF_HDFS_DELEGATION_TOKEN`` and, for their JVMs,
-    as ``HADOOP_TOKEN`` (in their environment, never on a command line);
-    and ``-Djava.security.krb5.conf`` for the driver and executor JVMs when ``KRB5_CONFIG``
-    names the Kerberos configuration (Java does not read that variable). Empty when Kerberos
+    as ``HADOOP_TOKEN`` (in their environment, never on a command line: both are registered
+    with the redactor, and the session gives every secret setting in a private file);
+    and ``-Djava.security.krb5.conf`` for the driver and executor JVMs (on YARN also the
+    application master's) when ``KRB5_CONFIG`` names the Kerberos configuration (Java does
+    not read that variable). Empty when Kerberos
     is off."""
     spark_conf = spark_conf or {}
     if not enabled():
@@ -214,13 +216,20 @@ def spark_settings(spark_conf: Mapping[str, str] | None = None) -> dict[str, str
         if token_file:  # the executors inherit this process's environment, token included
             settings["spark.executorEnv.HADOOP_TOKEN_FILE_LOCATION"] = token_file
     elif token:
+        rpc = os.environ.get(RPC_TOKENS_ENV, "")
+        # secrets in every form: redacted in logs, and given to a JVM in a private file only
+        # (sparktf.spark.transport.private_settings finds them by name and by value)
+        redact.add_secret(token, rpc, *rpc.split(","))
         settings[f"spark.executorEnv.{TOKEN_ENV}"] = token
-        if os.environ.get(RPC_TOKENS_ENV):  # their JVMs: Hadoop's UGI reads $HADOOP_TOKEN
-            settings["spark.executorEnv.HADOOP_TOKEN"] = os.environ[RPC_TOKENS_ENV]
+        if rpc:  # their JVMs: Hadoop's UGI reads $HADOOP_TOKEN
+            settings["spark.executorEnv.HADOOP_TOKEN"] = rpc
     krb5_conf = os.environ.get("KRB5_CONFIG")
     if krb5_conf:
         flag = f"-D{KRB5_CONF_PROPERTY}={krb5_conf}"
-        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        keys = ["spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"]
+        if spark_conf.get("spark.master", "") == "yarn":  # client mode: the AM is a JVM too
+            keys.append("spark.yarn.am.extraJavaOptions")
+        for key in keys:
             options = spark_conf.get(key, "")
             if KRB5_CONF_PROPERTY not in options:
                 settings[key] = f"{options} {flag}".strip()

@@ -1,16 +1,29 @@
-"""The one redactor: no secret of sparktf's in any log line, at any level.
+"""The one redactor: no secret of sparktf's in any log line or error, at any level, and one
+marker for what was hidden, :data:`REDACTED` (``<redacted>``).
 
-Two ways in, over one set of registered secrets (:func:`add_secret`, every form a secret
-takes in a line: raw, hex, base64, the inside of a bytes ``repr``):
+One set of registered secrets (:func:`add_secret`, every form a secret takes in a line: raw,
+hex, base64, the inside of a bytes ``repr``), and four ways in:
 
 * :func:`install` wraps the log record factory of the process, so every record, of any logger
   and at any level, has its message and its traceback text redacted before a handler sees
-  it: ``delegation=`` and ``token=`` query values (``urllib3`` logs each request's full URL at
-  DEBUG, and WebHDFS URLs carry the token as ``delegation=...``) and the registered secrets;
+  it: ``delegation=`` and ``token=`` parameter values (``urllib3`` logs each request's full
+  URL at DEBUG, and WebHDFS URLs carry the token as ``delegation=...``), token variables
+  (``HADOOP_TOKEN=...``) and the registered secrets;
 * :data:`FILTER` (a :class:`SecretFilter`) goes further on the loggers that print whole
-  dicts of secrets (TensorFlowOnSpark's, :mod:`sparktf.train.wire.tfos_logs`): the value of
-  any ``authkey``, ``secret``, ``token`` or ``password`` entry (``'authkey': b'...'``,
-  ``token=...``) is redacted too.
+  dicts of secrets: the value of any ``authkey``, ``secret``, ``token`` or ``password``
+  entry (``'authkey': b'...'``, ``token=...``) is redacted too;
+* :func:`redact_url` and :func:`scrub`, for the URLs that sparktf itself names in a log line
+  or an error: a Spark Connect URL's ``;token=``, the password of an MLflow tracking URI (and
+  wherever a library's error quotes it);
+* :func:`protect_tensorflowonspark_logs`, the one switch for TensorFlowOnSpark's loggers,
+  called where TensorFlowOnSpark runs (the driver's
+  :class:`~sparktf.train.driver.bringup.TfosCluster`, the executors' node task).
+  TensorFlowOnSpark logs every node's description at INFO (``TFCluster.run`` on the driver,
+  ``TFSparkNode.reserve`` on the executors), and a node's description holds its manager's
+  *authkey*: whoever reads the log can drive that node's manager; its import also sets the
+  root logger to INFO. The switch puts :data:`FILTER` on each of its loggers (and on the root
+  logger, which its ``TFNode`` logs to) and sends its loggers to WARNING unless sparktf logs
+  at DEBUG or their level was set on purpose: its INFO lines are start-up chatter.
 
 :func:`quiet_py4j` keeps Py4J's DEBUG lines, which dump the pickled task closures that carry
 a run's secrets, out of the logs.
@@ -23,20 +36,28 @@ import logging
 import re
 import threading
 import traceback
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "FILTER",
     "REDACTED",
+    "TFOS_LOGGERS",
     "SecretFilter",
     "add_secret",
+    "holds_secret",
     "install",
+    "protect_tensorflowonspark_logs",
     "quiet_py4j",
     "redact",
+    "redact_url",
+    "scrub",
     "secret_forms",
 ]
 
 REDACTED = "<redacted>"
-_PARAM = re.compile(r"(?i)\b((?:delegation|token)=)[^&\s'\"<>]+")
+# a token parameter's or variable's value (``token=``, ``delegation=``, ``HADOOP_TOKEN=``,
+# ``SPARKTF_HDFS_RPC_TOKENS=``), up to the next separator of a query (&) or a Spark Connect URL (;)
+_PARAM = re.compile(r"(?i)\b(\w*?(?:delegation|tokens?)=)[^;&\s'\"<>]+")
 # A secret-named entry of a dict's repr, a keyword argument or a query string, up to the end
 # of its value: a quoted string (bytes or text, with escapes) or a bare word.
 _ENTRY = re.compile(
@@ -86,9 +107,42 @@ def redact(text: str) -> str:
     return _PARAM.sub(r"\1" + REDACTED, text)
 
 
+def redact_url(url: str) -> str:
+    """``url`` for a log line or an error: the password of its user part
+    (``https://user:<redacted>@host``), the value of its ``token`` and ``delegation``
+    parameters (``?token=``, a Spark Connect URL's ``;token=``) and any registered secret
+    become ``<redacted>``. Text that is no URL is redacted as :func:`redact` does."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not a URL (an unclosed IPv6 bracket, ...)
+        password = None
+    if password is not None:
+        host = parts.netloc.rsplit("@", 1)[1]
+        url = urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
+    return redact(url)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (e.g. a library's error that quotes ``url``) with ``url``'s password
+    redacted wherever it appears, and as :func:`redact` leaves it otherwise."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        text = text.replace(password, REDACTED)
+    return redact(text)
+
+
+def holds_secret(text: str) -> bool:
+    """Whether ``text`` holds a registered secret, in any of its forms (:func:`add_secret`)."""
+    with _lock:
+        return any(secret in text for secret in _secrets)
+
+
 def _needs(text: str) -> bool:
-    lowered = text.lower()
-    return "delegation=" in lowered or "token=" in lowered or any(s in text for s in _secrets)
+    return _PARAM.search(text) is not None or holds_secret(text)
 
 
 def _redact_record(record: logging.LogRecord) -> None:
@@ -157,3 +211,48 @@ def quiet_py4j() -> None:
     py4j = logging.getLogger("py4j")
     if py4j.level == logging.NOTSET:
         py4j.setLevel(logging.INFO)
+
+
+# ----------------------------------------------------------------------------- TensorFlowOnSpark
+
+# TensorFlowOnSpark's package logger and its modules' (each logs on its own logger, and a
+# logger's filter does not see the records of its children).
+TFOS_LOGGERS = tuple(
+    "tensorflowonspark" + suffix
+    for suffix in (
+        "",
+        ".TFCluster",
+        ".TFManager",
+        ".TFNode",
+        ".TFParallel",
+        ".TFSparkNode",
+        ".dfutil",
+        ".gpu_info",
+        ".pipeline",
+        ".reservation",
+        ".util",
+    )
+)
+_tfos_lock = threading.Lock()
+
+
+def protect_tensorflowonspark_logs(*secrets: bytes | str | None) -> None:
+    """Installs the redaction on TensorFlowOnSpark's loggers and the root logger (once per
+    process), registers ``secrets`` with it, and sets TensorFlowOnSpark's loggers to WARNING
+    unless sparktf logs at DEBUG or their level was set on purpose; Py4J's goes to INFO. Safe
+    to call again (each run, each task)."""
+    quiet_py4j()  # its DEBUG lines dump the task closures, secrets included
+    add_secret(*secrets)
+    debug = logging.getLogger("sparktf").isEnabledFor(logging.DEBUG)
+    with _tfos_lock:
+        names = set(TFOS_LOGGERS) | {
+            name
+            for name in list(logging.root.manager.loggerDict)
+            if name.startswith("tensorflowonspark.")
+        }
+        for logger in [logging.getLogger(name) for name in sorted(names)] + [logging.root]:
+            if FILTER not in logger.filters:
+                logger.addFilter(FILTER)
+        package = logging.getLogger("tensorflowonspark")
+        if package.level == logging.NOTSET and not debug:
+            package.setLevel(logging.WARNING)

@@ -57,6 +57,7 @@ from sparktf.spark.progress import (
     stage_progress,
     task_progress,
 )
+from sparktf.spark.s3a import spark_settings as s3a_settings
 from sparktf.spark.session import (
     get_session,
     job_session,
@@ -71,6 +72,7 @@ from sparktf.spark.transport import (
     TRANSPORT_SETTINGS,
     TransportError,
     private_properties_args,
+    private_settings,
     read_secret,
     remote_executors,
     secret_file,
@@ -127,6 +129,8 @@ __all__ = [
     "transport_warning",
     "wait_for_executors",
     "private_properties_args",
+    "private_settings",
+    "s3a_settings",
     "write_private_conf",
     "yarn_site",
 ]

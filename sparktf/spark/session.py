@@ -18,7 +18,7 @@ from sparktf import remote as connect
 from sparktf.remote import is_connect
 from sparktf.security import kerberos
 from sparktf.security.redact import quiet_py4j
-from sparktf.spark import launches, ui
+from sparktf.spark import launches, s3a, ui
 from sparktf.spark.profiles import (
     PROPAGATED_ENV,
     cluster_master,
@@ -31,6 +31,7 @@ from sparktf.spark.profiles import (
 from sparktf.spark.transport import (
     SECRET_CONF,
     private_for_new_jvm,
+    private_settings,
     transport_defaults,
     transport_secret,
 )
@@ -98,9 +99,11 @@ def get_session(
     ``profile`` defaults to ``$SPARKTF_PROFILE`` or "local". When launched by spark-submit,
     the submitted settings are kept and the profile is not read. Otherwise a master whose
     executors may run elsewhere gets ``TRANSPORT_SETTINGS`` unless the configuration sets
-    them, and the shared secret a standalone master needs (``transport_secret``) and the
-    run's delegation token for executors on other machines go to the JVM in a private file,
-    never on its command line (:func:`~sparktf.spark.transport.private_for_new_jvm`).
+    them, and the shared secret a standalone master needs (``transport_secret``) and every
+    other setting that holds a secret (:func:`~sparktf.spark.transport.private_settings`:
+    the run's delegation token in both its forms for executors on other machines, keys,
+    passwords) go to the JVM in a private file, never on its command line
+    (:func:`~sparktf.spark.transport.private_for_new_jvm`).
 
     Raises:
         TransportError: authentication on, a standalone master, and its secret not known.
@@ -138,6 +141,7 @@ def get_session(
         conf.update(_fitted_executors(conf, overrides or {}))
         kerberos.preflight(conf)  # no ticket and no keytab: fail before the JVM starts
         conf.update(kerberos.spark_settings(conf))
+        conf.update(s3a.spark_settings(conf))  # s3a:// with this process's AWS settings
         if conf.get("spark.master", "").startswith(("local", "local-cluster")):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # stay on loopback
         use_local_spark_home(conf.get("spark.master", ""))  # work dirs out of site-packages
@@ -145,12 +149,12 @@ def get_session(
         secret = conf.pop(SECRET_CONF, None) or transport_secret(conf.get("spark.master", ""), conf)
         if secret:
             private[SECRET_CONF] = secret
-        token_key = f"spark.executorEnv.{kerberos.TOKEN_ENV}"  # for executors elsewhere
-        if token_key in conf:
-            private[token_key] = conf.pop(token_key)
         ui_public, ui_private = ui.protect_settings(conf)
         conf.update(ui_public)
         private.update(ui_private)
+        # every setting that holds a secret (the run's token in both its forms for executors
+        # elsewhere, keys, passwords), by its name or by its value: never on a command line
+        private.update(private_settings(conf))
         for key, value in conf.items():
             builder = builder.config(key, value)
     with private_for_new_jvm(builder, private) as builder:
@@ -199,7 +203,8 @@ def _kerberos_under_submit(submitted: Mapping[str, str]) -> dict[str, str]:
         users.loginUserFromKeytab(principal, who.keytab)
         log.info("Kerberos: the driver JVM logged in as %s from %s", principal, who.keytab)
     settings = kerberos.spark_settings(dict(submitted))
-    settings = {key: value for key, value in settings.items() if key.startswith("spark.executor")}
+    starts_later = ("spark.executor", "spark.yarn.am.")  # the JVMs this SparkContext starts
+    settings = {key: value for key, value in settings.items() if key.startswith(starts_later)}
     token = os.environ.get(kerberos.TOKEN_ENV)  # a token this driver was given
     if token:
         settings.setdefault(f"spark.executorEnv.{kerberos.TOKEN_ENV}", token)

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparktf import scratch
 from sparktf.errors import SparktfError
+from sparktf.security import redact
 from sparktf.spark.profiles import local_cluster_env
 
 __all__ = [
     "SECRET_CONF",
     "SECRET_FILE_ENV",
+    "SECRET_NAME",
     "TRANSPORT_SETTINGS",
     "TransportError",
     "read_secret",
@@ -25,6 +29,8 @@ __all__ = [
     "secret_file",
     "private_for_new_jvm",
     "private_properties_args",
+    "private_settings",
+    "secret_setting",
     "transport_defaults",
     "transport_secret",
     "transport_warning",
@@ -46,7 +52,14 @@ TRANSPORT_SETTINGS = {
 # for local[N]; sparktf for local-cluster, given to the JVM in a private file).
 LOCAL_TRANSPORT_SETTINGS = {"spark.authenticate": "true"}
 SECRET_CONF = "spark.authenticate.secret"
+SECRET_DIR_PREFIX = "sparktf-secret-"  # the scratch directory of a new JVM's private settings
 SECRET_FILE_ENV = "SPARKTF_SPARK_SECRET_FILE"
+# The names of settings that hold a secret (Spark's own spark.redaction.regex, and the names
+# of keys and credentials: spark.executorEnv.HADOOP_TOKEN, spark.hadoop.fs.s3a.secret.key,
+# spark.executorEnv.AWS_SECRET_ACCESS_KEY, spark.ssl.keyPassword, ...).
+SECRET_NAME = re.compile(
+    r"(?i)secret|passw(?:or)?d|token|credential|access[._-]?key|private[._-]?key|signing[._-]?key"
+)
 
 
 class TransportError(SparktfError, ValueError):
@@ -200,6 +213,19 @@ def transport_warning(conf: Mapping[str, str]) -> str | None:
     )
 
 
+def secret_setting(key: str, value: str) -> bool:
+    """Whether the setting ``key`` holds a secret: by its name (:data:`SECRET_NAME`), or by
+    its value, which holds a secret registered with the redactor
+    (:func:`sparktf.security.redact.add_secret`: the run's delegation token in any form)."""
+    return bool(SECRET_NAME.search(key)) or redact.holds_secret(str(value))
+
+
+def private_settings(conf: dict[str, str]) -> dict[str, str]:
+    """Takes every secret setting (:func:`secret_setting`) out of ``conf`` and returns them:
+    what :func:`private_for_new_jvm` gives a JVM without a command line."""
+    return {key: conf.pop(key) for key in [k for k, v in conf.items() if secret_setting(k, v)]}
+
+
 @contextmanager
 def private_for_new_jvm(builder, private: Mapping[str, str]) -> Iterator[Any]:
     """The builder, with the ``private`` settings (the shared secret, a delegation token for
@@ -219,13 +245,12 @@ def private_for_new_jvm(builder, private: Mapping[str, str]) -> Iterator[Any]:
         yield builder
         return
     import shlex
-    import shutil
-    import tempfile
 
-    scratch = tempfile.mkdtemp(prefix="sparktf-secret-")
+    # private (0700) and owned: swept by a later run when this process is killed meanwhile
+    directory = scratch.make_dir(SECRET_DIR_PREFIX)
     before = os.environ.get("PYSPARK_SUBMIT_ARGS")
     try:
-        given = private_properties_args(Path(scratch) / "secret.conf", private)
+        given = private_properties_args(Path(directory) / "secret.conf", private)
         args = f"{shlex.join(given)} {before or 'pyspark-shell'}"
         os.environ["PYSPARK_SUBMIT_ARGS"] = args
         yield builder
@@ -234,4 +259,4 @@ def private_for_new_jvm(builder, private: Mapping[str, str]) -> Iterator[Any]:
             os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
         else:
             os.environ["PYSPARK_SUBMIT_ARGS"] = before
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.remove_dir(directory)

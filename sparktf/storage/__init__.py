@@ -1,16 +1,19 @@
 """Paths and file systems: the one package through which sparktf reads and writes files.
 
-A path is a local path, a ``file://`` URI or an ``hdfs://host:port/path`` URI. HDFS is
-reached from Python through WebHDFS (the ``hdfs`` package); Spark reaches ``hdfs://``
-natively through its own Hadoop client. Reads and writes stream: files are read in ranges and
-written through a chunked upload, never buffered whole. ``publish`` writes a file or a
-directory atomically.
+A path is a local path, a ``file://`` URI, an ``hdfs://host:port/path`` URI or an
+``s3://bucket/key`` URI (``s3a://`` is the same store). HDFS is reached from Python through
+WebHDFS (the ``hdfs`` package), S3 through boto3; Spark reaches ``hdfs://`` natively through
+its own Hadoop client and ``s3a://`` through Hadoop's S3A connector. Reads and writes stream:
+files are read in ranges and written through a chunked or multipart upload, never buffered
+whole. ``publish`` writes a file or a directory atomically (on S3: a commit marker written
+last, which readers check with ``require_committed``).
 
 Every public name is importable from here; each lives in one module:
 
 - :mod:`~sparktf.storage.errors`: the exceptions, all :class:`~sparktf.errors.SparktfError`;
 - :mod:`~sparktf.storage.uri`: parsing paths and URIs, names derived from them;
 - :mod:`~sparktf.storage.hdfs`: the NameNode's WebHDFS address, the HDFS user, the clients;
+- :mod:`~sparktf.storage.s3`: S3's settings and credentials, the client, objects and streams;
 - :mod:`~sparktf.storage.streams`: the file objects that stream an HDFS file;
 - :mod:`~sparktf.storage.native`: bulk reads through ``hdfs-native`` (``SPARKTF_HDFS_CLIENT``);
 - :mod:`~sparktf.storage.files`: opening, reading and writing files;
@@ -29,6 +32,8 @@ from __future__ import annotations
 from sparktf.storage.copies import copy_file, copy_tree, local_copy
 from sparktf.storage.errors import (
     NameNodeUnreachableError,
+    NotCommittedError,
+    ObjectStoreUnreachableError,
     PathExistsError,
     PathNotFoundError,
     PublishConflictError,
@@ -66,12 +71,14 @@ from sparktf.storage.namespace import (
     walk_files,
 )
 from sparktf.storage.native import HDFS_CLIENTS, hdfs_client_kind, native_client
-from sparktf.storage.publishing import publish
+from sparktf.storage.publishing import COMMIT_MARKER, publish, require_committed
 from sparktf.storage.streams import SeekableReader
 from sparktf.storage.uri import (
     SUPPORTED_SCHEMES,
     Location,
     is_hdfs,
+    is_remote,
+    is_s3,
     join,
     parse,
     spark_uri,
@@ -79,11 +86,14 @@ from sparktf.storage.uri import (
 )
 
 __all__ = [
+    "COMMIT_MARKER",
     "HDFS_CLIENTS",
     "LOCK_TAG",
     "SUPPORTED_SCHEMES",
     "Location",
     "NameNodeUnreachableError",
+    "NotCommittedError",
+    "ObjectStoreUnreachableError",
     "PathExistsError",
     "PathNotFoundError",
     "PublishConflictError",
@@ -100,6 +110,8 @@ __all__ = [
     "hdfs_client_kind",
     "hdfs_user",
     "is_hdfs",
+    "is_remote",
+    "is_s3",
     "isdir",
     "iter_blocks",
     "join",
@@ -117,6 +129,7 @@ __all__ = [
     "read_range",
     "read_text",
     "rename",
+    "require_committed",
     "size",
     "spark_uri",
     "temp_sibling",

@@ -36,6 +36,7 @@ __all__ = [
     "renew_delegation_token",
     "run_delegation",
     "token_file",
+    "token_forms",
 ]
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ def run_delegation(url: str | None = None) -> Iterator[str | None]:
             services = rpc_services(rpc)
             os.environ[kerberos.TOKEN_FILE_ENV] = token_file(token, services, directory)
             os.environ[kerberos.RPC_TOKENS_ENV] = rpc_tokens(token, services)
+            redact.add_secret(*token_forms(token, services))
         yield token
     finally:
         for name in (kerberos.TOKEN_ENV, kerberos.TOKEN_FILE_ENV, kerberos.RPC_TOKENS_ENV):
@@ -295,6 +297,23 @@ def _rpc_token(token: str, service: str) -> bytes:
     password, pos = _field(raw, pos)
     fields = (identifier, password, b"HDFS_DELEGATION_TOKEN", service.encode())
     return b"".join(_vint(len(x)) + x for x in fields)  # identifier, password, kind, service
+
+
+def token_forms(token: str, services: list[str]) -> list[bytes | str]:
+    """Every form of ``token`` (a WebHDFS delegation token's URL string) that sparktf hands
+    out or that could be printed: the URL string, its bytes, its password, and its encoding
+    for each NameNode RPC service (``$HADOOP_TOKEN``'s, alone and comma-separated) with
+    their bytes. :func:`sparktf.security.redact.add_secret` adds the hex and base64 forms of
+    each."""
+    import base64
+
+    raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    _, pos = _field(raw, 0)  # the identifier: not secret
+    password, _ = _field(raw, pos)
+    forms: list[bytes | str] = [token, raw, password, rpc_tokens(token, services)]
+    for service in services:
+        forms += [_rpc_token(token, service), rpc_tokens(token, [service])]
+    return forms
 
 
 def rpc_tokens(token: str, services: list[str]) -> str:

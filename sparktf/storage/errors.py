@@ -12,6 +12,8 @@ from sparktf.errors import SparktfError
 
 __all__ = [
     "NameNodeUnreachableError",
+    "NotCommittedError",
+    "ObjectStoreUnreachableError",
     "PathExistsError",
     "PathNotFoundError",
     "PublishConflictError",
@@ -33,6 +35,10 @@ class NameNodeUnreachableError(StorageError, ConnectionError):
     """The NameNode's WebHDFS endpoint did not answer."""
 
 
+class ObjectStoreUnreachableError(StorageError, ConnectionError):
+    """The object store's endpoint did not answer."""
+
+
 class PathNotFoundError(StorageError, FileNotFoundError):
     """The path does not exist."""
 
@@ -47,3 +53,8 @@ class StoragePermissionError(StorageError, PermissionError):
 
 class PublishConflictError(StorageError):
     """Another publish to the same target is in progress (its lock file is held)."""
+
+
+class NotCommittedError(StorageError):
+    """A directory on an object store without its commit marker: a publish that did not
+    finish, or one still running (:mod:`sparktf.storage.publishing`)."""

@@ -1,5 +1,5 @@
-"""Reading and writing files, local or on HDFS, as streams: nothing is held whole in memory
-unless the caller asks for the whole content."""
+"""Reading and writing files, local, on HDFS or on S3, as streams: nothing is held whole in
+memory unless the caller asks for the whole content."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from sparktf.storage.errors import (
 )
 from sparktf.storage.hdfs import READ_BLOCK, WebHdfs
 from sparktf.storage.native import NativeScan, native_blocks, native_client_for, native_range
+from sparktf.storage.s3 import AbortingText, AbortingWriter, S3Object, S3Reader, S3Scan, S3Writer
 from sparktf.storage.streams import HdfsReader, HdfsScan, HdfsWriter
 from sparktf.storage.uri import Location, parse
 
@@ -40,8 +41,10 @@ def open_file(
     """Opens ``path`` for streaming in mode "rb", "r", "wb" or "w".
 
     Reading an HDFS file gives a seekable stream that fetches 4 MiB ranges; writing streams
-    chunks as they are written. Raises PathNotFoundError, PathExistsError (``overwrite=False``),
-    StoragePermissionError or NameNodeUnreachableError.
+    chunks as they are written. An S3 object is read likewise and written as a multipart
+    upload, which appears whole at ``close()``; a ``with`` block that raises aborts it (no
+    object, no stored parts). Raises PathNotFoundError, PathExistsError (``overwrite=False``),
+    StoragePermissionError, NameNodeUnreachableError or ObjectStoreUnreachableError.
     """
     if mode not in ("rb", "r", "wb", "w"):
         raise SparktfValueError(f"unsupported mode {mode!r}: use rb, r, wb or w")
@@ -58,6 +61,8 @@ def open_file(
             raise PathNotFoundError(f"open: no such file {loc.path}") from exc
         except PermissionError as exc:
             raise StoragePermissionError(f"open: permission denied on {loc.path}") from exc
+    if loc.scheme == "s3":
+        return _open_s3(loc, mode, overwrite, encoding)
     fs = WebHdfs(loc)
     if "r" in mode:
         st = fs.status(loc.path)
@@ -73,6 +78,23 @@ def open_file(
             raise PathExistsError(f"open: {loc.uri} already exists")
         stream = io.BufferedWriter(HdfsWriter(fs, loc.path, overwrite), buffer_size=1 << 20)
     return io.TextIOWrapper(stream, encoding=encoding) if text else stream
+
+
+def _open_s3(loc: Location, mode: str, overwrite: bool, encoding: str) -> IO:
+    obj = S3Object(loc)
+    text = "b" not in mode
+    if "r" in mode:
+        head = obj.head()
+        if head is None:
+            if obj.has_children():
+                raise IsADirectoryError(f"open: {loc.uri} is a directory")
+            raise PathNotFoundError(f"open: no such object {loc.uri}")
+        reader = io.BufferedReader(S3Reader(obj, int(head["ContentLength"])), READ_BLOCK)
+        return io.TextIOWrapper(reader, encoding=encoding) if text else reader
+    if not overwrite and obj.head() is not None:
+        raise PathExistsError(f"open: {loc.uri} already exists")
+    writer = AbortingWriter(S3Writer(obj, overwrite=overwrite), buffer_size=1 << 20)
+    return AbortingText(writer, encoding=encoding) if text else writer
 
 
 def read_bytes(path: str) -> bytes:
@@ -98,6 +120,20 @@ def open_scan(path: str, offset: int = 0, length: int | None = None) -> IO[bytes
             raise StoragePermissionError(f"open: permission denied on {loc.path}") from exc
         f.seek(offset)
         return f
+    if loc.scheme == "s3":
+        obj = S3Object(loc)
+        scan = S3Scan(obj, offset, length)
+        try:
+            scan.start()
+        except PathNotFoundError:
+            scan.close()
+            if obj.has_children():
+                raise IsADirectoryError(f"open: {loc.uri} is a directory") from None
+            raise
+        except BaseException:
+            scan.close()
+            raise
+        return scan
     client = native_client_for(loc)
     if client is not None:
         if offset or length is not None:
@@ -157,7 +193,7 @@ def iter_blocks(path: str, block: int = READ_BLOCK, *, first: int | None = None)
                 yield data
                 data = f.read(block)
         return
-    client = native_client_for(loc)
+    client = native_client_for(loc) if loc.scheme == "hdfs" else None
     if client is not None:
         yield from native_blocks(client, loc, block, first)
         return
@@ -187,6 +223,8 @@ def read_range(path: str, offset: int, length: int) -> bytes:
         with open_file(path, "rb") as f:
             f.seek(offset)
             return f.read(length)
+    if loc.scheme == "s3":
+        return _s3_range(loc, offset, length)
     client = native_client_for(loc)
     if client is not None:
         return native_range(client, loc, offset, length)
@@ -202,6 +240,28 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     except StorageError:  # WebHDFS refuses an offset past the end: there are no bytes there
         st = WebHdfs(loc).status(loc.path)
         if st is None or offset < int(st["length"]):
+            raise
+        return b""
+    del data[got:]
+    return data
+
+
+def _s3_range(loc: Location, offset: int, length: int) -> bytes:
+    obj = S3Object(loc)
+    head = obj.head() if length == 0 else None
+    if length == 0:
+        if head is None:
+            raise PathNotFoundError(f"open: no such object {loc.uri}")
+        return b""
+    data = bytearray(length)
+    from botocore.exceptions import ClientError
+
+    try:
+        with open_scan(loc.uri, offset, length) as scan:
+            got = fill(scan, memoryview(data))
+    except StorageError as exc:  # S3 refuses a range that starts past the end: no bytes there
+        cause = exc.__cause__
+        if not isinstance(cause, ClientError) or "InvalidRange" not in str(cause):
             raise
         return b""
     del data[got:]

@@ -23,6 +23,7 @@ import socket
 from collections.abc import Iterator
 from functools import lru_cache
 
+from sparktf import scratch
 from sparktf.security import kerberos
 from sparktf.storage import hdfs
 from sparktf.storage.delegation import token_file
@@ -107,14 +108,10 @@ def _native_credentials(user: str, token: str | None, netloc: str) -> bool:
 
 @lru_cache(maxsize=1)
 def _token_dir() -> str:
-    """A private directory (mode 700) of this process for its token file, removed at exit."""
-    import atexit
-    import shutil
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix="sparktf-token-")
-    atexit.register(shutil.rmtree, path, True)
-    return path
+    """A private scratch directory (mode 700) of this process for its token file: held with
+    its owner lock while the process lives (never swept meanwhile), removed on every way out
+    (:mod:`sparktf.scratch`), swept by a later run when the process is killed."""
+    return scratch.make_dir("sparktf-token-")
 
 
 def native_client_for(loc: Location):

@@ -1,6 +1,7 @@
-"""File objects: a seekable read-only base, and the streams that read and write an HDFS file
-through WebHDFS without holding it whole (:class:`HdfsScan` fills the caller's buffers straight
-from the DataNode's response)."""
+"""File objects: a seekable read-only base, the two readers every remote store's files share
+(:class:`RangedReader`, seekable, and :class:`ForwardScan`, which fills the caller's buffers
+straight from the response), and the streams that read and write an HDFS file through WebHDFS
+without holding it whole."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from sparktf.storage import hdfs
 from sparktf.storage.errors import StorageError
-from sparktf.storage.hdfs import WebHdfs
+from sparktf.storage.hdfs import READ_BLOCK, WebHdfs
 
-__all__ = ["HdfsReader", "HdfsScan", "HdfsWriter", "SeekableReader"]
+__all__ = [
+    "ForwardScan",
+    "HdfsReader",
+    "HdfsScan",
+    "HdfsWriter",
+    "RangedReader",
+    "SeekableReader",
+    "raw_into",
+]
 
 
 class SeekableReader(io.RawIOBase):
@@ -40,40 +48,42 @@ class SeekableReader(io.RawIOBase):
         return self._pos
 
 
-class HdfsReader(SeekableReader):
-    """A seekable, read-only HDFS file read through WebHDFS.
+class RangedReader(SeekableReader):
+    """A seekable, read-only file read through streaming requests that start at a byte
+    (WebHDFS's offset, S3's range). Sequential reads share one stream; a seek elsewhere
+    closes it and the next read opens one at the new position, so random access (Parquet
+    footers) costs one request per jump and a scan costs one in all. A stream that drops or
+    times out is opened again once, at the position reached.
 
-    Sequential reads share one streaming request (one HTTP response read as it arrives); a
-    seek elsewhere closes it and the next read opens a new one at the new position, so
-    random access (Parquet footers) costs one request per jump and a scan costs one in all.
-    """
+    A subclass gives ``_open_at(pos)`` (a stream from byte ``pos``: ``read(n)``,
+    ``close()``), ``_errors(what)`` (a context that names the store's errors) and ``_name``
+    (the file, for messages)."""
 
-    def __init__(self, fs: WebHdfs, path: str, size: int):
-        self._fs, self._path, self._size, self._pos = fs, path, size, 0
-        self._stream = None  # (context manager, raw response) of the open request
-        self._stream_pos = -1  # file offset the open request will deliver next
+    _name = ""
+    _block = READ_BLOCK  # what readall asks a stream for at once
 
-    def readall(self) -> bytes:
-        # RawIOBase.readall would read 8 KiB at a time: take READ_BLOCK instead.
-        chunks = []
-        while block := self.read(hdfs.READ_BLOCK):
-            chunks.append(block)
-        return b"".join(chunks)
+    def __init__(self, size: int):
+        self._size, self._pos = size, 0
+        self._stream = None
+        self._stream_pos = -1  # file offset the open stream will deliver next
+
+    def _open_at(self, pos: int):
+        raise NotImplementedError
+
+    def _errors(self, what: str):
+        raise NotImplementedError
 
     def _close_stream(self) -> None:
-        if self._stream is not None:
-            context, _ = self._stream
-            self._stream = None
+        stream, self._stream = self._stream, None
+        if stream is not None:
             with contextlib.suppress(Exception):
-                context.__exit__(None, None, None)
+                stream.close()
 
     def _read_stream(self, want: int) -> bytes:
         if self._stream is None or self._stream_pos != self._pos:
             self._close_stream()
-            context = self._fs.data_client.read(self._path, offset=self._pos)
-            self._stream = (context, context.__enter__())
-            self._stream_pos = self._pos
-        data = self._stream[1].read(want)
+            self._stream, self._stream_pos = self._open_at(self._pos), self._pos
+        data = self._stream.read(want)
         self._stream_pos += len(data)
         return data
 
@@ -82,7 +92,7 @@ class HdfsReader(SeekableReader):
         want = min(want, self._size - self._pos)
         if want <= 0:
             return b""
-        with self._fs.errors("read", self._path):
+        with self._errors("read"):
             try:
                 data = self._read_stream(want)
             except Exception:  # a dropped or timed-out stream: one fresh request from here
@@ -90,11 +100,17 @@ class HdfsReader(SeekableReader):
                 data = self._read_stream(want)
         if not data:
             raise StorageError(
-                f"read hdfs://{self._fs.loc.netloc}{self._path}: unexpected "
-                f"end of data at byte {self._pos} of {self._size}"
+                f"read {self._name}: unexpected end of data at byte {self._pos} of {self._size}"
             )
         self._pos += len(data)
         return data
+
+    def readall(self) -> bytes:
+        # RawIOBase.readall would read 8 KiB at a time: take a block instead.
+        chunks = []
+        while block := self._next(self._block):
+            chunks.append(block)
+        return b"".join(chunks)
 
     def read(self, size: int = -1) -> bytes:
         # RawIOBase.read would copy twice (into a bytearray, then into bytes): hand the
@@ -114,7 +130,117 @@ class HdfsReader(SeekableReader):
         super().close()
 
 
-def _raw_into(response):
+class ForwardScan(io.RawIOBase):
+    """A forward-only read from byte ``offset`` (``length`` bytes, else to the end): one
+    streaming request, sent by ``start`` or the first read, with no status request first (a
+    missing file fails on the request itself); ``readinto`` receives straight into the
+    caller's buffer. A dropped transfer (an error, or the connection closed before the
+    response's declared length) is resumed from the byte reached, once for each stretch
+    that made progress.
+
+    A subclass gives ``_open()`` (the request from ``self._pos`` to ``self._end``: the
+    stream to close, its ``readinto`` and the offset where its declared length ends, or
+    None), ``_errors(what)`` and ``_name`` (as :class:`RangedReader`'s)."""
+
+    _name = ""
+
+    def __init__(self, offset: int = 0, length: int | None = None):
+        self._pos, self._end = offset, None if length is None else offset + length
+        self._stream = self._into = None
+        self._owed: int | None = None  # where the open response's declared length ends
+        self._resumed = False
+
+    def _open(self) -> tuple:
+        raise NotImplementedError
+
+    def _errors(self, what: str):
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        return True
+
+    def _open_stream(self) -> None:
+        self._stream, self._into, self._owed = self._open()
+
+    def start(self) -> None:
+        """Sends the request now (else the first read does): a missing file fails here."""
+        if self._stream is None:
+            with self._errors("open"):
+                self._open_stream()
+
+    def _receive(self, buffer) -> int:
+        # http.client ends a response cut short by a closed connection as if it were
+        # complete: a read of nothing before the declared length is a dropped transfer.
+        n = self._into(buffer)
+        if n == 0 and self._owed is not None and self._pos < self._owed:
+            raise StorageError(
+                f"read {self._name}: ended at byte {self._pos}, before byte {self._owed}: "
+                "the connection closed early"
+            )
+        return n
+
+    def _close_stream(self) -> None:
+        stream, self._stream, self._into = self._stream, None, None
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+
+    def readinto(self, buffer) -> int:
+        if self._end is not None:
+            buffer = memoryview(buffer)[: max(0, self._end - self._pos)]
+        if not len(buffer):
+            return 0
+        with self._errors("read"):
+            try:
+                if self._stream is None:
+                    self._open_stream()
+                n = self._receive(buffer)
+            except Exception:
+                if self._resumed or self._stream is None:
+                    raise
+                self._resumed = True  # a dropped or timed-out stream: one fresh request
+                self._close_stream()
+                self._open_stream()
+                n = self._receive(buffer)
+        if n:
+            self._resumed = False  # progress since the last resume: the next drop may resume
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._close_stream()
+        super().close()
+
+
+class _Response:
+    """A WebHDFS read request's response as a stream: ``read`` and ``close`` (which ends the
+    request's context)."""
+
+    def __init__(self, context):
+        self._context = context
+        self.response = context.__enter__()
+        self.read = self.response.read
+
+    def close(self) -> None:
+        self._context.__exit__(None, None, None)
+
+
+class HdfsReader(RangedReader):
+    """A seekable, read-only HDFS file read through WebHDFS (:class:`RangedReader`)."""
+
+    def __init__(self, fs: WebHdfs, path: str, size: int):
+        super().__init__(size)
+        self._fs, self._path = fs, path
+        self._name = f"hdfs://{fs.loc.netloc}{path}"
+
+    def _open_at(self, pos: int) -> _Response:
+        return _Response(self._fs.data_client.read(self._path, offset=pos))
+
+    def _errors(self, what: str):
+        return self._fs.errors(what, self._path)
+
+
+def raw_into(response):
     """The ``readinto`` of the HTTP response under a urllib3 response (``http.client``'s: it
     receives into the caller's buffer) when its body is not content-encoded, else the
     urllib3 response's own (which reads into a new buffer and copies)."""
@@ -125,83 +251,25 @@ def _raw_into(response):
     return response.readinto
 
 
-class HdfsScan(io.RawIOBase):
-    """A forward-only read of an HDFS file from byte ``offset`` (``length`` bytes, else to its
-    end) through WebHDFS: one streaming request, no status request first (a missing path
-    fails on the request itself); ``readinto`` receives straight into the caller's buffer. A
-    dropped transfer (an error, or the connection closed before the response's declared
-    length) is resumed from the byte reached, once for each stretch that made progress."""
+class HdfsScan(ForwardScan):
+    """A forward-only read of an HDFS file through WebHDFS (:class:`ForwardScan`)."""
 
     def __init__(self, fs: WebHdfs, path: str, offset: int = 0, length: int | None = None):
+        super().__init__(offset, length)
         self._fs, self._path = fs, path
-        self._pos, self._end = offset, None if length is None else offset + length
-        self._context = self._into = None
-        self._owed: int | None = None  # where the open response's declared length ends
-        self._resumed = False
+        self._name = f"hdfs://{fs.loc.netloc}{path}"
 
-    def readable(self) -> bool:
-        return True
-
-    def _open(self) -> None:
+    def _open(self) -> tuple:
         length = None if self._end is None else self._end - self._pos
-        context = self._fs.data_client.read(self._path, offset=self._pos, length=length)
-        response = context.__enter__()
-        self._into = _raw_into(response)
-        self._context = context
-        headers = getattr(response, "headers", None) or {}
+        stream = _Response(self._fs.data_client.read(self._path, offset=self._pos, length=length))
+        headers = getattr(stream.response, "headers", None) or {}
         declared = headers.get("content-length")
         encoded = headers.get("content-encoding")
-        self._owed = self._pos + int(declared) if declared and not encoded else None
+        owed = self._pos + int(declared) if declared and not encoded else None
+        return stream, raw_into(stream.response), owed
 
-    def _receive(self, buffer) -> int:
-        # http.client ends a response cut short by a closed connection as if it were
-        # complete: a read of nothing before the declared length is a dropped transfer.
-        n = self._into(buffer)
-        if n == 0 and self._owed is not None and self._pos < self._owed:
-            raise StorageError(
-                f"HDFS read of hdfs://{self._fs.loc.netloc}{self._path} ended at byte "
-                f"{self._pos}, before byte {self._owed}: the connection closed early"
-            )
-        return n
-
-    def start(self) -> None:
-        """Sends the request now (else the first read does): a path that is not there
-        fails here."""
-        if self._context is None:
-            with self._fs.errors("open", self._path):
-                self._open()
-
-    def _close_stream(self) -> None:
-        context, self._context, self._into = self._context, None, None
-        if context is not None:
-            with contextlib.suppress(Exception):
-                context.__exit__(None, None, None)
-
-    def readinto(self, buffer) -> int:
-        if self._end is not None:
-            buffer = memoryview(buffer)[: max(0, self._end - self._pos)]
-        if not len(buffer):
-            return 0
-        with self._fs.errors("read", self._path):
-            try:
-                if self._context is None:
-                    self._open()
-                n = self._receive(buffer)
-            except Exception:
-                if self._resumed or self._context is None:
-                    raise
-                self._resumed = True  # a dropped or timed-out stream: one fresh request
-                self._close_stream()
-                self._open()
-                n = self._receive(buffer)
-        if n:
-            self._resumed = False  # progress since the last resume: the next drop may resume
-        self._pos += n
-        return n
-
-    def close(self) -> None:
-        self._close_stream()
-        super().close()
+    def _errors(self, what: str):
+        return self._fs.errors(what, self._path)
 
 
 class HdfsWriter(io.RawIOBase):

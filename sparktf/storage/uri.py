@@ -1,10 +1,12 @@
-"""Paths and URIs: parsing a local path, ``file://`` or ``hdfs://host:port/path`` URI into a
-:class:`Location`, and the names built from one (joins, Spark's view, hidden siblings)."""
+"""Paths and URIs: parsing a local path, ``file://``, ``hdfs://host:port/path`` or
+``s3://bucket/key`` (``s3a://``, the same store) URI into a :class:`Location`, and the names
+built from one (joins, Spark's view, hidden siblings)."""
 
 from __future__ import annotations
 
 import os
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -12,14 +14,29 @@ from urllib.parse import urlparse
 from sparktf.errors import SparktfValueError
 from sparktf.storage.errors import UnknownSchemeError
 
-__all__ = ["SUPPORTED_SCHEMES", "Location", "is_hdfs", "join", "parse", "spark_uri", "temp_sibling"]
+__all__ = [
+    "SUPPORTED_SCHEMES",
+    "Location",
+    "is_hdfs",
+    "is_remote",
+    "is_s3",
+    "join",
+    "parse",
+    "spark_uri",
+    "temp_sibling",
+]
 
-SUPPORTED_SCHEMES = ("", "file", "hdfs")
+SUPPORTED_SCHEMES = ("", "file", "hdfs", "s3", "s3a")
+# S3's rules for a bucket name: 3-63 lower-case letters, digits, dots and hyphens, starting
+# and ending with a letter or a digit.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 @dataclass(frozen=True)
 class Location:
-    """A parsed path: ``scheme`` is "file" or "hdfs"; ``path`` is absolute."""
+    """A parsed path: ``scheme`` is "file", "hdfs" or "s3" (``s3a://`` URIs too); ``netloc``
+    the NameNode's ``host:port`` or the bucket; ``path`` is absolute (an S3 key is
+    ``path`` without its leading "/")."""
 
     scheme: str
     netloc: str
@@ -27,10 +44,11 @@ class Location:
 
     @property
     def uri(self) -> str:
-        """The path itself for a local file, else ``hdfs://netloc/path``."""
+        """The path itself for a local file, else ``hdfs://netloc/path`` or
+        ``s3://bucket/key``."""
         if self.scheme == "file":
             return self.path
-        return f"hdfs://{self.netloc}{self.path}"
+        return f"{self.scheme}://{self.netloc}{self.path}"
 
     def join(self, *parts: str) -> Location:
         """This location with ``parts`` appended to its path."""
@@ -48,7 +66,8 @@ class Location:
 
 
 def parse(path: str | os.PathLike) -> Location:
-    """Parses a local path, a ``file://`` or an ``hdfs://host:port/path`` URI.
+    """Parses a local path, a ``file://``, an ``hdfs://host:port/path`` or an
+    ``s3://bucket/key`` URI (``s3a://``, Hadoop's name for the same store, parses as ``s3``).
 
     Args:
         path: the path or URI; a relative local path is made absolute.
@@ -57,7 +76,8 @@ def parse(path: str | os.PathLike) -> Location:
         its :class:`Location`.
 
     Raises:
-        UnknownSchemeError: another scheme, or an ``hdfs://`` URI without a NameNode address.
+        UnknownSchemeError: another scheme, an ``hdfs://`` URI without a NameNode address, or
+            an ``s3://`` URI without a valid bucket name.
         ValueError: an empty path.
     """
     text = os.fspath(path)
@@ -69,11 +89,21 @@ def parse(path: str | os.PathLike) -> Location:
     if scheme not in SUPPORTED_SCHEMES:
         raise UnknownSchemeError(
             f"unsupported URI scheme {parsed.scheme!r} in {text!r}: "
-            "use a local path, file:///abs/path or hdfs://host:port/path"
+            "use a local path, file:///abs/path, hdfs://host:port/path or s3://bucket/key"
         )
     if scheme in ("", "file"):
         local = parsed.path if scheme == "file" else text
         return Location("file", "", os.path.abspath(local))
+    if scheme in ("s3", "s3a"):
+        if not _BUCKET.match(parsed.netloc):
+            raise UnknownSchemeError(
+                f"{text!r} names no valid bucket (expected s3://bucket/key, a bucket name of "
+                "3-63 lower-case letters, digits, dots and hyphens)"
+            )
+        path = posixpath.normpath(parsed.path or "/")
+        if path.startswith("//"):  # normpath keeps a leading "//"
+            path = "/" + path.lstrip("/")
+        return Location("s3", parsed.netloc, path)
     if not parsed.netloc:
         raise UnknownSchemeError(
             f"hdfs URI without a NameNode address: {text!r} (expected hdfs://host:port/path)"
@@ -91,11 +121,27 @@ def is_hdfs(path: str) -> bool:
     return parse(path).scheme == "hdfs"
 
 
+def is_s3(path: str) -> bool:
+    """Whether ``path`` is an ``s3://`` or ``s3a://`` URI (raises as :func:`parse`)."""
+    return parse(path).scheme == "s3"
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is on a file system TensorFlow cannot open itself (HDFS, S3): what
+    sparktf copies through a local directory (raises as :func:`parse`)."""
+    return parse(path).scheme != "file"
+
+
 def spark_uri(path: str | os.PathLike) -> str:
     """``path`` as Spark (and petastorm) must see it: local paths as ``file://`` URIs, so
-    that a ``fs.defaultFS`` of HDFS in the Hadoop configuration does not redirect them."""
+    that a ``fs.defaultFS`` of HDFS in the Hadoop configuration does not redirect them, and
+    S3 ones as ``s3a://`` (Hadoop's S3A connector)."""
     loc = parse(path)
-    return f"file://{loc.path}" if loc.scheme == "file" else loc.uri
+    if loc.scheme == "file":
+        return f"file://{loc.path}"
+    if loc.scheme == "s3":
+        return f"s3a://{loc.netloc}{loc.path}"
+    return loc.uri
 
 
 def temp_sibling(path: str, tag: str = "tmp") -> str:

@@ -17,10 +17,12 @@ Or your own training function in every TensorFlow process (:func:`run`; inside i
 
 The rooms, one per kind of process (the import contracts in ``pyproject.toml`` keep them so):
 
-- this package: the public face: :mod:`~sparktf.train.config` (the configs, the result, the
-  errors), :mod:`~sparktf.train.plan` (the typed run plan every process receives),
-  :mod:`~sparktf.train.result` (what a process reports), :mod:`~sparktf.train.artifacts`
-  (checkpoints, events and exports in the model directory);
+- this package: the public face: :mod:`~sparktf.train.config` (the configs),
+  :mod:`~sparktf.train.settings` (their fields' machinery), :mod:`~sparktf.train.errors`
+  (``ConfigError``, ``TrainingError``), :mod:`~sparktf.train.plan` (the typed run plan every
+  process receives), :mod:`~sparktf.train.result` (what a run returns, ``TrainResult``, and
+  what a process reports), :mod:`~sparktf.train.artifacts` (checkpoints, events and exports
+  in the model directory);
 - :mod:`sparktf.train.driver`: the Spark driver: :func:`fit` (:mod:`~.driver.fit`),
   :func:`run` (:mod:`~.driver.train_fn`), one
   attempt (:mod:`~.driver.cluster`), TensorFlowOnSpark's nodes in one barrier stage
@@ -44,16 +46,15 @@ from __future__ import annotations
 
 from sparktf.train.config import (
     CheckpointConfig,
-    ConfigError,
     EvalConfig,
     FailureConfig,
     RunConfig,
     ScalingConfig,
     TrackingConfig,
     TrainConfig,
-    TrainingError,
-    TrainResult,
 )
+from sparktf.train.errors import ConfigError, TrainingError
+from sparktf.train.result import TrainResult
 
 # The driver's entry points load on first use: the TensorFlow processes and the feeding
 # tasks import this package too (sparktf.train.process, .feed) and need neither.

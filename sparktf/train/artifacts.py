@@ -117,6 +117,33 @@ def latest_checkpoint(model_dir: str) -> str | None:
     return storage.join(model_dir, CHECKPOINTS, name)
 
 
+FEED_SUFFIX = ".feed.json"
+
+
+def add_to_run_record(model_dir: str, values: dict) -> None:
+    """Adds ``values`` (the driver's part: the events between attempts, the feed's passes)
+    to the model directory's record of the run (``sparktf_train.json``, written whole by
+    the chief), published atomically; a record is started when there is none."""
+    path = storage.join(model_dir, RUN_FILE)
+    try:
+        record = json.loads(storage.read_text(path))
+    except storage.PathNotFoundError:
+        record = {}
+    record.update(values)
+    with storage.publish(path, overwrite=True) as tmp:
+        storage.write_text(tmp, json.dumps(record, indent=2) + "\n")
+
+
+def checkpoint_feed(model_dir: str, step: int) -> dict | None:
+    """Where the feed stood at the checkpoint of ``step`` (:meth:`ModelDir.save`'s
+    ``feed``), or None when the checkpoint has no such record."""
+    path = storage.join(model_dir, CHECKPOINTS, f"{CKPT_NAME}-{step}{FEED_SUFFIX}")
+    try:
+        return json.loads(storage.read_text(path))
+    except storage.PathNotFoundError:
+        return None
+
+
 def latest_checkpoint_step(model_dir: str) -> int:
     """Global step of the latest checkpoint in ``model_dir`` (0 when there is none)."""
     prefix = latest_checkpoint(model_dir)
@@ -263,7 +290,7 @@ class ModelDir:
     def __init__(self, uri: str, *, writer: bool, sync_every_s: float = 60.0):
         self.uri = uri
         self.writer = writer
-        self.remote = storage.is_hdfs(uri)
+        self.remote = storage.is_remote(uri)
         self.sync_every_s = sync_every_s
         self._scratch = None
         if writer and not self.remote:
@@ -294,8 +321,8 @@ class ModelDir:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def attach(self, checkpoint, *, keep: int, io_device: str | None = None) -> str | None:
-        """Manages ``checkpoint`` (a ``tf.train.Checkpoint``) here, keeping ``keep`` saves,
+    def attach(self, tf_checkpoint, *, keep: int, io_device: str | None = None) -> str | None:
+        """Manages ``tf_checkpoint`` (a ``tf.train.Checkpoint``) here, keeping ``keep`` saves,
         and restores the model directory's latest checkpoint into it; returns that
         checkpoint's local prefix, or None for a fresh start.
 
@@ -310,19 +337,25 @@ class ModelDir:
             tf.train.CheckpointOptions(experimental_io_device=io_device) if io_device else None
         )
         self._manager = tf.train.CheckpointManager(
-            checkpoint, self.checkpoint_dir, max_to_keep=keep, checkpoint_name=CKPT_NAME
+            tf_checkpoint, self.checkpoint_dir, max_to_keep=keep, checkpoint_name=CKPT_NAME
         )
         prefix = self._fetch_latest()
         if prefix:
-            checkpoint.restore(prefix, options=self._options).expect_partial()
+            tf_checkpoint.restore(prefix, options=self._options).expect_partial()
             log.info("restored %s", prefix)
         return prefix
 
-    def save(self, step: int) -> str:
+    def save(self, step: int, *, feed: dict | None = None) -> str:
         """Saves the attached checkpoint as ``ckpt-<step>``; the writer mirrors it to the
         model directory, then keeps the ``keep`` newest checkpoints there (of any run).
-        Returns the checkpoint's prefix (URI for the writer)."""
+        ``feed``: where the run's feed stands at this step, kept beside the checkpoint as
+        ``ckpt-<step>.feed.json`` (a file of the checkpoint: uploaded before its ``.index``,
+        deleted with it; :func:`checkpoint_feed` reads it). Returns the checkpoint's prefix
+        (URI for the writer)."""
         prefix = self._manager.save(checkpoint_number=step, options=self._options)
+        if feed is not None:
+            with open(f"{prefix}{FEED_SUFFIX}", "w") as f:
+                json.dump(feed, f)
         if self.writer:
             prefix = self._push_checkpoint(prefix, step)
             log.info("checkpoint %s", prefix)

@@ -16,36 +16,42 @@ to every TensorFlow process.
 
 Each field carries its documentation in its metadata (``help``, appended to the class
 docstring) with how the training jobs show it (``group``, ``flag``, ...): the jobs' flags
-are generated from it (:mod:`sparktf.jobs.flags`). A :class:`ConfigError` names the field
+are generated from it (:mod:`sparktf.jobs.flags`; the machinery is
+:mod:`sparktf.train.settings`). A :class:`~sparktf.train.errors.ConfigError` names the field
 as ``Class.field`` (``EvalConfig.split``); the jobs print the flag in its place.
+
+What a run returns is :class:`sparktf.train.result.TrainResult`; its errors are
+:mod:`sparktf.train.errors`. All of them are exported by :mod:`sparktf.train`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from sparktf.errors import SparktfError
+from sparktf.train.errors import ConfigError
+from sparktf.train.settings import (
+    check_choices,
+    documented,
+    positive,
+    setting,
+    worker_pair,
+    worker_range,
+)
 
 __all__ = [
     "FILE_FORMATS",
     "INPUT_MODES",
     "STRATEGIES",
     "CheckpointConfig",
-    "ConfigError",
     "EvalConfig",
     "FailureConfig",
     "RunConfig",
     "ScalingConfig",
-    "TrainConfig",
     "TrackingConfig",
-    "TrainResult",
-    "TrainingError",
-    "steps_for",
+    "TrainConfig",
 ]
 
 STRATEGIES = ("allreduce", "ps")
@@ -53,93 +59,7 @@ INPUT_MODES = ("spark", "files")
 FILE_FORMATS = ("tfrecord", "parquet")
 
 
-class ConfigError(SparktfError, ValueError):
-    """A configuration that cannot run; the message names the setting (``Class.field``, e.g.
-    ``EvalConfig.split``) and says why. The training jobs show the flag instead
-    (:func:`sparktf.jobs.flags.for_command_line`)."""
-
-
-class TrainingError(SparktfError, RuntimeError):
-    """The run failed; the message names the process and its error."""
-
-
-def _setting(
-    default: Any = dataclasses.MISSING,
-    *,
-    help: str,
-    group: str,
-    factory: Any = dataclasses.MISSING,
-    **cli: Any,
-) -> Any:
-    """A config field with its documentation, which is also its flag's help, and how the
-    training jobs present it: ``group`` (the ``--help`` section), and optionally ``flag``
-    (when it is not ``--<field-name>``), ``flag_help`` (when the flag's help differs),
-    ``choices``, ``metavar``. See :mod:`sparktf.jobs.flags`."""
-    return field(
-        default=default, default_factory=factory, metadata={"help": help, "group": group, **cli}
-    )
-
-
-def _documented(cls: type) -> type:
-    """Appends each field's help (its metadata) to the class docstring: one source for the
-    Python documentation of a setting and for its flag's help."""
-    lines = ["Fields (each is also a flag of the training jobs, see sparktf.jobs.flags):", ""]
-    for f in dataclasses.fields(cls):
-        text = f"* ``{f.name}`` -- {f.metadata['help']}"
-        lines += textwrap.wrap(text, 88, subsequent_indent="  ", break_on_hyphens=False)
-    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n" + textwrap.indent("\n".join(lines), "    ")
-    return cls
-
-
-def _check(config: Any) -> None:
-    """Checks the fields of ``config`` that have ``choices`` in their metadata."""
-    for f in dataclasses.fields(config):
-        choices = f.metadata.get("choices")
-        if choices and getattr(config, f.name) not in choices:
-            raise ConfigError(
-                f"{type(config).__name__}.{f.name} must be one of {tuple(choices)}, "
-                f"got {getattr(config, f.name)!r}"
-            )
-
-
-def _positive(
-    config: Any, name: str, *, allow_none: bool = False, allow_zero: bool = False
-) -> None:
-    """Raises :class:`ConfigError` naming ``Class.name`` unless the field is > 0 (>= 0 with
-    ``allow_zero``; None allowed with ``allow_none``)."""
-    value = getattr(config, name)
-    if value is None and allow_none:
-        return
-    if value is None or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(
-            f"{type(config).__name__}.{name} must be {'>= 0' if allow_zero else '> 0'}, "
-            f"got {value!r}"
-        )
-
-
-def _worker_range(value: Any) -> tuple[int, int]:
-    """``(min, max)`` workers of an elastic run, checked."""
-    if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ConfigError(
-            f"ScalingConfig.num_workers must be a number or a (min, max) pair, got {value!r}"
-        )
-    low, high = value
-    if not 1 <= low <= high:
-        raise ConfigError(
-            f"ScalingConfig.num_workers {low}:{high}: the range must have 1 <= min <= max"
-        )
-    return low, high
-
-
-def worker_range(text: str) -> int | tuple[int, int]:
-    """``--num-workers``: ``N`` or ``MIN:MAX`` (argparse ``type``)."""
-    if ":" not in str(text):
-        return int(text)
-    low, _, high = str(text).partition(":")
-    return int(low), int(high)
-
-
-@_documented
+@documented
 @dataclass(frozen=True)
 class ScalingConfig:
     """How many TensorFlow processes, in which roles, with which devices.
@@ -177,14 +97,14 @@ class ScalingConfig:
     Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    strategy: str = _setting(
+    strategy: str = setting(
         "allreduce",
         help="allreduce: synchronous MultiWorkerMirroredStrategy; ps: asynchronous "
         "ParameterServerStrategy (chief coordinates, ps hold the variables)",
         group="strategy",
         choices=STRATEGIES,
     )
-    num_workers: int = _setting(
+    num_workers: int = setting(
         2,
         help="processes that compute training steps (allreduce: the chief is one of them; ps: "
         "the chief only coordinates and is not counted); MIN:MAX (a (min, max) pair in "
@@ -193,50 +113,48 @@ class ScalingConfig:
         metavar="N|MIN:MAX",
         parse=worker_range,
     )
-    num_ps: int = _setting(
-        1, help="parameter servers (ScalingConfig.strategy ps)", group="strategy"
-    )
-    min_workers: int | None = _setting(
+    num_ps: int = setting(1, help="parameter servers (ScalingConfig.strategy ps)", group="strategy")
+    min_workers: int | None = setting(
         None,
         help="elastic runs: the fewest workers the run goes on with (ScalingConfig.num_workers "
         "is then the most); --num-workers MIN:MAX sets both; unset: exactly num_workers",
         group="strategy",
     )
-    scale_batch: bool = _setting(
+    scale_batch: bool = setting(
         False,
         help="elastic runs: keep each worker's batch (TrainConfig.batch_size at "
         "ScalingConfig.num_workers, divided by it) and scale the global batch and the "
         "learning rate linearly with the workers, instead of keeping the global batch",
         group="strategy",
     )
-    grow_after_s: float = _setting(
+    grow_after_s: float = setting(
         30.0,
         help="elastic runs: seconds task slots must stay free before the run grows back "
         "towards ScalingConfig.num_workers, at its next checkpoint",
         group="strategy",
         flag="--grow-after",
     )
-    ps_on_driver: bool = _setting(
+    ps_on_driver: bool = setting(
         False,
         help="run the parameter servers on the driver instead of on executors",
         group="strategy",
     )
-    gpus_per_worker: int = _setting(
+    gpus_per_worker: int = setting(
         0,
         help="GPUs per TensorFlow process, requested through Spark's resource "
         "scheduling (conf/spark/gpu_discovery.sh); 0: CPU",
         group="strategy",
     )
-    threads_per_worker: int = _setting(
+    threads_per_worker: int = setting(
         0,
         help="TensorFlow intra-op threads per process (0: TensorFlow's default)",
         group="strategy",
     )
 
     def __post_init__(self) -> None:
-        _check(self)
+        check_choices(self)
         if isinstance(self.num_workers, (tuple, list)):
-            low, high = _worker_range(self.num_workers)
+            low, high = worker_pair(self.num_workers)
             if self.min_workers is not None and self.min_workers != low:
                 raise ConfigError(
                     f"ScalingConfig.min_workers {self.min_workers} and the range "
@@ -244,18 +162,18 @@ class ScalingConfig:
                 )
             object.__setattr__(self, "num_workers", high)
             object.__setattr__(self, "min_workers", low)
-        _positive(self, "num_workers")
-        _positive(self, "min_workers", allow_none=True)
+        positive(self, "num_workers")
+        positive(self, "min_workers", allow_none=True)
         if self.min_workers is not None and self.min_workers > self.num_workers:
             raise ConfigError(
                 f"ScalingConfig.min_workers ({self.min_workers}) must not exceed "
                 f"ScalingConfig.num_workers ({self.num_workers})"
             )
-        _positive(self, "grow_after_s", allow_zero=True)
+        positive(self, "grow_after_s", allow_zero=True)
         if self.strategy == "ps":
-            _positive(self, "num_ps")
-        _positive(self, "gpus_per_worker", allow_zero=True)
-        _positive(self, "threads_per_worker", allow_zero=True)
+            positive(self, "num_ps")
+        positive(self, "gpus_per_worker", allow_zero=True)
+        positive(self, "threads_per_worker", allow_zero=True)
 
     @property
     def elastic(self) -> bool:
@@ -299,7 +217,7 @@ class ScalingConfig:
         return f"ps: chief (coordinator) + {self.num_workers} workers + {self.num_ps} ps ({where})"
 
 
-@_documented
+@documented
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Checkpoints and exports in the model directory (``RunConfig.checkpoint``).
@@ -312,16 +230,16 @@ class CheckpointConfig:
     Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    every_steps: int = _setting(
+    every_steps: int = setting(
         500, help="steps between checkpoints", group="checkpoints", flag="--checkpoint-every"
     )
-    keep: int = _setting(
+    keep: int = setting(
         3,
         help="newest checkpoints kept in the model directory (across resumes)",
         group="checkpoints",
         flag="--keep-checkpoints",
     )
-    export: bool = _setting(
+    export: bool = setting(
         True,
         help="write the SavedModel export at the end",
         group="checkpoints",
@@ -330,11 +248,11 @@ class CheckpointConfig:
     )
 
     def __post_init__(self) -> None:
-        _positive(self, "every_steps")
-        _positive(self, "keep")
+        positive(self, "every_steps")
+        positive(self, "keep")
 
 
-@_documented
+@documented
 @dataclass(frozen=True)
 class FailureConfig:
     """How a run fails, and how it recovers (``RunConfig.failure``).
@@ -353,51 +271,54 @@ class FailureConfig:
     checkpoint, up to this many times (0: the first failure ends the run). At most one
     checkpoint interval of work is lost per restart. An elastic run
     (``ScalingConfig.min_workers``) that loses a process starts again with the workers that
-    can be placed then: a change of size counts against ``max_resizes``, not
-    ``max_restarts``; below ``min_workers`` it waits ``below_min_timeout_s`` for slots.
+    can be placed then (as many as before when the executor came straight back): every
+    event of an elastic run, a restart included, counts against ``max_resizes``, not
+    ``max_restarts``; below ``min_workers`` it waits ``below_min_timeout_s`` for slots
+    (:mod:`sparktf.train.driver.attempts`).
 
     Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    max_restarts: int = _setting(
+    max_restarts: int = setting(
         0,
         help="times the TensorFlow cluster is started again from the latest checkpoint after a "
-        "failure (a lost process or executor) before the run fails",
+        "failure (a lost process or executor) before the run fails (a run of a fixed size; an "
+        "elastic run counts its restarts in max_resizes)",
         group="failure",
     )
-    max_resizes: int = _setting(
+    max_resizes: int = setting(
         10,
-        help="elastic runs: times the number of workers may change (a lost worker, slots "
-        "back) before the run fails",
+        help="elastic runs: events (a restart, a shrink after a lost worker, a grow when slots "
+        "are back) before the run fails",
         group="failure",
     )
-    below_min_timeout_s: float = _setting(
+    below_min_timeout_s: float = setting(
         120.0,
         help="elastic runs: seconds the run waits for task slots for ScalingConfig.min_workers "
         "(at the start, after a loss) before it fails, naming what happened",
         group="failure",
         flag="--below-min-timeout",
     )
-    failure_timeout_s: float = _setting(
+    failure_timeout_s: float = setting(
         120.0,
         help="bound in seconds from a failure in any TensorFlow process to the end of the run",
         group="failure",
         flag="--failure-timeout",
     )
-    startup_timeout_s: float = _setting(
+    startup_timeout_s: float = setting(
         300.0,
         help="seconds from the start of the run to the first training step before it fails",
         group="failure",
         flag="--startup-timeout",
     )
-    stall_timeout_s: float = _setting(
+    stall_timeout_s: float = setting(
         300.0,
         help="seconds without global-step progress before the run fails, naming the processes "
         "that stopped advancing (a stuck all-reduce collective included)",
         group="failure",
         flag="--stall-timeout",
     )
-    feed_timeout_s: float = _setting(
+    feed_timeout_s: float = setting(
         300.0,
         help="seconds the spark input mode waits for rows to move before failing",
         group="failure",
@@ -405,11 +326,11 @@ class FailureConfig:
     )
 
     def __post_init__(self) -> None:
-        _positive(self, "max_restarts", allow_zero=True)
-        _positive(self, "max_resizes", allow_zero=True)
+        positive(self, "max_restarts", allow_zero=True)
+        positive(self, "max_resizes", allow_zero=True)
         timeouts = ("failure_timeout_s", "startup_timeout_s", "stall_timeout_s", "feed_timeout_s")
         for name in ("below_min_timeout_s", *timeouts):
-            _positive(self, name)
+            positive(self, name)
 
     @property
     def heartbeat_timeout_s(self) -> float:
@@ -423,7 +344,7 @@ class FailureConfig:
         return max(3.0, min(30.0, self.failure_timeout_s - self.heartbeat_timeout_s - 3.0))
 
 
-@_documented
+@documented
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluation during training (``RunConfig.evaluation``).
@@ -437,20 +358,20 @@ class EvalConfig:
     Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    split: str = _setting(
+    split: str = setting(
         "auto",
         help="split evaluated during training: 'auto' (valid if the dataset has it, else "
         "test), a split name, or 'none'",
         group="evaluation",
         flag="--eval-split",
     )
-    every_steps: int = _setting(
+    every_steps: int = setting(
         0,
         help="steps between evaluations (0: once per epoch); always at the end",
         group="evaluation",
         flag="--eval-every",
     )
-    export_best: str | None = _setting(
+    export_best: str | None = setting(
         None,
         help="a metric: also keep the export of the best evaluation so far in "
         "MODEL_DIR/export_best/ (e.g. accuracy, top5_accuracy, perplexity, loss)",
@@ -461,10 +382,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.split, str) or not self.split:
             raise ConfigError(f"EvalConfig.split must be a split name, got {self.split!r}")
-        _positive(self, "every_steps", allow_zero=True)
+        positive(self, "every_steps", allow_zero=True)
 
 
-@_documented
+@documented
 @dataclass(frozen=True)
 class TrackingConfig:
     """What the run reports, and where (``RunConfig.tracking``).
@@ -480,29 +401,29 @@ class TrackingConfig:
     Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    summary_every_steps: int = _setting(
+    summary_every_steps: int = setting(
         20, help="steps between scalar summaries", group="tracking", flag="--summary-every"
     )
-    histogram_every_steps: int = _setting(
+    histogram_every_steps: int = setting(
         0,
         help="steps between weight histograms in the TensorBoard events (0: with every checkpoint)",
         group="tracking",
         flag="--histogram-every",
     )
-    progress_every_s: float = _setting(
+    progress_every_s: float = setting(
         5.0,
         help="seconds between progress lines on the driver",
         group="tracking",
         flag="--progress-every",
     )
-    sync_every_s: float = _setting(
+    sync_every_s: float = setting(
         60.0,
         help="seconds between copies of the TensorBoard events to an hdfs:// model directory "
         "(and at the end)",
         group="tracking",
         flag="--sync-every",
     )
-    mlflow_tracking_uri: str | None = _setting(
+    mlflow_tracking_uri: str | None = setting(
         None,
         help="MLflow tracking URI: a tracking server (http(s)://...; credentials through "
         "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD, not in the URI) or a "
@@ -511,7 +432,7 @@ class TrackingConfig:
         group="tracking",
         metavar="URI",
     )
-    mlflow_experiment: str = _setting(
+    mlflow_experiment: str = setting(
         "sparktf",
         help="MLflow experiment of the run (created when missing)",
         group="tracking",
@@ -532,11 +453,11 @@ class TrackingConfig:
                 f"{self.mlflow_experiment!r}"
             )
         for name in ("summary_every_steps", "progress_every_s", "sync_every_s"):
-            _positive(self, name)
-        _positive(self, "histogram_every_steps", allow_zero=True)
+            positive(self, name)
+        positive(self, "histogram_every_steps", allow_zero=True)
 
 
-@_documented
+@documented
 @dataclass(frozen=True)
 class RunConfig:
     """Where results go and the policies of one run, grouped (after Ray Train's RunConfig).
@@ -564,23 +485,23 @@ class RunConfig:
     ``Group.field``, e.g. ``FailureConfig.stall_timeout_s``).
     """
 
-    model_dir: str = _setting(
+    model_dir: str = setting(
         help="checkpoints, TensorBoard events and exports (local or hdfs://); a "
         "rerun with the same directory resumes",
         group="checkpoints",
     )
-    checkpoint: CheckpointConfig = _setting(
+    checkpoint: CheckpointConfig = setting(
         help="checkpoints and the export (CheckpointConfig)",
         group="checkpoints",
         factory=CheckpointConfig,
     )
-    failure: FailureConfig = _setting(
+    failure: FailureConfig = setting(
         help="time limits and restarts (FailureConfig)", group="failure", factory=FailureConfig
     )
-    evaluation: EvalConfig = _setting(
+    evaluation: EvalConfig = setting(
         help="evaluation during training (EvalConfig)", group="evaluation", factory=EvalConfig
     )
-    tracking: TrackingConfig = _setting(
+    tracking: TrackingConfig = setting(
         help="summaries, progress and MLflow tracking (TrackingConfig)",
         group="tracking",
         factory=TrackingConfig,
@@ -613,7 +534,7 @@ class RunConfig:
             raise ConfigError(f"RunConfig: {exc}") from None
 
 
-@_documented
+@documented
 @dataclass(frozen=True)
 class TrainConfig:
     """What to train on which data, for how long.
@@ -642,56 +563,56 @@ class TrainConfig:
     Raises :class:`ConfigError` for a setting that cannot work.
     """
 
-    model: str = _setting(
+    model: str = setting(
         help="model name from the registry (sparktf.models.list_models()), or a user's Keras "
         "build function as package.module:build (importable on the executors; see "
         "sparktf.models.custom)",
         group="model",
     )
-    data: str = _setting(
+    data: str = setting(
         help="converted dataset directory (local or hdfs://)",
         group="data",
         flag_help="converted dataset directory (local or hdfs://), or 'demo' for a small "
         "synthetic one prepared under .local/demo",
     )
-    model_config: dict[str, Any] = _setting(
+    model_config: dict[str, Any] = setting(
         help='overrides of the model\'s config, e.g. {"hidden_units": 64}',
         group="model",
         factory=dict,
         flag_help="JSON object of model config overrides, e.g. '{\"hidden_units\": 64}'",
     )
-    split: str = _setting("train", help="split to train on", group="data")
-    input_mode: str = _setting(
+    split: str = setting("train", help="split to train on", group="data")
+    input_mode: str = setting(
         "files",
         help="spark: Parquet rows fed by Spark tasks; files: each worker reads its "
         "own shard of the files",
         group="input",
         choices=INPUT_MODES,
     )
-    file_format: str = _setting(
+    file_format: str = setting(
         "tfrecord",
         help="files read with TrainConfig.input_mode files",
         group="input",
         choices=FILE_FORMATS,
     )
-    epochs: float | None = _setting(None, help="passes over the split", group="data")
-    steps: int | None = _setting(
+    epochs: float | None = setting(None, help="passes over the split", group="data")
+    steps: int | None = setting(
         None,
         help="global steps (counted across resumes); with TrainConfig.epochs: whichever first",
         group="data",
     )
-    batch_size: int | None = _setting(
+    batch_size: int | None = setting(
         None, help="global batch size (default: the model's)", group="data"
     )
-    shuffle: bool = _setting(
+    shuffle: bool = setting(
         True,
         help="shuffle the files and rows read",
         group="input",
         flag="--no-shuffle",
         flag_help="keep file order",
     )
-    seed: int = _setting(0, help="shuffle seed", group="input")
-    warm_start_from: str | None = _setting(
+    seed: int = setting(0, help="shuffle seed", group="input")
+    warm_start_from: str | None = setting(
         None,
         help="start from the weights of another run (local or hdfs://): a checkpoint prefix "
         "(MODEL_DIR/checkpoints/ckpt-N), a checkpoints or model directory (its latest "
@@ -701,7 +622,7 @@ class TrainConfig:
         group="model",
         former="--checkpoint-path",
     )
-    warm_start_exclude_scopes: tuple[str, ...] = _setting(
+    warm_start_exclude_scopes: tuple[str, ...] = setting(
         (),
         help="layer-name prefixes not restored from TrainConfig.warm_start_from (they keep "
         "their initialisation), e.g. 'logits' to fine-tune to another number of classes",
@@ -712,7 +633,7 @@ class TrainConfig:
         metavar="SCOPES",
         former="--checkpoint-exclude-scopes",
     )
-    trainable_scopes: tuple[str, ...] = _setting(
+    trainable_scopes: tuple[str, ...] = setting(
         (),
         help="layer-name prefixes: only these variables train, every other one stays "
         "bit-identical (default: all train)",
@@ -729,56 +650,7 @@ class TrainConfig:
             raise ConfigError(
                 "TrainConfig.data is required (a converted dataset directory or a DataFrame)"
             )
-        _check(self)
-        _positive(self, "epochs", allow_none=True)
-        _positive(self, "steps", allow_none=True)
-        _positive(self, "batch_size", allow_none=True)
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What :func:`sparktf.train.fit` and :func:`sparktf.train.run` return. ``elapsed_s``
-    and ``time_to_first_step_s`` (to the end of the chief's first step) count from the call."""
-
-    model_dir: str
-    start_step: int
-    final_step: int
-    metrics: dict[str, float]
-    last_checkpoint: str | None  # the last checkpoint written
-    export_dir: str | None
-    elapsed_s: float
-    examples: int
-    examples_per_sec: float
-    time_to_first_step_s: float | None
-    strategy: str
-    input_mode: str
-    gpus: list[str] = field(default_factory=list)  # GPUs the chief's TensorFlow saw
-    # the last evaluation ({} without one) and every evaluation with its step
-    eval_metrics: dict[str, float] = field(default_factory=dict)
-    eval_history: list[dict[str, float]] = field(default_factory=list)
-    best_export_dir: str | None = None  # EvalConfig.export_best
-    # one entry per restart: {"cause": ..., "resumed_from_step": ...} (FailureConfig.max_restarts)
-    restarts: list[dict[str, Any]] = field(default_factory=list)
-    # an elastic run's changes of size, in order: {"time", "step" (the last step reached),
-    # "resumed_from_step", "from", "to" (workers), "reason", "kind": "shrink" | "grow"}
-    resizes: list[dict[str, Any]] = field(default_factory=list)
-    # spark input mode: rows fed to each training process (by node key), one number per process
-    fed_rows: dict[str, int] | None = None
-    mlflow_run_id: str | None = None  # TrackingConfig.mlflow_tracking_uri: the MLflow run
-    # sparktf.train.run: what the chief's train_fn returned (JSON data), and the chief's
-    # reports in order ({"n", "step", "metrics", "checkpoint"?}) across restarts
-    value: Any = None
-    history: list[dict[str, Any]] = field(default_factory=list)
-    # where the last attempt's processes ran, by role name ("chief:0"): {"host": the
-    # address of its TensorFlow server, "executor": its Spark executor ("host:port"), or
-    # "driver" for a parameter server of the driver}
-    processes: dict[str, dict[str, str | None]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The result as plain data (JSON-able)."""
-        return dataclasses.asdict(self)
-
-
-def steps_for(epochs: float, rows: int, global_batch: int) -> int:
-    """Global steps in ``epochs`` passes over ``rows`` rows at ``global_batch`` per step."""
-    return max(1, math.floor(epochs * (rows // global_batch)))
+        check_choices(self)
+        positive(self, "epochs", allow_none=True)
+        positive(self, "steps", allow_none=True)
+        positive(self, "batch_size", allow_none=True)

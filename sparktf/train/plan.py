@@ -22,13 +22,8 @@ from typing import Any
 from sparktf import storage
 from sparktf.datasets import formats
 from sparktf.datasets.formats import Field
-from sparktf.train.config import (
-    ConfigError,
-    RunConfig,
-    ScalingConfig,
-    TrainConfig,
-    steps_for,
-)
+from sparktf.train.config import RunConfig, ScalingConfig, TrainConfig
+from sparktf.train.errors import ConfigError
 
 __all__ = [
     "EVAL_METRICS",
@@ -42,6 +37,7 @@ __all__ = [
     "describe_data",
     "plan_frame",
     "plan_run",
+    "steps_for",
 ]
 
 ROLES = ("chief", "worker", "ps")
@@ -131,12 +127,17 @@ class RunPlan:
     # process runs it instead of the built-in loop (the other fields then describe the run
     # only: no model of the registry)
     function: bytes | None = None
-    resume_checkpoint: str | None = None  # run(): the last checkpoint reported, on a restart
-    attempt: int = 0  # run(): 0, then one more after each restart
+    resume_checkpoint: str | None = None  # run(): the last checkpoint reported, if any
+    reports_before: int = 0  # run(): the reports of earlier attempts (the numbering goes on)
+    # spark input mode: where the attempt's feed starts (sparktf.train.feed.order.Position:
+    # {"epoch", "cursor"}; None: the first epoch's start) and the global step it is at
+    feed_start: dict[str, int] | None = None
+    feed_start_step: int = 0
+    attempt: int = 0  # 0, then one more after each event (sparktf.train.driver.attempts)
     # an attempt of an elastic run (its scaling has the attempt's workers, maybe min_workers
-    # too), and after a change of size that resize (TrainResult.resizes)
+    # too), and the event that started this attempt (a restart, shrink or grow), if any
     elastic: bool = False
-    resize: dict[str, Any] | None = None
+    event: dict[str, Any] | None = None
 
     def with_workers(self, n: int) -> RunPlan:
         """The plan of an elastic run's attempt with ``n`` workers: the same global batch,
@@ -172,7 +173,7 @@ class RunPlan:
 def plan_run(train: TrainConfig, scaling: ScalingConfig, run: RunConfig) -> RunPlan:
     """Checks the configs against the model and the dataset; returns the run's plan.
 
-    Raises :class:`~sparktf.train.config.ConfigError` naming the setting (``Class.field``)
+    Raises :class:`~sparktf.train.errors.ConfigError` naming the setting (``Class.field``)
     that does not fit the model or the dataset; the dataset's manifest is read here
     (:func:`sparktf.datasets.formats.load_manifest` raises what storage raises)."""
     return _plan(train, scaling, run, None)[0]
@@ -201,6 +202,11 @@ def _plan(train: TrainConfig, scaling: ScalingConfig, run: RunConfig, frame):
     """The plan, and the checked rows of ``frame`` (``(df, columns)``; None: the dataset of
     ``train.data``)."""
     from sparktf import models
+
+    if storage.is_remote(run.model_dir):
+        # A refusal of the model directory's store (a wrong key, no bucket, an endpoint that
+        # does not answer) raises here, naming the store, before Spark reads anything.
+        storage.exists(run.model_dir)
 
     overrides = dict(train.model_config)
     if train.batch_size:
@@ -425,6 +431,11 @@ def check_layout(
         raise ConfigError(
             f"the {train.split} split has {data.rows} rows, fewer than one batch ({global_batch})"
         )
+
+
+def steps_for(epochs: float, rows: int, global_batch: int) -> int:
+    """Global steps in ``epochs`` passes over ``rows`` rows at ``global_batch`` per step."""
+    return max(1, math.floor(epochs * (rows // global_batch)))
 
 
 def _target_steps(

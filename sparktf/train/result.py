@@ -1,11 +1,11 @@
-"""What one training process reports to the driver when it has finished: :class:`ProcessResult`.
+"""What a run returns (:class:`TrainResult`) and what one training process reports to the
+driver when it has finished (:class:`ProcessResult`).
 
-The chief's :class:`~sparktf.train.process.trainer.Trainer` makes it, sends it as the ``done``
-event of
-the control channel (:mod:`sparktf.train.wire.control`, a JSON object:
-:meth:`ProcessResult.to_dict`)
-and the driver reads it back (:meth:`ProcessResult.from_dict`) to build the run's
-:class:`~sparktf.train.config.TrainResult`. No TensorFlow here: the driver imports this module.
+The chief's :class:`~sparktf.train.process.trainer.Trainer` makes a :class:`ProcessResult`,
+sends it as the ``done`` event of the control channel (:mod:`sparktf.train.wire.control`, a
+JSON object: :meth:`ProcessResult.to_dict`), and the driver reads it back
+(:meth:`ProcessResult.from_dict`) to build the run's :class:`TrainResult`. No TensorFlow here:
+the driver imports this module.
 
 The driver acts on the paths a result names (MLflow uploads the exports), so a result whose
 paths do not lie under the run's model directory is refused (:class:`ResultRejected`,
@@ -23,9 +23,9 @@ from urllib.parse import urlparse
 
 from sparktf import storage
 from sparktf.errors import SparktfError
-from sparktf.train.config import TrainingError
+from sparktf.train.errors import TrainingError
 
-__all__ = ["PATH_FIELDS", "PAUSED", "ProcessResult", "ResultRejected", "within"]
+__all__ = ["PATH_FIELDS", "PAUSED", "ProcessResult", "ResultRejected", "TrainResult", "within"]
 
 # The end reason of an elastic run's planned stop (a resize): the chief checkpointed at the
 # step all training processes agreed on, and neither evaluated nor exported.
@@ -86,7 +86,9 @@ class ProcessResult:
     received and left over (None for ``files``); ``progress``: the last progress report (the
     heartbeat's format, which the driver keeps as the process's latest state);
     ``eval_metrics``: the last evaluation, ``eval_history`` every evaluation with its
-    ``step``; ``best_export``: the best evaluation's export (``EvalConfig.export_best``).
+    ``step``; ``best_export``: the best evaluation's export (``EvalConfig.export_best``);
+    ``input_timing``: how long the process waited for its batches against its steps
+    (:meth:`sparktf.train.process.inputs.InputClock.stats`; empty when not measured).
     """
 
     start_step: int
@@ -105,6 +107,7 @@ class ProcessResult:
     eval_metrics: dict[str, float] = field(default_factory=dict)
     eval_history: list[dict[str, Any]] = field(default_factory=list)
     best_export: str | None = None
+    input_timing: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON object (only dicts, lists, strings, numbers and None)."""
@@ -165,4 +168,63 @@ class ProcessResult:
             eval_metrics=_float_map(data.get("eval_metrics")),
             eval_history=[_evaluation(e) for e in data.get("eval_history") or []],
             best_export=_optional(str, data.get("best_export")),
+            input_timing=_float_map(data.get("input_timing")),
         )
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`sparktf.train.fit` and :func:`sparktf.train.run` return. ``elapsed_s``
+    and ``time_to_first_step_s`` (to the end of the chief's first step) count from the call."""
+
+    model_dir: str
+    start_step: int
+    final_step: int
+    metrics: dict[str, float]
+    last_checkpoint: str | None  # the last checkpoint written
+    export_dir: str | None
+    elapsed_s: float
+    examples: int
+    examples_per_sec: float
+    time_to_first_step_s: float | None
+    strategy: str
+    input_mode: str
+    gpus: list[str] = field(default_factory=list)  # GPUs the chief's TensorFlow saw
+    # the last evaluation ({} without one) and every evaluation with its step
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    eval_history: list[dict[str, float]] = field(default_factory=list)
+    best_export_dir: str | None = None  # EvalConfig.export_best
+    # the events between attempts (sparktf.train.driver.attempts), one record each: {"kind":
+    # "restart" | "shrink" | "grow", "from", "to" (workers), "step" (the last step reached),
+    # "resumed_from_step", "cause", "time", "training_again_at", and for run(train_fn)
+    # "resumed_from_checkpoint"}; the restarts here, an elastic run's changes of size below
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    # spark input mode: rows fed to each training process (by node key), one number per process
+    fed_rows: dict[str, int] | None = None
+    mlflow_run_id: str | None = None  # TrackingConfig.mlflow_tracking_uri: the MLflow run
+    # sparktf.train.run: what the chief's train_fn returned (JSON data), and the chief's
+    # reports in order ({"n", "step", "metrics", "checkpoint"?}) across restarts, the last 1000
+    # (control.MAX_KEPT; "n" numbers every report)
+    value: Any = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    # where the last attempt's processes ran, by role name ("chief:0"): {"host": the
+    # address of its TensorFlow server, "executor": its Spark executor ("host:port"), or
+    # "driver" for a parameter server of the driver}
+    processes: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    # spark input mode: one entry per pass fed, in order, across attempts
+    # (sparktf.train.feed.order): {"epoch", "attempt", "from_cursor" (the rows of the epoch's
+    # order trained before: a resume point when not 0), "rows" (by process key, equal),
+    # "left_over" (rows of the epoch short of a last global batch), "seconds" (Spark's time
+    # for it)}; an epoch an attempt's end cut short is not listed
+    feed_epochs: list[dict[str, Any]] = field(default_factory=list)
+    # the share of its training time each process waited for its next batch, by role name
+    # ("chief:0"), and when the run waited more than sparktf.train.driver.doctor.THRESHOLD
+    # of its time the driver's finding: {"wait_fraction", "process" (the one that waited
+    # most), "cause", "found" (the cause with its numbers), "advice", "evidence"}
+    input_wait: dict[str, float] = field(default_factory=dict)
+    input_diagnosis: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as plain data (JSON-able)."""
+        return dataclasses.asdict(self)

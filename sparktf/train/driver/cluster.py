@@ -29,7 +29,7 @@ its message: a corrupt file names the file); a process that dies silently is not
 its heartbeats stop (``FailureConfig.heartbeat_timeout_s``); a failed Spark job (TensorFlowOnSpark's
 start job, the feed) is noticed from its thread. The driver then aborts the run: every
 TensorFlow process exits within a second or two, feeding tasks fail fast, and
-:class:`~sparktf.train.config.TrainingError` carries the first error. Spark tasks are not
+:class:`~sparktf.train.errors.TrainingError` carries the first error. Spark tasks are not
 killed (a killed PySpark worker would orphan TensorFlowOnSpark's processes); they end because
 the processes they wait for end.
 """
@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from sparktf.errors import SparktfRuntimeError
 from sparktf.ports import server_port
 from sparktf.train.driver import roles as roles_lib
-from sparktf.train.driver.bringup import TfosCluster, await_executors
+from sparktf.train.driver.bringup import TfosCluster, await_executors, driver_address
 from sparktf.train.driver.monitor import FirstError, RunMonitor, await_goodbyes
 from sparktf.train.driver.ps import DriverPs
 from sparktf.train.feed.job import FeedJob
 from sparktf.train.plan import ProcessSpec, Role, RunPlan
-from sparktf.train.wire.control import ControlServer
+from sparktf.train.wire.control import ControlServer, Recent
 from sparktf.train.wire.limits import ConnectionLimits
 
 __all__ = ["BenchOptions", "ClusterRun"]
@@ -108,6 +108,13 @@ class ClusterRun:
         )
 
     @property
+    def job_tags(self) -> set[str]:
+        """The tags of this attempt's Spark jobs (its barrier stage's, its feed's): their
+        tasks are the run's own when slots are counted (:mod:`~sparktf.train.driver.elastic`)."""
+        tags = {self.tfos.stage.tag} if self.tfos.stage is not None else set()
+        return tags | ({self.feed.group} if self.feed is not None else set())
+
+    @property
     def fed_rows_by(self) -> Counter:
         """Rows fed to each process (``spark`` input mode; empty otherwise)."""
         return Counter() if self.feed is None else self.feed.rows_by
@@ -121,11 +128,9 @@ class ClusterRun:
             ConfigError: the executors the plan needs are not registered.
             TrainingError: TensorFlowOnSpark could not start the cluster.
         """
-        from sparktf.train.wire import reservation  # imports TensorFlowOnSpark: see TfosCluster
-
         plan, scaling, run = self.plan, self.plan.scaling, self.plan.run
         await_executors(self.spark, scaling.num_executors, run.failure.startup_timeout_s)
-        address = reservation.driver_address(self.spark)  # loopback on the local profile
+        address = driver_address(self.spark)  # loopback on the local profile
         self.control = ControlServer(
             address.advertise,
             bind_host=address.bind,
@@ -182,12 +187,14 @@ class ClusterRun:
         )
         return self
 
-    def chief_reports(self) -> list[dict]:
-        """What the chief's function reported (``sparktf.train.report``), in order."""
+    def chief_reports(self) -> tuple[Recent, dict | None]:
+        """What the chief's function reported (``sparktf.train.report``): its last reports in
+        order (how many came, how many were dropped), and the last one that named a
+        checkpoint (kept even when that report itself was dropped)."""
         if self.control is None or not self.roles:
-            return []
+            return Recent(), None
         node = self.control.snapshot().get(roles_lib.chief_key(self.roles))
-        return list(node.reports) if node is not None else []
+        return (node.reports, node.checkpointed) if node is not None else (Recent(), None)
 
     def _issue_token(self, meta: dict) -> str:
         """The control token of the TensorFlow process of a registering node."""

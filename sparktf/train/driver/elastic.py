@@ -1,20 +1,24 @@
 """Elastic runs: how many workers an attempt gets, and when a running one grows.
 
 An elastic run (``ScalingConfig.min_workers`` below ``num_workers``) is a sequence of
-attempts, each a whole TensorFlow cluster of a fixed size started from the latest checkpoint
-(:func:`sparktf.train.driver.fit.fit`). Between attempts the driver decides the next size:
+attempts, each a whole TensorFlow cluster of a fixed size started from the run's resume
+point (:mod:`sparktf.train.driver.attempts`, the one loop of ``fit`` and ``run(train_fn)``).
+Between attempts the driver decides the next size:
 
 * **At the start, and after a loss** (:func:`size_now`): as many workers as the free task
   slots hold beside the run's other processes (ps: the chief and the parameter servers on
-  executors), up to ``num_workers``. A lost executor is not waited for: its slots are gone
-  from the scheduler's count once Spark has removed the executor. Below ``min_workers`` it
-  waits for slots up to ``FailureConfig.below_min_timeout_s``, then fails naming what
-  happened (:class:`BelowMinimum`).
+  executors), up to ``num_workers``. Free means held by no task of another Spark job
+  (:func:`free_for_run`, the count of both decisions). A lost executor is not waited for:
+  its slots are gone from the scheduler's count once Spark has removed the executor. Below
+  ``min_workers`` it waits for slots up to ``FailureConfig.below_min_timeout_s``, then fails
+  naming what happened (:class:`BelowMinimum`).
 * **While it runs** (:class:`GrowWatch`): a run below ``num_workers`` watches for task slots
-  it does not use; once some have stayed free for ``ScalingConfig.grow_after_s`` it asks the
-  training processes to pause at their next checkpoint (``ControlServer.request_pause``). The
-  chief reports ``done`` with ``end_reason`` ``"paused"`` after that checkpoint; the next
-  attempt starts from it with more workers: no step is lost or run twice.
+  that neither it nor another job uses (:func:`spare_slots`, from the same count); once some
+  have stayed free for ``ScalingConfig.grow_after_s`` it asks the training processes to pause
+  at their next checkpoint (``ControlServer.request_pause``; a user's function learns it
+  from ``report()``). The chief reports ``done`` with
+  ``end_reason`` ``"paused"`` after that checkpoint; the next attempt starts from it with
+  more workers: no step is lost or run twice.
 
 The global batch stays the same at every size (each worker's share changes;
 ``plan.check_layout`` refuses a batch that some size in the range cannot divide). Each
@@ -34,12 +38,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Collection
 
 from sparktf.remote import is_connect
-from sparktf.train.config import ScalingConfig, TrainingError
+from sparktf.train.config import ScalingConfig
+from sparktf.train.errors import TrainingError
 
-__all__ = ["BelowMinimum", "GrowWatch", "Resize", "fit_workers", "size_now", "spare_slots"]
+__all__ = [
+    "BelowMinimum",
+    "GrowWatch",
+    "fit_workers",
+    "free_for_run",
+    "initial_size",
+    "size_now",
+    "spare_slots",
+]
 
 log = logging.getLogger("sparktf.train")
 
@@ -51,36 +64,6 @@ class BelowMinimum(TrainingError):
     """An elastic run could not place ``min_workers`` workers within the bound."""
 
 
-@dataclass(frozen=True)
-class Resize:
-    """One change of an elastic run's size (an entry of ``TrainResult.resizes``)."""
-
-    kind: str  # "shrink" | "grow"
-    old: int  # workers before
-    new: int  # workers after
-    step: int  # the last step the run reached before it
-    resumed_from_step: int  # the checkpoint the next attempt starts from
-    reason: str
-    time: float  # time.time() when it was decided
-
-    def to_dict(self) -> dict:
-        return {
-            "kind": self.kind,
-            "from": self.old,
-            "to": self.new,
-            "step": self.step,
-            "resumed_from_step": self.resumed_from_step,
-            "reason": self.reason,
-            "time": self.time,
-        }
-
-    def describe(self) -> str:
-        return (
-            f"{self.kind} from {self.old} to {self.new} workers at step {self.step} "
-            f"(resuming from the checkpoint of step {self.resumed_from_step}): {self.reason}"
-        )
-
-
 def fit_workers(scaling: ScalingConfig, free_slots: int) -> int:
     """The workers an attempt gets from ``free_slots`` task slots: as many as fit beside the
     run's other processes, at most ``num_workers``; 0 when fewer than ``min_workers`` fit."""
@@ -88,23 +71,37 @@ def fit_workers(scaling: ScalingConfig, free_slots: int) -> int:
     return workers if workers >= scaling.worker_counts.start else 0
 
 
-def _free_slots(spark) -> int | None:
-    """Task slots of the registered executors not running a task now (None: unknown)."""
+def free_for_run(spark, own_tags: Collection[str] = ()) -> int | None:
+    """The task slots a run may have: those of the registered executors that no task of
+    another Spark job holds now (the run's own jobs carry ``own_tags``: their tasks, its
+    processes' and its feed's, are the run's). The one count of both decisions, how many
+    workers an attempt gets (:func:`size_now`) and whether a running one may grow
+    (:func:`spare_slots`), so that a pause to grow always finds the slots it counted. None:
+    unknown (Spark Connect, another Spark version)."""
     if is_connect(spark):
         return None
-    from sparktf.train.driver.gang import scheduler_slots
+    from sparktf.spark.failures import task_slots
+    from sparktf.train.driver.gang import busy_with_other_jobs
 
-    counted = scheduler_slots(spark)
-    return None if counted is None else counted[0] - counted[1]
+    total = task_slots(spark.sparkContext)
+    busy = None if total is None else busy_with_other_jobs(spark, tuple(own_tags))
+    return None if busy is None else total - busy
 
 
-def size_now(spark, scaling: ScalingConfig, *, wait_s: float, prefer: int = 0) -> int:
-    """The workers the next attempt of an elastic run gets (see the module's docstring).
+def size_now(
+    spark,
+    scaling: ScalingConfig,
+    *,
+    wait_s: float,
+    prefer: int = 0,
+    own_tags: Collection[str] = (),
+) -> int:
+    """The workers the next attempt of an elastic run gets (see the module's docstring),
+    from :func:`free_for_run` (``own_tags``: the run's job tags so far).
 
     ``prefer``: the size to take at once when it fits (the size of the attempt that just
     ended); otherwise the count is given ``SETTLE_S`` to settle (a lost executor's slots
-    leave it, the ended attempt's tasks finish), and below ``min_workers`` it waits up to
-    ``wait_s``.
+    leave it), and below ``min_workers`` it waits up to ``wait_s``.
 
     Raises:
         BelowMinimum: ``min_workers`` do not fit within ``wait_s``.
@@ -112,7 +109,7 @@ def size_now(spark, scaling: ScalingConfig, *, wait_s: float, prefer: int = 0) -
     start = time.monotonic()
     best, logged = 0, False
     while True:
-        free = _free_slots(spark)
+        free = free_for_run(spark, own_tags)
         if free is None:  # nothing to count (Spark Connect): the largest size, as planned
             return scaling.num_workers
         workers = fit_workers(scaling, free)
@@ -138,20 +135,16 @@ def size_now(spark, scaling: ScalingConfig, *, wait_s: float, prefer: int = 0) -
         time.sleep(POLL_S / 4)
 
 
-def spare_slots(spark, placement: dict[str, dict]) -> int | None:
-    """Task slots a running attempt could grow into: the registered slots less its own
+def spare_slots(spark, placement: dict[str, dict], own_tags: Collection[str] = ()) -> int | None:
+    """Task slots a running attempt could grow into: the slots :func:`free_for_run` counts
+    (none held by another job's task; ``own_tags``: the attempt's job tags) less its own
     processes on executors (None when the scheduler does not say). Slots busy with other
-    jobs count as spare: the grown attempt waits for them like any run
-    (:func:`~sparktf.train.driver.gang.check_slots`)."""
-    if is_connect(spark):
-        return None
-    from sparktf.spark.failures import task_slots
-
-    total = task_slots(spark.sparkContext)
-    if total is None:
+    jobs are not spare: :func:`size_now` would not give them to the next attempt either."""
+    free = free_for_run(spark, own_tags)
+    if free is None:
         return None
     ours = [p for p in placement.values() if p.get("executor") not in (None, "driver")]
-    return total - len(ours)
+    return free - len(ours)
 
 
 class GrowWatch:
@@ -182,7 +175,7 @@ class GrowWatch:
         since: float | None = None
         while not self._stop.wait(POLL_S):
             try:
-                spare = spare_slots(self.spark, self.cluster.placement)
+                spare = spare_slots(self.spark, self.cluster.placement, self.cluster.job_tags)
             except Exception as exc:  # the session is going away
                 log.debug("counting spare slots: %s", exc)
                 continue

@@ -11,18 +11,11 @@ import time
 
 from sparktf import paths, scratch, storage
 from sparktf.train import artifacts
-from sparktf.train.config import (
-    ConfigError,
-    RunConfig,
-    ScalingConfig,
-    TrainConfig,
-    TrainingError,
-    TrainResult,
-)
-from sparktf.train.driver import elastic, gang, tracking
-from sparktf.train.driver.cluster import ClusterRun
+from sparktf.train.config import RunConfig, ScalingConfig, TrainConfig
+from sparktf.train.driver import attempts, doctor, gang, tracking
+from sparktf.train.errors import ConfigError
 from sparktf.train.plan import RunPlan, plan_frame, plan_run
-from sparktf.train.result import PAUSED, ProcessResult, ResultRejected
+from sparktf.train.result import TrainResult
 
 __all__ = ["FRAME", "fit", "gpu_spark_conf", "session_for"]
 
@@ -76,14 +69,14 @@ def fit(
             kept, the export), ``failure`` (timeouts, restarts), ``evaluation`` (split,
             cadence, best export), ``tracking`` (summaries, progress, MLflow).
         spark: the SparkSession to run on (default ``sparktf.spark.get_session``, with the
-            GPU settings of ``scaling``: :func:`gpu_spark_conf`). It must have exactly
-            ``scaling.num_executors`` executors.
+            GPU settings of ``scaling``: :func:`gpu_spark_conf`). Its executors must hold
+            ``scaling.num_executors`` task slots in all (any number of executors does).
         columns: with a DataFrame, its column for each of the model's inputs named
             otherwise: ``{"features": ..., "label": ..., "id": ...}`` (the ``id`` column, an
             integer, names rows in errors).
 
     Returns:
-        A :class:`~sparktf.train.config.TrainResult`: the steps trained, the last training
+        A :class:`~sparktf.train.result.TrainResult`: the steps trained, the last training
         metrics and evaluations, the checkpoint and export paths, the throughput, the
         restarts; with ``run.tracking.mlflow_tracking_uri`` the MLflow run it was recorded in
         (``mlflow_run_id``, see :mod:`sparktf.train.driver.tracking`).
@@ -99,6 +92,7 @@ def fit(
         TrainingError: a TensorFlow process or a Spark job of the run failed (after
             ``run.failure.max_restarts`` restarts from the latest checkpoint), or the chief's
             result named a path outside ``run.model_dir`` (refused at once, no restart).
+            The attempts, restarts and resizes are :mod:`sparktf.train.driver.attempts`'s.
 
     In both cases nothing of the run is left running.
     """
@@ -152,10 +146,14 @@ def _run(
         f" (resuming from {run.model_dir})" if resumed else "",
     )
     started_wall, started_mono = started
-    result, restarts, resizes, cluster = _attempts(spark, plan, tracker, frame)
+    outcome = attempts.run_attempts(
+        spark, plan, tracker, attempts.CheckpointResume(run.model_dir), frame
+    )
+    result, cluster = outcome.result, outcome.cluster
+    input_wait, diagnosis = doctor.examine(plan, cluster)
     out = TrainResult(
         model_dir=run.model_dir,
-        start_step=resumed if restarts or resizes else result.start_step,
+        start_step=resumed if outcome.events else result.start_step,
         final_step=result.final_step,
         metrics=dict(result.metrics),
         last_checkpoint=result.last_checkpoint,
@@ -169,15 +167,19 @@ def _run(
         strategy=plan.scaling.strategy,
         input_mode=train.input_mode,
         gpus=list(result.gpus),
-        restarts=restarts,
-        resizes=resizes,
+        restarts=outcome.restarts,
+        resizes=outcome.resizes,
         eval_metrics=dict(result.eval_metrics),
         eval_history=list(result.eval_history),
         best_export_dir=result.best_export,
         fed_rows=dict(cluster.fed_rows_by) if train.input_mode == "spark" else None,
         mlflow_run_id=tracker.run_id,
         processes=dict(cluster.placement),
+        feed_epochs=outcome.feed_epochs,
+        input_wait=input_wait,
+        input_diagnosis=diagnosis,
     )
+    attempts.record_outcome(out)
     _log_done(plan, out)
     return out
 
@@ -198,117 +200,6 @@ def session_for(plan: RunPlan, spark):
             "retried into a cluster that has moved on; set it to 1"
         )
     return spark
-
-
-def _attempts(
-    spark, plan: RunPlan, tracker: tracking.Tracker | tracking.NullTracker, frame=None
-) -> tuple[ProcessResult, list[dict], list[dict], ClusterRun]:
-    """Runs the TensorFlow cluster until the chief is done, starting it again from the
-    latest checkpoint after a failure (at most ``run.failure.max_restarts`` times); an elastic
-    run also starts again with another number of workers (:mod:`sparktf.train.driver.elastic`,
-    at most ``run.failure.max_resizes`` times). The chief's result, the restarts, the resizes
-    and the cluster of the last attempt."""
-    run, scaling = plan.run, plan.scaling
-    restarts: list[dict] = []
-    resizes: list[dict] = []
-    workers = elastic.initial_size(spark, scaling, run.failure) if scaling.elastic else 0
-    while True:
-        attempt = plan.with_workers(workers) if scaling.elastic else plan
-        if resizes:
-            attempt = dataclasses.replace(attempt, resize=resizes[-1])
-        cluster = None
-        try:
-            with ClusterRun(spark, attempt, frame=frame) as cluster:
-                cluster.start()
-                grow = elastic.GrowWatch(spark, cluster, attempt.scaling, scaling.num_workers)
-                with tracker.follow(cluster), grow:
-                    result = ProcessResult.from_dict(cluster.wait(), model_dir=run.model_dir)
-            if resizes:
-                resizes[-1]["training_again_at"] = result.first_step_wall
-            if result.end_reason != PAUSED:
-                return result, restarts, resizes, cluster
-            new = _size(spark, plan, 0, "the pause", resizes, restarts)
-            step, resumed, reason = result.final_step, result.final_step, grow.requested or ""
-        except ResultRejected:
-            raise
-        except (TrainingError, gang.SlotsError) as exc:  # slots gone since they were counted
-            if not scaling.elastic:
-                if isinstance(exc, gang.SlotsError):
-                    raise
-                _restart(restarts, run, tracker, exc)
-                continue
-            new = _size(spark, plan, workers, exc, resizes, restarts)
-            if new >= workers:  # the same cluster fits again: a restart, not a resize
-                _restart(restarts, run, tracker, exc)
-                continue
-            resumed, reason = artifacts.latest_checkpoint_step(run.model_dir), _first_line(exc)
-            step = max(_last_step(cluster), resumed)
-        if new == workers:
-            log.info("elastic run: still %d workers can be placed; going on with them", new)
-            continue
-        if len(resizes) >= run.failure.max_resizes:
-            raise TrainingError(
-                f"the elastic run changed size {len(resizes)} times "
-                f"(FailureConfig.max_resizes) and would again: {reason}"
-                + _history(resizes, restarts)
-            )
-        kind = "grow" if new > workers else "shrink"
-        event = elastic.Resize(kind, workers, new, step, resumed, reason, time.time())
-        resizes.append(event.to_dict())
-        tracker.resized(resizes[-1])
-        log.warning("elastic run: %s", event.describe())
-        workers = new
-
-
-def _size(spark, plan: RunPlan, prefer: int, after, resizes: list, restarts: list) -> int:
-    """The workers of an elastic run's next attempt (:func:`elastic.size_now`); below the
-    minimum for too long the error names ``after`` (what ended the last attempt) and the
-    history of the run."""
-    try:
-        return elastic.size_now(
-            spark, plan.scaling, wait_s=plan.run.failure.below_min_timeout_s, prefer=prefer
-        )
-    except elastic.BelowMinimum as below:
-        raise elastic.BelowMinimum(f"{below} after: {after}{_history(resizes, restarts)}") from None
-
-
-def _restart(restarts: list[dict], run: RunConfig, tracker, exc: TrainingError) -> None:
-    """Records a restart after ``exc``, or raises it when none is left."""
-    if len(restarts) >= run.failure.max_restarts:
-        raise exc
-    step = artifacts.latest_checkpoint_step(run.model_dir)
-    restarts.append({"cause": str(exc), "resumed_from_step": step})
-    tracker.restarted(step, str(exc))
-    log.warning(
-        "restart %d of %d: the TensorFlow cluster is started again from the checkpoint "
-        "of step %d after: %s",
-        len(restarts),
-        run.failure.max_restarts,
-        step,
-        exc,
-    )
-
-
-def _last_step(cluster: ClusterRun | None) -> int:
-    """The highest step the processes of an ended attempt reported (0: none)."""
-    if cluster is None or cluster.control is None:
-        return 0
-    steps = [n.progress.get("step", 0) for n in cluster.control.snapshot().values() if n.progress]
-    return int(max(steps, default=0))
-
-
-def _first_line(exc: BaseException) -> str:
-    """An error's first line (a resize's reason; the log has the whole error)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _history(resizes: list[dict], restarts: list[dict]) -> str:
-    """What happened to an elastic run so far, for its error."""
-    lines = [f"\n  {r['kind']} {r['from']} -> {r['to']} workers at step {r['step']}: "
-             f"{r['reason']}" for r in resizes]  # fmt: skip
-    lines += [f"\n  restart from step {r['resumed_from_step']}: {r['cause']}" for r in restarts]
-    return "; history:" + "".join(lines) if lines else "; no resize before"
 
 
 def _log_done(plan: RunPlan, out: TrainResult) -> None:

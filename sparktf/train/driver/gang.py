@@ -28,12 +28,14 @@ from typing import Any
 
 from sparktf.placement import DYNAMIC, declared_slots, dynamic_allocation
 from sparktf.remote import is_connect
-from sparktf.train.config import ConfigError
+from sparktf.train.errors import ConfigError
 
 __all__ = [
     "SLOT_KEYS",
     "BarrierStage",
     "SlotsError",
+    "busy_with_other_jobs",
+    "carries",
     "check_slots",
     "conf_values",
     "dynamic_allocation_message",
@@ -114,6 +116,40 @@ def scheduler_slots(spark) -> tuple[int, int] | None:
         log.debug("cannot read the tasks running: %s", exc)
         return None
     return slots, running
+
+
+def carries(tags, own_tags) -> bool:
+    """Whether a Spark job's ``tags`` hold one of ``own_tags``: as given to
+    ``SparkSession.addTag``, or as a classic session hands it to the SparkContext (prefixed:
+    ``spark-session-<id>-thread-<id>-<tag>``)."""
+    return any(tag == own or tag.endswith("-" + own) for tag in tags for own in own_tags)
+
+
+def busy_with_other_jobs(spark, own_tags=()) -> int | None:
+    """The tasks a classic session runs now in Spark jobs that carry none of ``own_tags`` (a
+    run's job tags: its barrier stages', its feed's; :func:`carries`), counted by stage;
+    None when Spark does not say."""
+    try:
+        sc = spark.sparkContext
+        tracker = sc.statusTracker()
+        store = sc._jsc.sc().statusStore() if own_tags else None
+        ours: set[int] = set()
+        for job_id in tracker.getActiveJobsIds() if own_tags else ():
+            try:  # a job that has just ended is no longer in the store
+                tags = str(store.job(job_id).jobTags().mkString("\n")).split("\n")
+            except Exception:
+                continue
+            info = tracker.getJobInfo(job_id)
+            if info is not None and carries(tags, own_tags):
+                ours.update(int(stage) for stage in info.stageIds)
+        busy = 0
+        for stage_id in tracker.getActiveStageIds():
+            info = None if stage_id in ours else tracker.getStageInfo(stage_id)
+            busy += int(info.numActiveTasks) if info is not None else 0
+        return busy
+    except Exception as exc:  # another Spark version, or the session is going away
+        log.debug("cannot count the tasks of other jobs: %s", exc)
+        return None
 
 
 def check_slots(spark, needed: int, *, scheduler: bool = True, free_wait_s: float = 10.0) -> None:

@@ -2,7 +2,7 @@
 
 :class:`RunMonitor` polls the control server until the chief is done, logging its progress
 and evaluations. It fails the run (asks every process to abort, raises
-:class:`~sparktf.train.config.TrainingError` with the first cause) on
+:class:`~sparktf.train.errors.TrainingError` with the first cause) on
 
 * an error a process reported (its message names the file, the record, what was expected;
   TensorFlow's ``/job:worker/task:0`` names are translated into roles and hosts);
@@ -22,10 +22,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from sparktf.train.config import RunConfig, TrainingError
+from sparktf.train.config import RunConfig
 from sparktf.train.driver import roles as roles_lib
+from sparktf.train.errors import TrainingError
 from sparktf.train.plan import Role
-from sparktf.train.wire.control import ControlServer, NodeState
+from sparktf.train.wire.control import MAX_KEPT, ControlServer, NodeState
 
 __all__ = [
     "FirstError",
@@ -101,15 +102,25 @@ class RunMonitor:
             self.control.wait(0.5)
             now = time.monotonic()
             nodes = self.control.snapshot()
-            for evaluation in nodes[chief_key].evals[logged_evals:]:
+            chief = nodes[chief_key]  # its lists keep the last entries: read by number
+            for evaluation in chief.evals.since(logged_evals):
                 values = ", ".join(f"{k} {v:.4g}" for k, v in evaluation.items() if k != "step")
                 log.info("evaluation at step %d: %s", evaluation["step"], values)
-            logged_evals = len(nodes[chief_key].evals)
-            for entry in nodes[chief_key].reports[logged_reports:]:
+            for entry in chief.reports.since(logged_reports):
                 values = ", ".join(f"{k} {v:.4g}" for k, v in entry["metrics"].items())
                 saved = f" (checkpoint {entry['checkpoint']})" if entry.get("checkpoint") else ""
-                log.info("report %d: %s%s", entry["n"], values, saved)
-            logged_reports = len(nodes[chief_key].reports)
+                wait = entry.get("input_wait")
+                waited = f", input wait {wait:.0%}" if isinstance(wait, int | float) else ""
+                log.info("report %d: %s%s%s", entry["n"], values, waited, saved)
+            unlogged = chief.evals.dropped - logged_evals, chief.reports.dropped - logged_reports
+            if max(unlogged) > 0:
+                log.info(
+                    "%d evaluations and %d reports were dropped before they were logged (the "
+                    "driver keeps the last %d of each)",
+                    *unlogged,
+                    MAX_KEPT,
+                )
+            logged_evals, logged_reports = chief.evals.total, chief.reports.total
             self._check_errors(now)
             if all_nodes:
                 if all(nodes[k].done is not None for k in self.roles if k in nodes):
@@ -269,7 +280,8 @@ class ProgressWatch:
 
 
 def format_progress(p: dict) -> str:
-    """One log line of a process's progress report (step, epoch, metrics, rate)."""
+    """One log line of a process's progress report (step, epoch, metrics, rate, the share
+    of its training time it waited for its input)."""
     parts = [f"step {p.get('step', 0)}/{p.get('target', '?')}", f"epoch {p.get('epoch', 0):.2f}"]
     for name in ("loss", "accuracy", "perplexity", "d_loss", "g_loss"):
         if name in p:
@@ -278,4 +290,6 @@ def format_progress(p: dict) -> str:
         parts.append(f"lr {p['learning_rate']:.3g}")
     if "examples_per_sec" in p:
         parts.append(f"{p['examples_per_sec']:.0f} examples/s")
+    if "input_wait" in p:
+        parts.append(f"input wait {p['input_wait']:.0%}")
     return ", ".join(parts)

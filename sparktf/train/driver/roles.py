@@ -155,8 +155,9 @@ def training_keys(roles: dict[str, Role]) -> list[str]:
 
 def feeding_keys(roles: dict[str, Role]) -> list[str]:
     """The processes that read rows from Spark (``spark`` input mode): the training
-    processes on executors."""
-    return [k for k, r in roles.items() if not is_driver_key(k) and r.trains]
+    processes on executors, by rank (process ``j`` is fed share ``j`` of each pass)."""
+    fed = [k for k, r in roles.items() if not is_driver_key(k) and r.trains]
+    return sorted(fed, key=lambda k: roles[k].rank)
 
 
 def name_tf_tasks(text: str, roles: dict[str, Role]) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ of the training jobs), :func:`sparktf.train.fit` records one MLflow run in the e
 The MLflow run ends ``FINISHED``, or ``FAILED`` (``KILLED`` on an interrupt) with the error
 in the tag ``sparktf.error``. A tracking store that stops answering during the run costs
 warnings, not the training; one that cannot be reached when the run starts is a
-:class:`~sparktf.train.config.ConfigError` before Spark starts.
+:class:`~sparktf.train.errors.ConfigError` before Spark starts.
 
 Needs the ``mlflow`` extra (``pip install 'sparktf[mlflow]'``: ``mlflow-skinny``). The
 tracking URI is anything MLflow takes (``http(s)://`` of a tracking server, ``databricks``,
@@ -52,15 +52,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from sparktf import paths, storage
 from sparktf import spark as sparkutil
+from sparktf.security.redact import redact_url, scrub
 from sparktf.train.artifacts import RUN_FILE
-from sparktf.train.config import ConfigError, RunConfig, TrainResult
+from sparktf.train.config import RunConfig
 from sparktf.train.driver import roles
+from sparktf.train.errors import ConfigError
 from sparktf.train.plan import RunPlan
-from sparktf.train.result import within
+from sparktf.train.result import TrainResult, within
 
 log = logging.getLogger(__name__)
 
@@ -93,21 +95,6 @@ def tracking_uri(uri: str) -> str:
     return Path(uri).expanduser().resolve().as_uri()
 
 
-def redact(uri: str) -> str:
-    """``uri`` without a password (for log lines)."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
-
-
-def scrub(text: str, uri: str) -> str:
-    """``text`` (e.g. an error of MLflow's that quotes the URI) without ``uri``'s password."""
-    password = urlsplit(uri).password
-    return text.replace(password, "***") if password else text
-
-
 def connect(run: RunConfig):
     """A client for ``run``'s tracking URI and the id of its experiment (created when
     missing). Raises :class:`ConfigError` when MLflow is missing or the store refuses."""
@@ -122,7 +109,7 @@ def connect(run: RunConfig):
             experiment_id = client.create_experiment(run.tracking.mlflow_experiment)
         elif experiment.lifecycle_stage != "active":
             raise ConfigError(
-                f"MLflow experiment {run.tracking.mlflow_experiment!r} at {redact(uri)} is "
+                f"MLflow experiment {run.tracking.mlflow_experiment!r} at {redact_url(uri)} is "
                 "deleted: restore it or choose another TrackingConfig.mlflow_experiment"
             )
         else:
@@ -131,7 +118,7 @@ def connect(run: RunConfig):
         raise
     except Exception as exc:
         raise ConfigError(
-            f"MLflow tracking store {redact(uri)} (TrackingConfig.mlflow_tracking_uri) cannot "
+            f"MLflow tracking store {redact_url(uri)} (TrackingConfig.mlflow_tracking_uri) cannot "
             "be used: "
             f"{type(exc).__name__}: {scrub(str(exc), uri)}"
         ) from None
@@ -170,10 +157,7 @@ class NullTracker:
     def follow(self, cluster) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def restarted(self, step: int, cause: str) -> None:
-        pass
-
-    def resized(self, event: dict) -> None:
+    def attempt_event(self, event: dict) -> None:
         pass
 
     def finish(self, result: TrainResult) -> None:
@@ -205,14 +189,14 @@ class Tracker:
             )
         except Exception as exc:
             raise ConfigError(
-                f"MLflow tracking store {redact(self.uri)} refused a new run: "
+                f"MLflow tracking store {redact_url(self.uri)} refused a new run: "
                 f"{type(exc).__name__}: {scrub(str(exc), self.uri)}"
             ) from None
         self.run_id: str = run.info.run_id
         self._lock = threading.Lock()
         self._last_step: int | None = None
         self._eval_steps: set[int] = set()
-        self._marks: dict[str, int] = {}  # restarts and resizes logged, by kind
+        self._marks: dict[str, int] = {}  # events logged, by kind
         self._failures = 0
         self._ended = False
         self._call("log the parameters", lambda: self._log_batch(params=params(plan)))
@@ -220,7 +204,7 @@ class Tracker:
             "MLflow: run %s in experiment %r at %s",
             self.run_id,
             plan.run.tracking.mlflow_experiment,
-            redact(self.uri),
+            redact_url(self.uri),
         )
 
     # -- during the run -----------------------------------------------------------------
@@ -238,9 +222,9 @@ class Tracker:
             if node is None:
                 return
             self._progress(node.progress)
-            for evaluation in node.evals[evals_seen[0] :]:
+            for evaluation in node.evals.since(evals_seen[0]):  # the last ones are kept
                 self._evaluation(evaluation)
-            evals_seen[0] = len(node.evals)
+            evals_seen[0] = node.evals.total
 
         try:
             with sparkutil.every(
@@ -268,18 +252,15 @@ class Tracker:
         )
         self._eval_steps.add(step)
 
-    def restarted(self, step: int, cause: str) -> None:
-        self._mark("restart", step, {"restart_from_step": float(step)}, cause)
-
-    def resized(self, event: dict) -> None:
-        """An elastic run's change of size (``TrainResult.resizes``): the new number of
-        workers as the metric ``workers`` at the step it resumes from, the event as a tag."""
-        step, text = int(event["resumed_from_step"]), f"{event['kind']} to {event['to']}: "
-        self._mark("resize", step, {"workers": float(event["to"])}, text + event["reason"])
-
-    def _mark(self, kind: str, step: int, metrics: dict, text: str) -> None:
-        """A restart or resize: its metrics at ``step`` and a tag ``sparktf.KIND.N``."""
+    def attempt_event(self, event: dict) -> None:
+        """A restart, shrink or grow between two attempts
+        (:mod:`sparktf.train.driver.attempts`): at the step the next attempt resumes from,
+        the metrics ``workers`` (its workers) and ``restart_from_step``, and the event as the
+        tag ``sparktf.KIND.N`` (the N-th of its kind)."""
+        kind, step = event["kind"], int(event["resumed_from_step"])
         count = self._marks[kind] = self._marks.get(kind, 0) + 1
+        metrics = {"workers": float(event["to"]), "restart_from_step": float(step)}
+        text = f"{kind} from {event['from']} to {event['to']} workers: {event['cause']}"
         tags = {f"sparktf.{kind}.{count}": text[:5000]}
         self._call(f"log a {kind}", lambda: self._log_batch(metrics=metrics, step=step, tags=tags))
 
@@ -330,7 +311,7 @@ class Tracker:
             "MLflow: logged run %s (experiment %r at %s)%s",
             self.run_id,
             self.plan.run.tracking.mlflow_experiment,
-            redact(self.uri),
+            redact_url(self.uri),
             f", with the export as artifacts/export ({result.export_dir})"
             if result.export_dir
             else "",
@@ -365,13 +346,13 @@ class Tracker:
             if self._failures <= 3:
                 log.warning(
                     "MLflow (%s): could not %s: %s: %s",
-                    redact(self.uri),
+                    redact_url(self.uri),
                     what,
                     type(exc).__name__,
                     scrub(str(exc), self.uri),
                 )
             elif self._failures == 4:
-                log.warning("MLflow (%s): more failures not logged", redact(self.uri))
+                log.warning("MLflow (%s): more failures not logged", redact_url(self.uri))
 
     def _log_metrics(self, values: dict[str, float], step: int) -> None:
         self._log_batch(metrics=values, step=step)
@@ -519,9 +500,7 @@ __all__ = [
     "connect",
     "outside_model_dir",
     "params",
-    "redact",
     "require_mlflow",
-    "scrub",
     "track",
     "tracking_uri",
 ]

@@ -26,19 +26,12 @@ from typing import Any
 
 from sparktf import paths, scratch, storage
 from sparktf.datasets import formats
-from sparktf.train.config import (
-    ConfigError,
-    RunConfig,
-    ScalingConfig,
-    TrainConfig,
-    TrainingError,
-    TrainResult,
-)
-from sparktf.train.driver import tracking
-from sparktf.train.driver.cluster import ClusterRun
+from sparktf.train.config import RunConfig, ScalingConfig, TrainConfig
+from sparktf.train.driver import attempts, doctor, tracking
 from sparktf.train.driver.fit import FRAME, session_for
+from sparktf.train.errors import ConfigError
 from sparktf.train.plan import DataInfo, RunPlan, describe_data
-from sparktf.train.result import within
+from sparktf.train.result import TrainResult
 
 __all__ = ["run"]
 
@@ -52,6 +45,8 @@ def run(
     *,
     config: Any = None,
     data: Any = None,
+    seed: int = 0,
+    shuffle: bool = True,
     spark=None,
 ) -> TrainResult:
     """Runs ``train_fn(config)`` (``train_fn()`` when it takes no argument) in every
@@ -64,10 +59,16 @@ def run(
             (:mod:`sparktf.train.process.keras_fit`).
         scaling: the strategy and its processes (default ``ScalingConfig()``: all-reduce
             over two); under ps the chief runs ``train_fn`` with the strategy's coordinator.
+            A worker range (``num_workers=(MIN, MAX)``) makes the run elastic: a lost worker
+            starts the function again with the workers that fit, from its last reported
+            checkpoint; when slots come back, :func:`~sparktf.train.report` returns True (and
+            ``get_context().should_stop()`` says so) and the function returns after saving,
+            to go on with more workers (:mod:`sparktf.train.driver.attempts`).
         run: the model directory (``get_context().model_dir``: where reported checkpoints
             and the TensorBoard events go) and the failure settings: with
             ``failure.max_restarts`` a failed attempt is run again, its ``train_fn`` given the
-            last checkpoint it reported. Default: a new directory under the scratch space.
+            last checkpoint it reported (``get_context().restored_dir``). Default: a new
+            directory under the scratch space.
         config: anything picklable, handed to ``train_fn``.
         data: a dataset directory written by :mod:`sparktf.datasets.conversion` (local or
             ``hdfs://``) that ``get_context().dataset(split, batch_size=...)`` reads; or a
@@ -77,14 +78,17 @@ def run(
             shape. Its columns are checked first, in one Spark job (a null or a row of
             another size fails naming the column and the row); the passes never end, and
             each runs the DataFrame's plan again (cache a costly one).
-        spark: the SparkSession (default ``sparktf.spark.get_session``); it must have
-            ``scaling.num_executors`` executors.
+        seed, shuffle: a DataFrame's feed: every epoch in an order shuffled with ``seed``
+            (the same seed, data and workers give every process the same rows in the same
+            order); ``shuffle=False`` keeps the stored order (:mod:`sparktf.train.feed.order`).
+        spark: the SparkSession (default ``sparktf.spark.get_session``); its executors must
+            hold ``scaling.num_executors`` task slots.
 
     Returns:
-        A :class:`~sparktf.train.config.TrainResult` whose ``value`` is what the chief's
+        A :class:`~sparktf.train.result.TrainResult` whose ``value`` is what the chief's
         ``train_fn`` returned (JSON data), ``history`` its reports, ``metrics`` the last
-        report's, ``last_checkpoint`` the last checkpoint reported, ``restarts`` the
-        attempts that failed.
+        report's, ``last_checkpoint`` the last checkpoint reported, ``restarts`` and
+        ``resizes`` the events between attempts.
 
     Raises:
         ConfigError: settings that cannot work, before anything starts (a ``train_fn`` or
@@ -105,6 +109,9 @@ def run(
     if data is not None and not isinstance(data, str):  # a DataFrame, fed by Spark
         frame, data = data, None
     plan = plan_function(train_fn, scaling, run, config=config, data=data)
+    plan = dataclasses.replace(
+        plan, train=dataclasses.replace(plan.train, seed=seed, shuffle=shuffle)
+    )
     if frame is not None:
         plan, frame = _frame_plan(plan, frame)
     with tracking.track(plan) as tracker:
@@ -127,11 +134,10 @@ def plan_function(
 
     if not callable(train_fn):
         raise ConfigError(f"run() needs a function to run, not {type(train_fn).__name__}")
-    if scaling.elastic:
+    if scaling.scale_batch:
         raise ConfigError(
-            "ScalingConfig.min_workers: run(train_fn) has a fixed number of workers (a "
-            "function's own loop cannot pause at a checkpoint the driver asks for); elastic "
-            "runs are for sparktf.train.fit, the training jobs and TFEstimator"
+            "ScalingConfig.scale_batch: run(train_fn) has no batch of its own to scale; the "
+            "function reads get_context().world_size and sizes its batch itself"
         )
     name = getattr(train_fn, "__qualname__", type(train_fn).__name__)
     try:
@@ -203,42 +209,17 @@ def _run(plan: RunPlan, spark, tracker, started: float, frame=None) -> TrainResu
         plan.scaling.describe(),
         plan.run.model_dir,
     )
-    restarts: list[dict] = []
-    history: list[dict] = []
-    attempt_plan = plan
-    while True:
-        try:
-            with ClusterRun(spark, attempt_plan, watch_steps=False, frame=frame) as cluster:
-                cluster.start()
-                with tracker.follow(cluster):
-                    try:
-                        done = cluster.wait()
-                    finally:
-                        history.extend(_checked(cluster.chief_reports(), plan.run.model_dir))
-            break
-        except TrainingError as exc:
-            if len(restarts) >= plan.run.failure.max_restarts:
-                raise
-            resume = _last_checkpoint(history)
-            restarts.append({"cause": str(exc), "resumed_from_checkpoint": resume})
-            tracker.restarted(history[-1]["step"] if history else 0, str(exc))
-            log.warning(
-                "restart %d of %d: train_fn runs again%s after: %s",
-                len(restarts),
-                plan.run.failure.max_restarts,
-                f" from {resume}" if resume else " from the start (no checkpoint reported)",
-                exc,
-            )
-            attempt_plan = dataclasses.replace(
-                plan, resume_checkpoint=resume, attempt=len(restarts)
-            )
+    resume = attempts.ReportResume(plan.run.model_dir)
+    outcome = attempts.run_attempts(spark, plan, tracker, resume, frame)
+    done, cluster, history = outcome.result, outcome.cluster, resume.history
     last = history[-1] if history else {}
+    input_wait, diagnosis = doctor.examine(plan, cluster)
     out = TrainResult(
         model_dir=plan.run.model_dir,
         start_step=0,
         final_step=int(last.get("step", 0)),
         metrics=dict(last.get("metrics", {})),
-        last_checkpoint=_last_checkpoint(history),
+        last_checkpoint=resume.last_checkpoint(),
         export_dir=None,
         elapsed_s=time.monotonic() - started,
         examples=0,
@@ -246,39 +227,28 @@ def _run(plan: RunPlan, spark, tracker, started: float, frame=None) -> TrainResu
         time_to_first_step_s=None,
         strategy=plan.scaling.strategy,
         input_mode="function",
-        restarts=restarts,
+        restarts=outcome.restarts,
+        resizes=outcome.resizes,
         mlflow_run_id=tracker.run_id,
         value=done.get("value"),
         history=history,
         processes=dict(cluster.placement),
+        feed_epochs=outcome.feed_epochs,
+        input_wait=input_wait,
+        input_diagnosis=diagnosis,
     )
+    attempts.record_outcome(out)
+    if resume.dropped:
+        log.info(
+            "the result's history holds the last %d of the %d reports", len(history), resume.reports
+        )
     log.info(
         "done: %s returned after %.1f s and %d report(s)%s",
         plan.train.model.split(":", 1)[1],
         out.elapsed_s,
-        len(history),
+        resume.reports,
         f"; last: {', '.join(f'{k} {v:.4g}' for k, v in out.metrics.items())}"
         if out.metrics
         else "",
     )
     return out
-
-
-def _checked(reports: list[dict], model_dir: str) -> list[dict]:
-    """The chief's reports, a checkpoint outside ``model_dir`` dropped (with a warning): a
-    restart copies the last one into every process."""
-    out = []
-    for entry in reports:
-        path = entry.get("checkpoint")
-        if path is not None and not within(path, model_dir):
-            log.warning(
-                "report %s: checkpoint %r is not under %s: ignored", entry.get("n"), path, model_dir
-            )
-            entry = {k: v for k, v in entry.items() if k != "checkpoint"}
-        out.append(entry)
-    return out
-
-
-def _last_checkpoint(history: list[dict]) -> str | None:
-    """The last checkpoint the chief reported (None: none)."""
-    return next((e["checkpoint"] for e in reversed(history) if e.get("checkpoint")), None)

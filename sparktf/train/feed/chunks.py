@@ -6,23 +6,23 @@ than Spark reads them (docs/versions.md). This module keeps TensorFlowOnSpark's 
 the executor's ``TFManager`` and its ``input`` queue, which pair a Spark task with the
 TensorFlow process on the same executor -- but moves the rows around the queue:
 
-1. Feeding tasks (``DataFrame.mapInArrow``, :func:`make_feeder`) receive Arrow record
-   batches straight from the JVM, cut them into chunks of about ``chunk_bytes`` and write each
-   chunk as an Arrow IPC file into a node-local directory (``/dev/shm`` when it has room)
-   that the TensorFlow process on the same executor created. Only ``(path, rows)`` goes on
-   the ``input`` queue. A feeding task blocks while ``max_buffered`` chunks wait unread
+1. Feeding tasks (``DataFrame.mapInArrow`` in a barrier stage, :func:`make_feeder`), one
+   per process and pass, each holding one process's share of an epoch in the epoch's order
+   (:mod:`sparktf.train.feed.order`), receive Arrow record batches straight from the JVM,
+   cut them into chunks of about ``chunk_bytes`` and write each chunk as an Arrow IPC file
+   into a node-local directory (``/dev/shm`` when it has room) that the TensorFlow process
+   on the same host created (:func:`share_node`). Only ``(path, rows)`` goes on the
+   ``input`` queue. A feeding task blocks while ``max_buffered`` chunks wait unread
    (back-pressure) and fails after ``feed_timeout_s`` without progress.
 2. The TensorFlow process (:class:`FeedReader`) memory-maps each file, decodes whole columns
    at once (``image``/``tokens`` hold ``numpy.save`` bytes of one fixed shape, so a column
-   is a strided view of one buffer), deletes the file, and re-batches rows into exact
-   batches on a prefetch thread.
+   is a strided view of one buffer), deletes the file, and re-batches rows, in the order
+   they came, into exact batches on a prefetch thread.
 3. The end: when the driver's feed jobs have finished it publishes how many chunks each
    executor received (:mod:`sparktf.train.wire.control`); a reader ends after reading its count
    (once it has read every chunk queued it asks the driver for the count itself, rather
-   than waiting for its next heartbeat's answer).
-   Partitions of any size, executors that got more or fewer rows, and a remainder shorter
-   than a batch therefore never leave a reader waiting. Rows that do not fill a last batch
-   are dropped (counted in ``dropped_rows``).
+   than waiting for its next heartbeat's answer). Every share is whole global batches, so
+   nothing is left short of a batch (``dropped_rows`` counts what would be).
 
 When a TensorFlow process stops early (its step target reached, or it failed) it sets its
 manager's ``sparktf_state``; feeding tasks on that executor then skip their rows.
@@ -60,7 +60,6 @@ __all__ = [
     "RUNNING",
     "STATE_KEY",
     "SUMMARY_SCHEMA",
-    "local_node",
     "FeedError",
     "FeedReader",
     "FeedTimeout",
@@ -73,6 +72,7 @@ __all__ = [
     "make_feeder",
     "node_local_dir",
     "remove_feed_dirs",
+    "share_node",
     "write_chunk",
 ]
 
@@ -270,32 +270,40 @@ def _host_toward(url: str) -> str:
     return route_to(where.hostname, where.port or 80)
 
 
-def local_node(nodes: dict[int, dict], here: str) -> dict:
-    """The TensorFlow process this feeding task writes to: one of those on its host (the
-    feed goes through a Unix socket and a local directory), chosen by the task's partition,
-    so that the partitions of a pass spread over the processes of a host whatever executor
-    each runs in (several processes may share an executor, and executors may run none).
+def share_node(shares: list[dict], task_hosts: list[str], index: int) -> dict:
+    """The process the task of partition ``index`` of a pass feeds, the feed going through a
+    Unix socket and a local directory: share ``j`` (partition ``j``) goes to process ``j``
+    when its task runs on that process's host. ``task_hosts[i]`` is where the task of
+    partition ``i`` runs (the barrier stage's tasks tell each other). Tasks Spark placed on
+    another host than their process's are paired, host by host and in order, with the
+    processes of their host whose own task is elsewhere: every process still gets one share.
 
     Raises:
-        FeedError: no process of the run runs on this host.
+        FeedError: a host has more such tasks than processes (its rows would have to cross
+            hosts).
     """
-    from pyspark import TaskContext
-
-    local = [nodes[i] for i in sorted(nodes) if nodes[i].get("host") == here]
-    if not local:
-        hosts = sorted({str(n.get("host")) for n in nodes.values()})
+    n = len(shares)
+    placed = [task_hosts[j] == shares[j].get("host") for j in range(n)]
+    if placed[index]:
+        return shares[index]
+    here = task_hosts[index]
+    tasks = [j for j in range(n) if not placed[j] and task_hosts[j] == here]
+    free = [j for j in range(n) if not placed[j] and shares[j].get("host") == here]
+    position = tasks.index(index)
+    if position >= len(free):
+        hosts = sorted({str(s.get("host")) for s in shares})
         raise FeedError(
-            f"a feeding task ran on host {here}, which runs no TensorFlow process of this "
-            f"run (they run on {', '.join(hosts)}): in spark input mode every host with "
-            "executors of the session must run one; use the files input mode, or a session "
-            "whose executors are on those hosts"
+            f"Spark placed {len(tasks)} feeding tasks on host {here}, which runs "
+            f"{len(free)} TensorFlow processes left to feed (the processes run on "
+            f"{', '.join(hosts)}): in spark input mode the session's free task slots must be "
+            "on the processes' hosts, one per process; use the files input mode, or a session "
+            "whose executors are those of the processes"
         )
-    task = TaskContext.get()
-    return local[(task.partitionId() if task is not None else 0) % len(local)]
+    return shares[free[position]]
 
 
 def make_feeder(
-    nodes: dict[int, dict],
+    shares: list[dict],
     token: str,
     control_url: str,
     *,
@@ -303,15 +311,16 @@ def make_feeder(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     max_buffered: int = DEFAULT_MAX_BUFFERED,
 ) -> Callable:
-    """The ``mapInArrow`` function of the feeding job.
+    """The ``mapInArrow`` function of a pass of the feeding job, run as a barrier stage of
+    one task per process (:mod:`sparktf.train.feed.passes`).
 
-    ``nodes`` maps a TensorFlowOnSpark executor id to its TFManager ``{"addr", "authkey",
-    "key", "host"}`` (a task feeds a process of its own host: ``local_node``); ``token``
-    and ``control_url`` identify the run and its driver. Yields one summary row per task
-    (:data:`SUMMARY_SCHEMA`). A task ends early, without writing, once
-    its TensorFlow process has stopped reading or the driver has ended the run; it fails
-    promptly when the driver aborts the run (no task is killed: killing a PySpark worker
-    would orphan TensorFlowOnSpark's processes in it).
+    ``shares[j]`` is the TFManager ``{"addr", "authkey", "key", "host"}`` of the process
+    that partition ``j`` feeds (:func:`share_node`); ``token`` and ``control_url`` identify
+    the run and its driver. The partition's rows are written in their order, in chunks.
+    Yields one summary row per task (:data:`SUMMARY_SCHEMA`). A task ends early, without
+    writing, once its TensorFlow process has stopped reading or the driver has ended the
+    run; it fails promptly when the driver aborts the run (no task is killed: killing a
+    PySpark worker would orphan TensorFlowOnSpark's processes in it).
     """
 
     def feed(batches: Iterator) -> Iterator:
@@ -320,8 +329,7 @@ def make_feeder(
         from sparktf.train.wire.control import RunFlags
 
         flags = _run_flags(RunFlags, control_url, token)
-
-        node = local_node(nodes, _host_toward(control_url))
+        node = _task_node(shares, _host_toward(control_url))
         mgr = connect_manager(node["addr"], node["authkey"])
         queue = input_queue(mgr)
         target = _await_feed_dir(mgr, token, node["key"], feed_timeout_s, flags)
@@ -358,6 +366,23 @@ def make_feeder(
         )
 
     return feed
+
+
+def _task_node(shares: list[dict], here: str) -> dict:
+    """The process this task feeds (:func:`share_node`): the tasks of the barrier stage
+    tell each other where they run. A task outside a barrier stage (called directly) feeds
+    its partition's process, as if every other task ran on its process's host."""
+    from pyspark import BarrierTaskContext, TaskContext
+
+    try:
+        barrier = BarrierTaskContext.get()
+    except Exception:  # not a barrier stage's task
+        task = TaskContext.get()
+        index = task.partitionId() if task is not None else 0
+        hosts = [str(s.get("host")) for s in shares]
+        hosts[index] = here
+        return share_node(shares, hosts, index)
+    return share_node(shares, barrier.allGather(here), barrier.partitionId())
 
 
 _FLAGS: dict[tuple[str, str], Any] = {}
@@ -552,19 +577,15 @@ def _scalar_column(column, field: Field, where: str) -> np.ndarray:
 
 
 class Rebatcher:
-    """Turns chunks of any size into batches of exactly ``batch_size`` rows."""
+    """Turns chunks of any size into batches of exactly ``batch_size`` rows, in order."""
 
-    def __init__(self, batch_size: int, rng: np.random.Generator | None = None):
+    def __init__(self, batch_size: int):
         self.batch_size = batch_size
-        self.rng = rng
         self._parts: list[dict[str, np.ndarray]] = []
         self._rows = 0
 
     def add(self, chunk: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         n = len(next(iter(chunk.values())))
-        if self.rng is not None and n > 1:
-            order = self.rng.permutation(n)
-            chunk = {k: v[order] for k, v in chunk.items()}
         self._parts.append(chunk)
         self._rows += n
         while self._rows >= self.batch_size:
@@ -612,17 +633,16 @@ class FeedReader:
         fields: list[Field],
         control,
         feed_timeout_s: float,
-        shuffle_seed: int | None = None,
     ):
         self.key, self.token, self.fields = key, token, fields
         self.control = control
         self.feed_timeout_s = feed_timeout_s
-        self.shuffle_seed = shuffle_seed
         self.mgr = connect_manager(mgr_address, authkey)
         self.queue = self.mgr.get_queue("input")
         self.dir = node_local_dir(token, key)
         self.chunks = self.rows = self.dropped_rows = 0
-        self.wait_s = 0.0
+        # its thread's time waiting for Spark's next chunk, and decoding chunks
+        self.wait_s = self.decode_s = 0.0
         self._closed = False
         self._next_end_poll = 0.0
         self._end_poll_s = END_POLL_S
@@ -692,13 +712,13 @@ class FeedReader:
                     pass
             self.chunks += 1
             self.rows += count
-            last = time.monotonic()
+            self.decode_s += time.monotonic() - started
             yield chunk
+            last = time.monotonic()  # time spent handing the batches on is not a wait
 
     def batches(self, batch_size: int, *, prefetch: int = 4) -> Iterator[dict[str, np.ndarray]]:
         """Exact batches of ``batch_size`` rows, read ahead on a thread."""
-        rng = np.random.default_rng(self.shuffle_seed) if self.shuffle_seed is not None else None
-        rebatcher = Rebatcher(batch_size, rng)
+        rebatcher = Rebatcher(batch_size)
         out: queue_lib.Queue = queue_lib.Queue(maxsize=prefetch)
         stop = threading.Event()
         END = object()

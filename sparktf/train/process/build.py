@@ -32,14 +32,14 @@ log = logging.getLogger(__name__)
 class Built:
     """A process ready to train: ``optimizer`` is one optimizer or a dict of them (a GAN's
     two nets); ``start_step`` is the restored global step (0 on a fresh run) and
-    ``checkpoint`` the checkpoint it came from (None on a fresh run)."""
+    ``restored_from`` the checkpoint it came from (None on a fresh run)."""
 
     model: Any
     optimizer: Any
     global_step: Any
     stepper: AllReduceStep | ParameterServerStep
     start_step: int
-    checkpoint: str | None
+    restored_from: str | None
 
 
 def build_training(
@@ -129,7 +129,7 @@ def _restore(
     any."""
     train = plan.train
     optimizers = optimizer if isinstance(optimizer, dict) else {"": optimizer}
-    checkpoint = tf.train.Checkpoint(
+    tf_checkpoint = tf.train.Checkpoint(
         model=model,
         global_step=global_step,
         **{(f"{k}_optimizer" if k else "optimizer"): v for k, v in optimizers.items()},
@@ -137,7 +137,7 @@ def _restore(
     # under ps the files are written here, not on the parameter servers' hosts
     io_device = f"/job:{role.role}/replica:0/task:{role.index}/device:CPU:0"
     restored = model_dir.attach(
-        checkpoint,
+        tf_checkpoint,
         keep=plan.run.checkpoint.keep,
         io_device=io_device if plan.scaling.strategy == "ps" else None,
     )

@@ -19,8 +19,10 @@ from typing import Any
 
 from sparktf import scratch, storage
 from sparktf.errors import SparktfTypeError, SparktfValueError
+from sparktf.train.feed.order import Position
 from sparktf.train.plan import ProcessSpec, Role
 from sparktf.train.process import context, keras_fit
+from sparktf.train.result import PAUSED
 
 __all__ = ["DYNAMIC", "jsonable", "name_code", "run_function", "takes_argument"]
 
@@ -46,13 +48,17 @@ def jsonable(value: Any, what: str = "train_fn's return value") -> Any:
 
 def run_function(spec: ProcessSpec, role: Role, control) -> dict:
     """Runs the plan's training function as ``role``; returns what this process sends with
-    ``done`` (the chief) or ``finished``: ``{"value": ..., "reports": n}``."""
+    ``done`` (the chief) or ``finished``: ``{"value": ..., "reports": n, "end_reason":
+    "returned" | "paused", "input_timing": {...}}`` (``paused``: an elastic run's function
+    returned when :func:`~sparktf.train.report` told it to; ``input_timing``: the waits for
+    the batches of ``dataset()``, :meth:`~sparktf.train.process.inputs.InputClock.stats`)."""
     import cloudpickle
     import tensorflow as tf
 
     from sparktf.train.artifacts import ModelDir
     from sparktf.train.process.build import make_strategy
-    from sparktf.train.process.summaries import EventWriter
+    from sparktf.train.process.steps import anywhere
+    from sparktf.train.process.summaries import EventWriter, record_attempt
 
     plan = spec.plan
     train_fn, config, source = cloudpickle.loads(plan.function)
@@ -61,10 +67,10 @@ def run_function(spec: ProcessSpec, role: Role, control) -> dict:
     strategy, coordinator = make_strategy(tf, plan, role)
     keras_fit.apply()
     local_dir = scratch.make_dir("sparktf-modeldir-")
-    checkpoint = None
+    restored_dir = None
     if plan.resume_checkpoint:
-        checkpoint = os.path.join(local_dir, "resume")
-        storage.copy_tree(plan.resume_checkpoint, checkpoint)
+        restored_dir = os.path.join(local_dir, "resume")
+        storage.copy_tree(plan.resume_checkpoint, restored_dir)
         log.info("%s: resuming from %s", role.name, plan.resume_checkpoint)
     events = None
     model_dir = None
@@ -73,23 +79,30 @@ def run_function(spec: ProcessSpec, role: Role, control) -> dict:
             plan.run.model_dir, writer=True, sync_every_s=plan.run.tracking.sync_every_s
         )
         events = EventWriter(model_dir, enabled=True)
+        record_attempt(events, plan, int((plan.event or {}).get("resumed_from_step", 0)))
+    allreduce = role.strategy == "allreduce"  # under ps only the chief runs train_fn
     ctx = context.TrainContext(
-        rank=role.rank if role.strategy == "allreduce" else 0,
-        world_size=role.num_workers if role.strategy == "allreduce" else 1,
+        rank=role.rank if allreduce else 0,
+        world_size=role.num_workers if allreduce else 1,
         role=role.role,
         is_chief=role.is_chief,
         strategy=strategy,
         coordinator=coordinator,
         model_dir=plan.run.model_dir,
         local_dir=local_dir,
-        checkpoint=checkpoint,
+        restored_dir=restored_dir,
         export_dir=storage.join(plan.run.model_dir, "export"),
         config=config,
         attempt=plan.attempt,
         data=None if plan.data.frame else plan.data.data or None,
         feed=_Feed(spec, role, control) if plan.data.frame else None,
+        feed_start=None if plan.data.frame else plan.feed_start,
+        feed_start_step=plan.feed_start_step,
         channel=control,
         events=events,
+        reports_sent=plan.reports_before,
+        elastic=plan.elastic,
+        agree=anywhere(tf, strategy) if plan.elastic and allreduce else None,
     )
     context.install(ctx)
     log.info(
@@ -104,6 +117,7 @@ def run_function(spec: ProcessSpec, role: Role, control) -> dict:
         value = train_fn(config) if takes_argument(train_fn) else train_fn()
         state = "done"
     finally:
+        ctx.clock.stop()
         if ctx.feed is not None:
             ctx.feed.close(state)
         if events is not None:
@@ -111,7 +125,14 @@ def run_function(spec: ProcessSpec, role: Role, control) -> dict:
         if model_dir is not None:
             model_dir.sync_events(force=True)
             model_dir.close()
-    return {"value": jsonable(value) if role.is_chief else None, "reports": ctx.reports_sent}
+    # an elastic run's grow: the function returned because report() told it to
+    end_reason = PAUSED if ctx.stopping else "returned"
+    return {
+        "value": jsonable(value) if role.is_chief else None,
+        "reports": ctx.reports_sent - plan.reports_before,
+        "end_reason": end_reason,
+        "input_timing": ctx.clock.stats(),
+    }
 
 
 class _Feed:
@@ -124,11 +145,22 @@ class _Feed:
         self.batch_size = 0
 
     def __call__(self, batch_size: int):
+        """``batch_size``: the global batch. The feed gives this process batches of that
+        many rows of its share; ``model.fit`` and ``experimental_distribute_dataset`` take
+        ``batch_size / world_size`` of them each step (ps: the chief takes them whole)."""
         from sparktf.train.process import inputs
 
         if self.spec.mgr_address is None:  # a process that does not train (ps) is not fed
             raise SparktfValueError(f"{self.role.name} is not fed: only training processes are")
+        shares = self.role.num_workers if self.role.strategy == "allreduce" else 1
+        if batch_size <= 0 or batch_size % shares:
+            raise SparktfValueError(
+                f"dataset(batch_size={batch_size}): the global batch must be divisible by the "
+                f"{shares} processes that each take their part of it"
+            )
         if self.source is None:
+            # the driver's feed waits for the global batch of every training process
+            self.control.send("feed", {"batch": batch_size})
             self.source = inputs.open_batches(self.spec, self.role, self.control, batch_size)
             self.batch_size = batch_size
         elif self.batch_size != batch_size:
@@ -137,6 +169,16 @@ class _Feed:
                 f"batch_size={self.batch_size}; a process has one feed"
             )
         return self.source, self.spec.plan.data.fields
+
+    def position(self, step: int) -> dict[str, int] | None:
+        """Where the feed stands after global step ``step`` (a report's), counted from the
+        attempt's start (``RunPlan.feed_start``); None before the feed is opened."""
+        if self.source is None:
+            return None
+        plan = self.spec.plan
+        start = Position.from_dict(plan.feed_start)
+        steps = max(0, step - plan.feed_start_step)
+        return start.advance(steps, self.batch_size, plan.data.rows).to_dict()
 
     def close(self, state: str) -> None:
         """Tells the feeding tasks this process reads no more (``done`` or ``failed``)."""

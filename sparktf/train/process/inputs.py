@@ -3,29 +3,46 @@
 :func:`open_batches` returns a :class:`Source` of numpy batches of exactly ``batch_size``
 rows, from the plan's dataset description (:class:`~sparktf.train.plan.DataInfo`):
 
-* ``spark``: the process's :class:`~sparktf.train.feed.chunks.FeedReader`;
+* ``spark``: the process's :class:`~sparktf.train.feed.chunks.FeedReader`: its share of each
+  epoch, already in the epoch's order (:mod:`sparktf.train.feed.order`);
 * ``files``: the process's shard of the split, repeated and reshuffled every pass, read
   with :mod:`sparktf.datasets.readers` (TFRecord or Parquet, local or ``hdfs://``; by
-  files when their number is a multiple of the workers, else by records).
+  files when their number is a multiple of the workers, else by records), from where the
+  checkpoint the attempt resumed from left it (:class:`FilesFeed`).
 
 Under the ``ps`` strategy the chief is the only reader: it reads every shard and hands
 batches to the workers (TF2 parameter-server workers run only the graph functions the
 coordinator sends; a Python reader -- and TensorFlow has no HDFS file system -- cannot run
 there).
+
+:class:`InputClock` measures how long a process waits for its next batch against the time
+between batches (its steps): the driver's input-bound check reads it
+(:mod:`sparktf.train.driver.doctor`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sparktf.train.config import ConfigError
+from sparktf.train.errors import ConfigError
 from sparktf.train.plan import DataInfo, ProcessSpec, Role
 
-__all__ = ["Primed", "Source", "file_batches", "open_batches", "stream_layout"]
+__all__ = [
+    "FilesFeed",
+    "InputClock",
+    "Primed",
+    "Source",
+    "cpu_times",
+    "file_batches",
+    "open_batches",
+    "stream_layout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +69,63 @@ class Source:
         if self.close_fn is not None:
             self.close_fn(state)
             self.close_fn = None
+
+
+class FilesFeed:
+    """The files input of one training process: its shard, and where the attempt starts in
+    the shard's endless stream (:class:`~sparktf.train.feed.order.FilesPosition`, from the
+    checkpoint the run resumes from: ``RunPlan.feed_start``, at ``feed_start_step``)."""
+
+    def __init__(self, data: str, split: str, fmt: str, shard: int, start, start_step: int):
+        self.data, self.split, self.fmt, self.shard = data, split, fmt, shard
+        self.position, self.start_step = start, start_step
+        self._sizes: dict[int, int] = {}
+
+    @classmethod
+    def for_attempt(
+        cls,
+        feed_start: dict | None,
+        start_step: int,
+        data: str,
+        split: str,
+        fmt: str,
+        shards: int,
+        shard: int,
+        batch: int,
+    ) -> FilesFeed:
+        """Shard ``shard`` of ``shards`` (``batch`` records a step each) of ``split`` of
+        the dataset ``data``, from ``feed_start`` (the position the checkpoint of step
+        ``start_step`` recorded, a :class:`~sparktf.train.feed.order.FilesPosition` as a
+        dict; None: from the start)."""
+        from sparktf.train.feed.order import FilesPosition
+
+        start = FilesPosition.from_dict(feed_start, shards, batch, start_step)
+        return cls(data, split, fmt, shard, start, start_step)
+
+    def size(self, shard: int) -> int:
+        """Records of one pass of shard ``shard`` (the manifest's counts)."""
+        if shard not in self._sizes:
+            from sparktf.datasets import readers
+
+            self._sizes[shard] = readers.shard_records(
+                self.data,
+                self.fmt,
+                split=self.split,
+                num_shards=self.position.shards,
+                shard_index=shard,
+            )
+        return self._sizes[shard]
+
+    @property
+    def start(self) -> int:
+        """The record of this process's shard its stream starts from."""
+        return self.position.start(self.size(self.shard))
+
+    def at(self, step: int) -> dict[str, int]:
+        """Where the files input stands after global step ``step`` (the chief's shard
+        gives the pass), to keep with the checkpoint of that step."""
+        steps = max(0, step - self.start_step)
+        return self.position.advance(steps, self.size(0)).to_dict()
 
 
 class Primed:
@@ -93,6 +167,128 @@ class Primed:
         return first
 
 
+_END, _NO_DEFAULT = object(), object()
+
+
+def cpu_times() -> tuple[float, float] | None:
+    """This host's CPU time so far, busy and in all, over all its CPUs (``/proc/stat``, in
+    clock ticks); None where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class InputClock:
+    """How long one process waits for its next batch, against the time between batches.
+
+    Counted from the second batch on: the first one's wait is the start-up (the input fills
+    while the model is built) and the first step traces its function. A step's time is
+    the time from one batch handed over to the next one asked for (the training step, its
+    checkpoints and reports; in a user's function whatever it does between batches), its
+    wait the time inside the iterator's ``next``. An end of the data is not a wait.
+
+    ``source``: the process's :class:`~sparktf.train.feed.chunks.FeedReader` (``spark``
+    input mode): how long its thread waited for Spark's chunks (``wait_s``) and decoded
+    them (``decode_s``), counted over the same span. Thread-safe: ``tf.data`` may call
+    from its own threads.
+    """
+
+    def __init__(self, source: Any = None):
+        self.source = source
+        self.wait_s = self.step_s = 0.0
+        self.batches = 0  # handed over, the first included
+        self._last: float | None = None  # when the last batch was handed over
+        self._ended: float | None = None  # stop(): the end of the measured span
+        self._base: dict[str, Any] = {}  # the counters when the measured span began
+        self._lock = threading.Lock()
+
+    def next(self, iterator: Iterator[Any], default: Any = _NO_DEFAULT) -> Any:
+        """``next(iterator[, default])``, timed."""
+        started = time.monotonic()
+        item = next(iterator) if default is _NO_DEFAULT else next(iterator, default)
+        if item is not default:
+            self._count(started, time.monotonic())
+        return item
+
+    def timed(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        """The items of ``iterator``, each ``next`` timed."""
+        while True:
+            item = self.next(iterator, _END)
+            if item is _END:
+                return
+            yield item
+
+    def _count(self, started: float, ended: float) -> None:
+        with self._lock:
+            if self._ended is not None:  # a pipeline reading ahead after the training ended
+                return
+            self.batches += 1
+            if self.batches == 2:  # the measured span starts with the second batch's wait
+                self._base = self._counters()
+            if self.batches >= 2:
+                self.wait_s += ended - started
+            if self.batches >= 3:  # tf.data's threads may overlap: never below 0
+                self.step_s += max(0.0, started - self._last)
+            self._last = ended
+
+    def _counters(self) -> dict[str, Any]:
+        reader = self.source
+        found: dict[str, Any] = {"cpu": cpu_times()}
+        for name in ("wait_s", "decode_s", "chunks", "rows"):
+            if hasattr(reader, name):
+                found[name] = getattr(reader, name)
+        return found
+
+    def stop(self) -> None:
+        """Ends the measured span (the training ended): what follows is neither a step nor
+        a wait."""
+        with self._lock:
+            if self._ended is None:
+                self._ended = time.monotonic()
+
+    def fraction(self) -> float | None:
+        """The share of the measured time spent waiting for batches (None before the
+        second batch): ``wait / (wait + steps)``, the step in progress included."""
+        with self._lock:
+            if self.batches < 2:
+                return None
+            step_s = self.step_s + max(0.0, (self._ended or time.monotonic()) - self._last)
+            total = self.wait_s + step_s
+            return self.wait_s / total if total > 0 else 0.0
+
+    def stats(self) -> dict[str, Any]:
+        """What a process reports at its end: ``wait_fraction``, ``wait_s``, ``step_s``,
+        ``steps`` measured; with a feed reader its ``feed_wait_s``, ``decode_s``, ``chunks``
+        and ``rows`` over the span; ``cpu_busy``, the host's CPUs busy over the span (0-1).
+        Empty before the second batch."""
+        fraction = self.fraction()
+        if fraction is None:
+            return {}
+        with self._lock:
+            end = self._ended or time.monotonic()
+            out: dict[str, Any] = {
+                "wait_fraction": round(fraction, 4),
+                "wait_s": round(self.wait_s, 3),
+                "step_s": round(self.step_s + max(0.0, end - self._last), 3),
+                "steps": self.batches - 1,
+            }
+            now, base = self._counters(), self._base
+        for name, key in (("wait_s", "feed_wait_s"), ("decode_s", "decode_s")):
+            if name in now and name in base:
+                out[key] = round(now[name] - base[name], 3)
+        for name in ("chunks", "rows"):
+            if name in now and name in base:
+                out[name] = now[name] - base[name]
+        if now["cpu"] and base.get("cpu") and now["cpu"][1] > base["cpu"][1]:
+            busy, total = (a - b for a, b in zip(now["cpu"], base["cpu"]))
+            out["cpu_busy"] = round(busy / total, 3)
+        return out
+
+
 def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Source:
     """This process's batches (``batch_size`` rows each)."""
     plan = spec.plan
@@ -100,7 +296,6 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         num_shards, shard = 1, 0
     else:
         num_shards, shard = role.num_workers, role.rank
-    seed = plan.train.seed + 1000 * shard if plan.train.shuffle else None
     if plan.train.input_mode == "spark":
         from sparktf import exit_hooks
         from sparktf.train.feed.chunks import FeedReader
@@ -113,27 +308,54 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
             fields=list(plan.data.fields),
             control=control,
             feed_timeout_s=plan.run.failure.feed_timeout_s,
-            shuffle_seed=seed,
         ).open()
         exit_hooks.on_exit(lambda: reader.close("failed"))
         return Source(reader.batches(batch_size), finite=True, close_fn=reader.close, reader=reader)
-    batches = file_batches(plan.data, plan.train.file_format, batch_size, num_shards, shard, seed)
+    seed = plan.train.seed + 1000 * shard if plan.train.shuffle else None
+    fmt = plan.train.file_format
+    feed = FilesFeed.for_attempt(
+        plan.feed_start,
+        plan.feed_start_step,
+        plan.data.data,
+        plan.data.split,
+        fmt,
+        num_shards,
+        shard,
+        batch_size,
+    )
+    if feed.start:
+        log.info(
+            "files input: shard %d of %d goes on from its record %d (%s)",
+            shard,
+            num_shards,
+            feed.start,
+            feed.position,
+        )
+    batches = file_batches(plan.data, fmt, batch_size, num_shards, shard, seed, feed.start)
     # Endless (epochs repeat; an empty shard is an error): all-reduce workers need not agree
     # every step that none has run out, which would cost a collective and a sync per step.
-    return Source(batches, finite=False)
+    return Source(batches, finite=False, reader=feed)
 
 
 def file_batches(
-    data: DataInfo, fmt: str, batch_size: int, num_shards: int, shard: int, seed: int | None
+    data: DataInfo,
+    fmt: str,
+    batch_size: int,
+    num_shards: int,
+    shard: int,
+    seed: int | None,
+    start: int = 0,
 ) -> Iterator[dict[str, Any]]:
-    """Endless exact batches of this shard, from :mod:`sparktf.datasets.readers`."""
+    """Endless exact batches of this shard, from :mod:`sparktf.datasets.readers`, from record
+    ``start`` of its stream on."""
     import tensorflow as tf
 
     from sparktf.datasets import readers
 
     names = data.names
     if "tokens" in names and seed is None:
-        yield from _token_stream_batches(data, fmt, batch_size, num_shards, shard)
+        batches = _token_stream_batches(data, fmt, batch_size, num_shards, shard)
+        yield from itertools.islice(batches, start // batch_size, None)
         return
     options = dict(
         batch_size=batch_size,
@@ -144,6 +366,7 @@ def file_batches(
         seed=seed,
         repeat=True,
         drop_remainder=True,
+        start=start,
     )
     if fmt == "tfrecord":
         dataset = readers.tfrecord_dataset(data.data, verify_checksums=True, **options)

@@ -45,12 +45,12 @@ from typing import Any
 from sparktf import scratch
 from sparktf.errors import SparktfError
 from sparktf.ports import server_port
+from sparktf.security.redact import protect_tensorflowonspark_logs
 from sparktf.train.feed.chunks import remove_feed_dirs
 from sparktf.train.plan import ProcessSpec
 from sparktf.train.process.main import EARLY, EXIT_ABORTED, preloads, runtime_env
 from sparktf.train.wire.control import ControlClient, issued_token, keep_issued_token
 from sparktf.train.wire.reservation import AuthClient, route_to
-from sparktf.train.wire.tfos_logs import protect_tensorflowonspark_logs
 
 __all__ = [
     "QUEUES",

@@ -2,11 +2,13 @@
 
 * :class:`Meter` -- examples and examples/s of one process; the rates start when the first
   step has ended (that step traces the step function).
-* :class:`Reporter` -- every process sends its step to the driver (its stall check reads it).
+* :class:`Reporter` -- every process sends its step to the driver (its stall check reads it)
+  and the share of its time it waited for batches.
   The chief, every ``TrackingConfig.summary_every_steps`` and at least every second or two,
-  also sends its progress (step, epoch, the step's metrics, examples/s, the last evaluation)
-  and writes the scalars to TensorBoard; with every weight snapshot it writes the weights'
-  histograms and what the task draws
+  also sends its progress (step, epoch, the step's metrics, examples/s, the last evaluation,
+  the share of its time it waited for batches: ``input_wait``) and writes the scalars to
+  TensorBoard (that share as ``input/wait_fraction``); with every weight snapshot it writes
+  the weights' histograms and what the task draws
   (:meth:`~sparktf.models.task.ModelTask.summary_images`: a GAN's samples).
 """
 
@@ -66,7 +68,9 @@ class Reporter:
 
     ``events``: the process's :class:`~sparktf.train.process.summaries.EventWriter` (disabled on
     every process but the chief); ``latest_evaluation``: returns the last evaluation (with
-    its ``step``) or None; ``started``: ``time.time()`` when the process started.
+    its ``step``) or None; ``started``: ``time.time()`` when the process started;
+    ``clock``: the process's :class:`~sparktf.train.process.inputs.InputClock` (every
+    process sends its wait in its progress).
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class Reporter:
         *,
         started: float,
         latest_evaluation: Callable[[], dict[str, float] | None] = lambda: None,
+        clock=None,
     ):
         self.plan, self.role, self.control, self.events = plan, role, control, events
         self.meter = Meter(plan.global_batch)
@@ -87,6 +92,7 @@ class Reporter:
         self._latest_evaluation = latest_evaluation
         self._draw = task.summary_images()
         self._last_progress = 0.0
+        self.clock = clock
 
     def step(self, step: int, pending) -> None:
         """Counts the step ``step`` whose (possibly remote) metrics are ``pending``, and
@@ -104,7 +110,7 @@ class Reporter:
         """The chief's scalars and progress, every ``summary_every_steps`` or second or two;
         the step alone on the other processes."""
         if not self.role.is_chief:
-            self.control.set_progress({"step": step})
+            self.control.set_progress({"step": step, **self.input_wait()})
             return
         now = time.monotonic()
         run = self.plan.run
@@ -117,7 +123,7 @@ class Reporter:
         self._last_progress = now
         self.metrics = to_floats(pending)
         rate = self.meter.window_rate()
-        self.events.scalars(step, {**self.metrics, "examples_per_sec": rate})
+        self.events.scalars(step, {**self.metrics, "examples_per_sec": rate, **self._wait_scalar()})
         self.control.set_progress(
             {**self.progress(step, rate), "first_step_wall": self.meter.first_step_wall}
         )
@@ -131,8 +137,20 @@ class Reporter:
             "target": self.plan.target_steps,
             "epoch": step / self.plan.steps_per_epoch,
             "examples_per_sec": rate,
+            **self.input_wait(),
             **self.metrics,
         }
+
+    def input_wait(self) -> dict[str, float]:
+        """``{"input_wait": share}``: the share of the time waited for batches so far, once
+        measured (:class:`~sparktf.train.process.inputs.InputClock`); else empty."""
+        fraction = self.clock.fraction() if self.clock is not None else None
+        return {} if fraction is None else {"input_wait": round(fraction, 4)}
+
+    def _wait_scalar(self) -> dict[str, float]:
+        """The TensorBoard scalar of :meth:`input_wait`."""
+        wait = self.input_wait()
+        return {"input/wait_fraction": wait["input_wait"]} if wait else {}
 
     def snapshot(self, step: int, model) -> None:
         """Reads the weights (every all-reduce process reads them at the same steps); the
@@ -155,5 +173,5 @@ class Reporter:
 
     def close(self, step: int, rate: float) -> None:
         """The final scalars at ``step``; closes the event files."""
-        self.events.scalars(step, {**self.metrics, "examples_per_sec": rate})
+        self.events.scalars(step, {**self.metrics, "examples_per_sec": rate, **self._wait_scalar()})
         self.events.close()

@@ -17,7 +17,49 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AllReduceStep", "ParameterServerStep", "augment", "to_floats"]
+__all__ = [
+    "AllReduceStep",
+    "ParameterServerStep",
+    "anywhere",
+    "augment",
+    "replica_all_reduce",
+    "to_floats",
+]
+
+
+def replica_all_reduce(tf, devices: list):
+    """``all_reduce(op, tree)`` in a replica context of a multi-worker all-reduce strategy
+    over ``devices`` (the worker's): the values are placed on the replica's device first,
+    which ``all_reduce`` needs under ``MultiWorkerMirroredStrategy``."""
+
+    def all_reduce(op, tree):
+        ctx = tf.distribute.get_replica_context()
+        index = (tf.get_static_value(ctx.replica_id_in_sync_group) or 0) % len(devices)
+        with tf.device(devices[index]):
+            tree = tf.nest.map_structure(tf.identity, tree)
+        return ctx.all_reduce(op, tree)
+
+    return all_reduce
+
+
+def anywhere(tf, strategy):
+    """``anywhere(local: bool) -> bool``: whether the flag is true in any process of the
+    all-reduce ``strategy`` (one small all-reduce; every process must call it at the same
+    point, as every collective)."""
+    all_reduce = replica_all_reduce(tf, list(strategy.extended.worker_devices))
+
+    @tf.function
+    def any_set(flag):
+        out = strategy.run(lambda f: all_reduce(tf.distribute.ReduceOp.SUM, f), args=(flag,))
+        return strategy.experimental_local_results(out)[0]
+
+    def check(local: bool) -> bool:
+        flag = strategy.experimental_distribute_values_from_function(
+            lambda _: tf.constant(1.0 if local else 0.0)
+        )
+        return float(any_set(flag)) > 0
+
+    return check
 
 
 def augment(tf, task, batch, seed: int, global_step):
@@ -53,12 +95,7 @@ class AllReduceStep:
         self.per_replica_batch = self.per_process_batch // len(self.devices)
         self.num_workers = num_workers
 
-        def all_reduce(op, tree):
-            ctx = tf.distribute.get_replica_context()
-            index = (tf.get_static_value(ctx.replica_id_in_sync_group) or 0) % len(self.devices)
-            with tf.device(self.devices[index]):  # all_reduce needs values placed on a device
-                tree = tf.nest.map_structure(tf.identity, tree)
-            return ctx.all_reduce(op, tree)
+        all_reduce = replica_all_reduce(tf, self.devices)
 
         def replica_step(local_batch):
             local_batch = augment(tf, task, local_batch, seed, global_step)
@@ -71,23 +108,12 @@ class AllReduceStep:
             global_step.assign_add(1)
             return strategy.experimental_local_results(out)[0]
 
-        @tf.function
-        def any_finished(flag):
-            out = strategy.run(lambda f: all_reduce(tf.distribute.ReduceOp.SUM, f), args=(flag,))
-            return strategy.experimental_local_results(out)[0]
-
-        self._step_fn, self._any_finished = step_fn, any_finished
+        self._step_fn = step_fn
+        self.finished_anywhere = anywhere(tf, strategy)
 
     def must_agree(self, finite_input: bool) -> bool:
         """Whether the processes must agree every step that none has run out of rows."""
         return finite_input and self.num_workers > 1
-
-    def finished_anywhere(self, local_finished: bool) -> bool:
-        tf = self.tf
-        flag = self.strategy.experimental_distribute_values_from_function(
-            lambda _: tf.constant(1.0 if local_finished else 0.0)
-        )
-        return float(self._any_finished(flag)) > 0
 
     def __call__(self, batch: dict[str, np.ndarray]):
         tf = self.tf

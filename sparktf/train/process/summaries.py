@@ -20,7 +20,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EventWriter", "histogram", "histogram_buckets", "image", "scalar", "text"]
+__all__ = [
+    "EventWriter",
+    "histogram",
+    "histogram_buckets",
+    "image",
+    "record_attempt",
+    "scalar",
+    "text",
+]
 
 # SCALAR, TENSOR, BLOB_SEQUENCE
 _DATA_CLASS = {"scalars": 1, "histograms": 2, "images": 3, "text": 2}
@@ -128,7 +136,7 @@ class EventWriter:
             image(name, images, step)
 
     def note(self, step: int, name: str, value: str) -> None:
-        """A text summary (an elastic run's resize)."""
+        """A text summary (the event that started an attempt)."""
         if self.writer is None:
             return
         with self.writer.as_default(step=step):
@@ -139,3 +147,25 @@ class EventWriter:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+
+
+def record_attempt(events: EventWriter, plan, step: int) -> None:
+    """An attempt of a run in TensorBoard, at the step it starts from: an elastic run's
+    workers (the scalar ``elastic/workers``) and the event that started it, a restart, shrink
+    or grow (the text ``run/event``: :mod:`sparktf.train.driver.attempts`). Nothing for the
+    first attempt of a run of a fixed size."""
+    if plan.elastic:
+        events.scalars(step, {"elastic/workers": plan.scaling.num_workers})
+    event = plan.event
+    if event:
+        workers = (
+            f"with {event['to']} workers"
+            if event["kind"] == "restart"
+            else f"from {event['from']} to {event['to']} workers"
+        )
+        events.note(
+            step,
+            "run/event",
+            f"{event['kind']} {workers} at step {event['step']} (attempt {plan.attempt}, "
+            f"resuming from step {event['resumed_from_step']}): {event['cause']}",
+        )

@@ -6,6 +6,8 @@ optimizer, the latest checkpoint restored, the step of :mod:`sparktf.train.proce
 its batches (:mod:`sparktf.train.process.inputs`) and steps until the target step or the end of the
 data:
 
+* every batch's wait timed against the steps (:class:`~sparktf.train.process.inputs.InputClock`:
+  the result's ``input_timing``, the progress's ``input_wait``);
 * every ``CheckpointConfig.every_steps`` and at the end a checkpoint (named by global step);
   weight histograms and what the task draws every ``TrackingConfig.histogram_every_steps``
   (default: with the checkpoints); scalars and progress (:mod:`sparktf.train.process.reporting`);
@@ -30,13 +32,14 @@ import time
 import numpy as np
 
 from sparktf.train.artifacts import ModelDir, latest_checkpoint
-from sparktf.train.config import TrainingError
+from sparktf.train.errors import TrainingError
+from sparktf.train.feed.order import Position
 from sparktf.train.plan import ProcessSpec, Role, eval_metrics
 from sparktf.train.process import inputs
 from sparktf.train.process.build import Built, build_training
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker, Evaluator
 from sparktf.train.process.reporting import Reporter
-from sparktf.train.process.summaries import EventWriter
+from sparktf.train.process.summaries import EventWriter, record_attempt
 from sparktf.train.result import PAUSED, ProcessResult
 
 __all__ = ["Trainer", "export_writer"]
@@ -74,8 +77,10 @@ class Trainer:
         self.evaluation: EvaluationTracker | None = None  # the chief's, with an eval split
         self.pending = None  # the last step's (possibly remote) metrics
         self.saved_step = -1
-        self.checkpoint: str | None = None
+        self.last_checkpoint: str | None = None  # the prefix of the last checkpoint saved
         self.sources: list[inputs.Source] = []  # the input opened by run()
+        self.clock = inputs.InputClock()  # the wait for each batch against the steps
+        self.timing: dict = {}  # the clock's figures when the training ended
 
     def run(self) -> ProcessResult:
         """Builds the process, trains it, finishes (final checkpoint, evaluation, export) and
@@ -108,10 +113,11 @@ class Trainer:
         self.built = built = build_training(
             self.plan, self.role, self.task, self.model_dir, with_strategy=open_input
         )
-        if built.checkpoint is not None:
+        if built.restored_from is not None:
             # the model directory's name of it: what was restored may be a local copy
             self.saved_step = built.start_step
-            self.checkpoint = latest_checkpoint(self.model_dir.uri) or built.checkpoint
+            self.last_checkpoint = latest_checkpoint(self.model_dir.uri) or built.restored_from
+        self.clock.source = opened[0].reader
         self.reporter = Reporter(
             self.plan,
             self.role,
@@ -120,10 +126,10 @@ class Trainer:
             self.task,
             started=started,
             latest_evaluation=lambda: self.evaluation.latest if self.evaluation else None,
+            clock=self.clock,
         )
         self.evaluation = self._evaluation_tracker()
-        if self.plan.elastic:
-            self._record_size(built.start_step)
+        record_attempt(self.reporter.events, self.plan, built.start_step)
         if built.stepper.per_process_batch != self.plan.per_process_batch:
             raise TrainingError(
                 f"the step takes {built.stepper.per_process_batch} rows per process, "
@@ -131,20 +137,6 @@ class Trainer:
             )
         source = opened[0]
         return self.finish(source, self.train(source))
-
-    def _record_size(self, step: int) -> None:
-        """An elastic run's attempt in TensorBoard: its workers (``elastic/workers``) at the
-        step it starts from and, after a resize, what happened (``elastic/resize``)."""
-        events = self.reporter.events
-        events.scalars(step, {"elastic/workers": self.plan.scaling.num_workers})
-        resize = self.plan.resize
-        if resize:
-            events.note(
-                step,
-                "elastic/resize",
-                f"{resize['kind']} from {resize['from']} to {resize['to']} workers at step "
-                f"{resize['step']}: {resize['reason']}",
-            )
 
     def _evaluation_tracker(self) -> EvaluationTracker | None:
         """The chief's, when the plan has an evaluation split."""
@@ -179,7 +171,7 @@ class Trainer:
         step = self.built.start_step
         batches = iter(source.batches)
         while step < target:
-            batch = next(batches, None)
+            batch = self.clock.next(batches, None)
             if agree and stepper.finished_anywhere(batch is None):
                 return "end of the fed data"
             if batch is None:
@@ -206,9 +198,29 @@ class Trainer:
         return "target steps reached"
 
     def save(self, step: int) -> str:
-        self.checkpoint = self.model_dir.save(step)
+        self.last_checkpoint = self.model_dir.save(step, feed=self.feed_position(step))
         self.saved_step = step
-        return self.checkpoint
+        return self.last_checkpoint
+
+    def feed_position(self, step: int) -> dict[str, int] | None:
+        """Where the input stands after global step ``step``, kept with the checkpoint: the
+        next attempt's input goes on from it. ``files``: each shard's place in its stream
+        (:class:`~sparktf.train.process.inputs.FilesFeed`). ``spark``: the feed's position,
+        counted from where this attempt's feed started (``RunPlan.feed_start``, at
+        ``feed_start_step``; a checkpoint without one, from an older sparktf, is placed by
+        its step)."""
+        plan = self.plan
+        if plan.train.input_mode == "files":  # the files input keeps its own place
+            feed = self.sources[0].reader if self.sources else None
+            return feed.at(step) if isinstance(feed, inputs.FilesFeed) else None
+        if plan.train.input_mode != "spark":
+            return None
+        start_step = self.built.start_step
+        if plan.feed_start is not None and plan.feed_start_step == start_step:
+            start = Position.from_dict(plan.feed_start)
+        else:
+            start = Position().advance(start_step, plan.global_batch, plan.data.rows)
+        return start.advance(step - start_step, plan.global_batch, plan.data.rows).to_dict()
 
     def export_weights(self) -> list[np.ndarray]:
         """The weights evaluated and exported: with ``moving_average_decay`` the trainable
@@ -234,10 +246,11 @@ class Trainer:
                 "strategy": self.role.strategy,
                 "final_step": final_step,
                 "export": export_dir,
-                "last_checkpoint": self.checkpoint,
+                "last_checkpoint": self.last_checkpoint,
                 "signatures": self.task.signature_info(),
                 "eval": history,
                 "best_export": best_export,
+                "input": self.timing,
             }
         )
 
@@ -246,6 +259,8 @@ class Trainer:
         import tensorflow as tf
 
         self.built.stepper.join()
+        self.clock.stop()
+        self.timing = self.clock.stats()
         rate = self.reporter.end_training(self.pending)
         final_step = int(self.built.global_step.numpy())
         log.info("%s: training ended at step %d (%s)", self.role.name, final_step, end_reason)
@@ -275,7 +290,7 @@ class Trainer:
             final_step=final_step,
             end_reason=end_reason,
             metrics=self.reporter.metrics,
-            last_checkpoint=self.checkpoint,
+            last_checkpoint=self.last_checkpoint,
             export_dir=export_dir,
             examples=self.reporter.meter.examples,
             examples_per_sec=rate,
@@ -287,4 +302,5 @@ class Trainer:
             eval_metrics=evaluation.metrics if evaluation else {},
             eval_history=history,
             best_export=best_export,
+            input_timing=self.timing,
         )

@@ -178,7 +178,7 @@ def local_checkpoint(source: Source) -> Iterator[str]:
         with storage.local_copy(storage.join(source.path, "variables")) as local:
             yield posixpath.join(local, "variables")
         return
-    if not storage.is_hdfs(source.path):
+    if not storage.is_remote(source.path):
         yield storage.parse(source.path).path
         return
     name = _basename(source.path)

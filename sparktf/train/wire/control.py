@@ -9,9 +9,12 @@ hello     first call; the answer carries the node's role and the TF cluster, onc
 beat      heartbeat every second with the node's latest progress (step, loss, ...)
 peek      a feeding task asks for the flags only (no node state)
 eval      the chief evaluated during training: the step and its metrics (the driver logs
-          each one and keeps them for the result's history)
+          each one and keeps the last ``MAX_KEPT`` for the result's history)
 report    a user's training function called ``sparktf.train.report``: its metrics and,
-          from the chief, the checkpoint it published (kept in order for the result)
+          from the chief, the checkpoint it published (the last ``MAX_KEPT`` kept in order
+          for the result)
+feed      a user's training function opened its DataFrame feed: the global batch it asked
+          for (the driver's feed waits for it from every training process)
 error     the node failed: exception type, message and traceback tail
 done      the chief finished the run: its final result (no other process may send it)
 finished  a process other than the chief finished its part (its own report)
@@ -54,7 +57,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -67,12 +71,15 @@ __all__ = [
     "BEAT_INTERVAL_S",
     "CONTROL_THREADS",
     "HELLO_POLL_S",
+    "MAX_KEPT",
     "MAX_REQUEST_BYTES",
     "REQUEST_TIMEOUT_S",
     "ControlClient",
+    "ControlHandler",
     "ControlServer",
     "DriverLost",
     "NodeState",
+    "Recent",
     "RejectLog",
     "RunFlags",
     "encode",
@@ -87,6 +94,7 @@ HELLO_POLL_S = 0.1  # how often a process that has no role yet asks for it
 MAX_REQUEST_BYTES = 1 << 20  # events are a few hundred bytes; larger bodies are not read
 REQUEST_TIMEOUT_S = ConnectionLimits.message_deadline_s  # the default time to send a request
 CONTROL_THREADS = 8  # the pool that answers complete requests (each takes microseconds)
+MAX_KEPT = 1000  # of each process's evaluations and reports: the last ones (NodeState)
 
 _ISSUED: list[str] = []  # the control token this executor's node received (at most one)
 
@@ -103,9 +111,58 @@ def issued_token() -> str | None:
     return _ISSUED[0] if _ISSUED else None
 
 
+class Recent:
+    """The last ``keep`` entries of a stream a process sends (its evaluations, its reports),
+    numbered from 0 in the order they came: :attr:`total` came in all, the first
+    :attr:`dropped` of them are no longer kept. A reader keeps the number it has read up to
+    (``total`` when it read) and asks :meth:`since` for the rest: the numbers stay right when
+    old entries go."""
+
+    def __init__(self, keep: int = MAX_KEPT, entries=(), total: int | None = None):
+        self.keep = keep
+        self._entries: deque = deque(entries, maxlen=keep)
+        self.total = len(self._entries) if total is None else total
+
+    def append(self, entry: Any) -> None:
+        self._entries.append(entry)
+        self.total += 1
+
+    @property
+    def dropped(self) -> int:
+        """How many of the entries that came are no longer kept (the oldest)."""
+        return self.total - len(self._entries)
+
+    def since(self, seen: int) -> list:
+        """The kept entries numbered ``seen`` and after (those dropped before they could be
+        read: ``dropped - seen`` when positive)."""
+        return list(self._entries)[max(0, seen - self.dropped) :]
+
+    def copy(self) -> Recent:
+        return Recent(self.keep, self._entries, self.total)
+
+    def __iter__(self) -> Iterator:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index):
+        return list(self._entries)[index]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Recent):
+            return (list(self), self.total) == (list(other), other.total)
+        return list(self) == other
+
+    def __repr__(self) -> str:
+        return f"Recent({list(self._entries)!r}, total={self.total})"
+
+
 @dataclass
 class NodeState:
-    """What the driver knows of one TensorFlow process (by its node key)."""
+    """What the driver knows of one TensorFlow process (by its node key). Its evaluations
+    and reports are the last :data:`MAX_KEPT` of each (:class:`Recent`: how many came, how
+    many were dropped): a process that reports every step cannot grow the driver's memory."""
 
     key: str
     role: str = "?"
@@ -115,10 +172,83 @@ class NodeState:
     done: dict | None = None
     error: dict | None = None
     bye: bool = False
-    evals: list = field(default_factory=list)  # the chief's evaluations, in order
-    reports: list = field(default_factory=list)  # sparktf.train.report()s, in order
+    evals: Recent = field(default_factory=Recent)  # the chief's evaluations, in order
+    reports: Recent = field(default_factory=Recent)  # sparktf.train.report()s, in order
+    checkpointed: dict | None = None  # the last report naming a checkpoint, even if dropped
+    feed: dict | None = None  # spark input mode: how the process opened its feed ({"batch"})
     pid: int | None = None
     host: str | None = None
+
+
+class ControlHandler(BaseHTTPRequestHandler):
+    """The HTTP side of :class:`ControlServer`: one request, checked (its length, that it is a
+    JSON object) and handed to the control server its HTTP server serves
+    (``self.server.control``); anything but a POST is refused, and malformed HTTP is logged
+    as a rejection, never as the standard library's line on stderr."""
+
+    server: BoundedHTTPServer  # with .control, set by ControlServer
+
+    def _peer(self) -> str:
+        return f"{self.client_address[0]}:{self.client_address[1]}"
+
+    def _reply(self, status: int, answer: dict, *, close: bool = False) -> None:
+        body = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        control = self.server.control
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_REQUEST_BYTES:
+            reason = (
+                f"Content-Length {length} above {MAX_REQUEST_BYTES}"
+                if length > MAX_REQUEST_BYTES
+                else "no valid Content-Length"
+            )
+            control.rejects.reject(self._peer(), reason)
+            status = 413 if length > MAX_REQUEST_BYTES else 411
+            self._reply(status, {"error": reason}, close=True)
+            return
+        try:
+            request = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(request, dict):
+                raise SparktfValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            control.rejects.reject(self._peer(), f"not JSON ({type(exc).__name__})")
+            self._reply(400, {"error": "the request is not a JSON object"}, close=True)
+            return
+        try:
+            status, answer = control.answer(request)
+        except Exception as exc:  # a malformed request must not kill the server
+            status, answer = 400, {"error": f"{type(exc).__name__}: {exc}"}
+        if status == 403:
+            control.rejects.reject(self._peer(), answer["error"], kind="refused credentials")
+        self._reply(status, answer)
+
+    def _refuse_method(self):
+        # only POSTs carrying a token are answered: a stranger's GET learns nothing
+        self.server.control.rejects.reject(self._peer(), f"{self.command} request")
+        self._reply(401, {"error": "only POST requests with a control token"}, close=True)
+
+    do_GET = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method  # noqa: N815
+
+    def log_error(self, format, *args):
+        # malformed HTTP (a request line that is not HTTP, an oversize header, ...);
+        # the message quotes the sender's bytes: escaped and shortened for the log
+        message = (format % args).encode("ascii", "backslashreplace").decode()
+        self.server.control.rejects.reject(self._peer(), message[:160])
+
+    def log_message(self, *args):  # keep the driver's log clean
+        pass
 
 
 class ControlServer:
@@ -160,78 +290,15 @@ class ControlServer:
         self.pause: str | None = None  # an elastic run's resize: stop at the next checkpoint
         self._on_event = on_event
         self.rejects = RejectLog(log, "control server")
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _peer(self) -> str:
-                return f"{self.client_address[0]}:{self.client_address[1]}"
-
-            def _reply(self, status: int, answer: dict, *, close: bool = False) -> None:
-                body = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                if close:
-                    self.send_header("Connection", "close")
-                    self.close_connection = True
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):
-                try:
-                    length = int(self.headers.get("Content-Length", ""))
-                except ValueError:
-                    length = -1
-                if not 0 <= length <= MAX_REQUEST_BYTES:
-                    reason = (
-                        f"Content-Length {length} above {MAX_REQUEST_BYTES}"
-                        if length > MAX_REQUEST_BYTES
-                        else "no valid Content-Length"
-                    )
-                    server.rejects.reject(self._peer(), reason)
-                    status = 413 if length > MAX_REQUEST_BYTES else 411
-                    self._reply(status, {"error": reason}, close=True)
-                    return
-                try:
-                    request = json.loads(self.rfile.read(length) or b"{}")
-                    if not isinstance(request, dict):
-                        raise SparktfValueError("not a JSON object")
-                except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-                    server.rejects.reject(self._peer(), f"not JSON ({type(exc).__name__})")
-                    self._reply(400, {"error": "the request is not a JSON object"}, close=True)
-                    return
-                try:
-                    status, answer = server._handle(request)
-                except Exception as exc:  # a malformed request must not kill the server
-                    status, answer = 400, {"error": f"{type(exc).__name__}: {exc}"}
-                if status == 403:
-                    server.rejects.reject(self._peer(), answer["error"], kind="refused credentials")
-                self._reply(status, answer)
-
-            def _refuse_method(self):
-                # only POSTs carrying a token are answered: a stranger's GET learns nothing
-                server.rejects.reject(self._peer(), f"{self.command} request")
-                self._reply(401, {"error": "only POST requests with a control token"}, close=True)
-
-            do_GET = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method  # noqa: N815
-
-            def log_error(self, format, *args):
-                # malformed HTTP (a request line that is not HTTP, an oversize header, ...);
-                # the message quotes the sender's bytes: escaped and shortened for the log
-                message = (format % args).encode("ascii", "backslashreplace").decode()
-                server.rejects.reject(self._peer(), message[:160])
-
-            def log_message(self, *args):  # keep the driver's log clean
-                pass
-
         self._httpd = BoundedHTTPServer(
             (bind_host or advertise_host, 0),
-            Handler,
+            ControlHandler,
             rejects=self.rejects,
             limits=limits or ConnectionLimits.from_env(),
             threads=threads,
             max_body=MAX_REQUEST_BYTES,
         )
+        self._httpd.control = self  # what ControlHandler answers for
         self.url = f"http://{advertise_host}:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="sparktf-control", daemon=True
@@ -280,7 +347,8 @@ class ControlServer:
             return None, f"{key} is not the chief: only the chief reports done"
         return key, None
 
-    def _handle(self, request: dict) -> tuple[int, dict]:
+    def answer(self, request: dict) -> tuple[int, dict]:
+        """The status and the answer to one request (a JSON object), for its handler."""
         key, refused = self._authorize(request)
         if refused:
             return 403, {"error": refused}
@@ -315,6 +383,10 @@ class ControlServer:
                 node.evals.append(data)
             elif event == "report":
                 node.reports.append(data)
+                if data.get("checkpoint"):  # what the next attempt resumes from: always kept
+                    node.checkpointed = data
+            elif event == "feed":
+                node.feed = data
             elif event == "bye":
                 node.bye = True
             plan = self.plans.get(key)
@@ -369,7 +441,7 @@ class ControlServer:
     def snapshot(self) -> dict[str, NodeState]:
         with self._lock:
             return {
-                k: NodeState(**{**vars(v), "evals": list(v.evals), "reports": list(v.reports)})
+                k: NodeState(**{**vars(v), "evals": v.evals.copy(), "reports": v.reports.copy()})
                 for k, v in self.nodes.items()
             }
 

@@ -15,7 +15,13 @@ servers keep a :class:`ConnectionTable` under :class:`ConnectionLimits`:
 * a message (a frame, or an HTTP request's header and body) must be complete within
   ``message_deadline_s`` of its first byte, and a new connection must send a complete first
   message within that deadline of connecting: a client that trickles bytes is cut off;
-* a connection that has completed a message may stay silent for ``idle_s`` between messages.
+* a connection that has completed a message may stay silent for ``idle_s`` between messages;
+* the bytes a server holds of messages not yet complete, across all its connections, stay
+  under ``max_buffered_bytes`` (a message is authenticated only once complete, so these are
+  what unauthenticated peers make the driver hold): over it, the connections that hold the
+  most and have not completed a message are closed first, largest first. The bound does not
+  grow with a run's size; a real client's message is small and quick, never the largest for
+  long.
 
 :class:`RejectLog` writes refusals at a bounded rate: at most ``limit`` lines naming the
 peer and the reason per window, then one summary line per window with the counts by reason.
@@ -38,6 +44,7 @@ from sparktf.errors import SparktfValueError
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "ENV_MAX_BUFFERED_BYTES",
     "ENV_MAX_CONNECTIONS",
     "ENV_MAX_PER_PEER",
     "ENV_MESSAGE_DEADLINE_S",
@@ -49,6 +56,7 @@ __all__ = [
 ENV_MAX_CONNECTIONS = "SPARKTF_SERVER_MAX_CONNECTIONS"
 ENV_MAX_PER_PEER = "SPARKTF_SERVER_MAX_PER_PEER"
 ENV_MESSAGE_DEADLINE_S = "SPARKTF_SERVER_MESSAGE_DEADLINE_S"
+ENV_MAX_BUFFERED_BYTES = "SPARKTF_SERVER_MAX_BUFFERED_BYTES"
 
 
 class RejectLog:
@@ -136,16 +144,20 @@ class ConnectionLimits:
     max_per_peer: int = 64
     message_deadline_s: float = 5.0
     idle_s: float = 60.0
+    # of incomplete messages, all connections together: a few of the largest (1 MiB) messages
+    max_buffered_bytes: int = 8 << 20
 
     def __post_init__(self):
-        for name in ("max_connections", "max_per_peer", "message_deadline_s", "idle_s"):
+        names = ("max_connections", "max_per_peer", "message_deadline_s", "idle_s")
+        for name in (*names, "max_buffered_bytes"):
             if getattr(self, name) <= 0:
                 raise SparktfValueError(f"ConnectionLimits.{name} must be positive")
 
     @classmethod
     def from_env(cls) -> ConnectionLimits:
         """The defaults, changed by ``SPARKTF_SERVER_MAX_CONNECTIONS``,
-        ``SPARKTF_SERVER_MAX_PER_PEER`` and ``SPARKTF_SERVER_MESSAGE_DEADLINE_S``.
+        ``SPARKTF_SERVER_MAX_PER_PEER``, ``SPARKTF_SERVER_MESSAGE_DEADLINE_S`` and
+        ``SPARKTF_SERVER_MAX_BUFFERED_BYTES``.
 
         Raises:
             ValueError: when a setting is not a positive number.
@@ -154,6 +166,7 @@ class ConnectionLimits:
             max_connections=_env_number(ENV_MAX_CONNECTIONS, cls.max_connections, int),
             max_per_peer=_env_number(ENV_MAX_PER_PEER, cls.max_per_peer, int),
             message_deadline_s=_env_number(ENV_MESSAGE_DEADLINE_S, cls.message_deadline_s, float),
+            max_buffered_bytes=_env_number(ENV_MAX_BUFFERED_BYTES, cls.max_buffered_bytes, int),
         )
 
     @classmethod
@@ -161,13 +174,16 @@ class ConnectionLimits:
         """:meth:`from_env`, raised where a run of ``processes`` TensorFlow processes needs
         more: every process may connect at once (``max_connections`` at least ``processes``
         plus ``max_per_peer``), all from one address (``max_per_peer`` at least
-        ``processes``: one large host). The limits stay against abuse, not against scale."""
+        ``processes``: one large host). The limits stay against abuse, not against scale; the
+        bytes held of incomplete messages stay bounded whatever the size
+        (``max_buffered_bytes`` does not grow)."""
         base = cls.from_env()
         return cls(
             max_connections=max(base.max_connections, processes + base.max_per_peer),
             max_per_peer=max(base.max_per_peer, processes),
             message_deadline_s=base.message_deadline_s,
             idle_s=base.idle_s,
+            max_buffered_bytes=base.max_buffered_bytes,
         )
 
 
@@ -247,6 +263,13 @@ class ConnectionTable:
             and key not in exclude
         ]
         return min(candidates)[2] if candidates else None
+
+    def unfinished(self, key: Any) -> bool:
+        """Whether ``key`` has completed no message yet and is not being answered (what a
+        limit closes first)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry is not None and entry.completed == 0 and not entry.busy
 
     def progress(self, key: Any, *, pending: bool) -> None:
         """Records that bytes arrived on ``key``; ``pending``: a message is incomplete."""

@@ -29,32 +29,25 @@ carries the control token of that node's TensorFlow process (sealed like every a
 client keeps it for the node function (:func:`sparktf.train.wire.control.issued_token`). A node
 registers once: a second ``REG`` for the same executor is refused.
 
-:func:`authenticated_startup` serves one bring-up (:mod:`sparktf.train.driver.bringup`): the
-server binds only the driver's address (:func:`driver_address`: ``spark.driver.bindAddress``/
-``spark.driver.host``, loopback on the local profile; on a Spark Connect client the address
-that reaches the Connect server), and is stopped on every exit path -- at once when the start
-fails, and as soon as every node has fetched the complete cluster when it succeeds (sparktf's
-control server takes over from there).
+The driver's side of one bring-up (its address, the secret, the server's life) is
+:func:`sparktf.train.driver.bringup.authenticated_startup`; this module holds the messages,
+their server and client, and the address a node routes by (:func:`route_to`), and reads
+neither Spark's settings nor its sessions.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from tensorflowonspark import reservation as tfos_reservation
 
-from sparktf import remote
 from sparktf.errors import SparktfValueError
-from sparktf.remote import is_connect
 from sparktf.train.wire import control
 from sparktf.train.wire.frames import (
     MAX_FRAME_BYTES,
@@ -73,7 +66,6 @@ from sparktf.train.wire.limits import ConnectionLimits
 __all__ = [
     "AWAIT_POLL_S",
     "CLIENT_TIMEOUT_S",
-    "DRIVER_HOST_ENV",
     "MAX_FRAME_BYTES",
     "NONCE_BYTES",
     "SERVED_TIMEOUT_S",
@@ -81,16 +73,12 @@ __all__ = [
     "AuthClient",
     "AuthServer",
     "Codec",
-    "DriverAddress",
     "Rejected",
     "ReservationBook",
     "ReservationError",
-    "Startup",
-    "authenticated_startup",
     "decode",
-    "connect_driver_address",
-    "driver_address",
     "encode",
+    "ipv4",
     "route_to",
     "server_ports",
 ]
@@ -101,8 +89,6 @@ CLIENT_TIMEOUT_S = 60.0
 SERVED_TIMEOUT_S = 30.0  # after a start: how long the server waits for the last fetches
 AWAIT_POLL_S = 0.1  # how often the driver and the nodes check that every node registered
 WHAT = "reservation server"  # how logs and errors name the server
-# Where a Spark Connect client's servers listen, when the executors reach it there.
-DRIVER_HOST_ENV = "SPARKTF_DRIVER_HOST"
 
 
 class ReservationError(FrameError):
@@ -381,18 +367,15 @@ class AuthClient:
         self._client.close()
 
 
-# ----------------------------------------------------------------------------- start-up
+# ----------------------------------------------------------------------------- addresses
 
 
-@dataclass(frozen=True)
-class DriverAddress:
-    """Where the driver's servers listen (:func:`driver_address`)."""
+def ipv4(host: str) -> str:
+    """The IPv4 address ``host`` resolves to.
 
-    bind: str  # the IPv4 address the driver's servers bind
-    advertise: str  # the name or address executors connect to
-
-
-def _ipv4(host: str) -> str:
+    Raises:
+        OSError: naming ``host`` when it does not resolve.
+    """
     try:
         return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except OSError as exc:
@@ -405,110 +388,5 @@ def route_to(host: str, port: int) -> str:
     routes to 8.8.8.8, and on a host without a default route falls back to the host name,
     which may resolve to loopback.)"""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((_ipv4(host), port or 15002))
+        sock.connect((ipv4(host), port or 15002))
         return sock.getsockname()[0]
-
-
-def connect_driver_address(spark) -> DriverAddress:
-    """A Spark Connect client is the run's driver: its servers listen where the cluster's
-    executors reach this machine -- ``SPARKTF_DRIVER_HOST``, else ``SPARK_LOCAL_IP`` (unless
-    it is loopback and the server is not), else the address that routes to the Connect
-    server (loopback for a server on this machine). Never every interface.
-
-    Raises:
-        ValueError: a wildcard address, or no way to tell the address.
-    """
-    host, port, _ = remote.channel(spark)
-    advertise = os.environ.get(DRIVER_HOST_ENV)
-    local_ip = os.environ.get("SPARK_LOCAL_IP")
-    if not advertise and local_ip:
-        if remote.is_loopback(local_ip) and not remote.is_loopback(host):
-            log.warning(
-                "SPARK_LOCAL_IP=%s is loopback and the Connect server %s is not: the run's "
-                "servers listen where this machine reaches it instead (set %s to choose)",
-                local_ip,
-                host,
-                DRIVER_HOST_ENV,
-            )
-        else:
-            advertise = local_ip
-    advertise = advertise or route_to(host, port)
-    if advertise in ("0.0.0.0", "::", "*"):
-        raise SparktfValueError(
-            f"{advertise} would listen on every interface: set {DRIVER_HOST_ENV} to the "
-            "address the Connect server's executors reach this machine at"
-        )
-    return DriverAddress(bind=_ipv4(advertise), advertise=advertise)
-
-
-def driver_address(spark) -> DriverAddress:
-    """Where the driver's servers listen: Spark's own driver address.
-
-    Advertised: ``spark.driver.host`` (what executors already use to reach the driver), else
-    ``SPARK_LOCAL_IP``, else TensorFlowOnSpark's guess. Bound: ``spark.driver.bindAddress``
-    when it names one address, else the advertised one -- never every interface. On the local
-    profile both are 127.0.0.1. ``spark`` may be a Spark Connect session: see
-    :func:`connect_driver_address`.
-    """
-    from tensorflowonspark import util
-
-    if is_connect(spark):
-        return connect_driver_address(spark)
-    conf = spark.sparkContext.getConf()
-    advertise = (
-        conf.get("spark.driver.host", None)
-        or os.environ.get("SPARK_LOCAL_IP")
-        or util.get_ip_address()
-    )
-    bind = conf.get("spark.driver.bindAddress", None)
-    if not bind or bind in ("0.0.0.0", "::", "*"):
-        bind = advertise
-    return DriverAddress(bind=_ipv4(bind), advertise=advertise)
-
-
-@dataclass
-class Startup:
-    """One authenticated start-up: the secret and its reservation server."""
-
-    secret: bytes
-    address: DriverAddress
-    server: AuthServer | None = None
-
-
-@contextmanager
-def authenticated_startup(
-    address: DriverAddress,
-    count: int,
-    *,
-    served_timeout_s: float = SERVED_TIMEOUT_S,
-    issue_token: Callable[[dict], str] | None = None,
-) -> Iterator[Startup]:
-    """A started :class:`AuthServer` for ``count`` nodes, with a fresh secret, for the block
-    (one bring-up); ``startup.node_function`` makes the executors' side.
-
-    Leaving the block stops the server: at once when the block raised (anything,
-    ``SystemExit`` included), else once every node has fetched the cluster.
-    ``issue_token`` (see :class:`ReservationBook`) gives each registering node the control
-    token of its TensorFlow process.
-
-    Raises:
-        OSError: when no port of ``TFOS_SERVER_PORT`` can be bound.
-    """
-    startup = Startup(secret=secrets.token_bytes(32), address=address)
-    startup.server = AuthServer(
-        count,
-        secret=startup.secret,
-        bind_host=address.bind,
-        advertise_host=address.advertise,
-        issue_token=issue_token,
-    )
-    startup.server.start()
-    succeeded = False
-    try:
-        yield startup
-        succeeded = True
-    finally:
-        if succeeded:
-            startup.server.stop_when_served(served_timeout_s)
-        else:
-            startup.server.stop()

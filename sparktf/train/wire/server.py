@@ -5,8 +5,9 @@ Both protocols run on it: the reservation's sealed frames
 (:class:`~sparktf.train.wire.frames.FramedServer`) and the control channel's HTTP
 (:class:`~sparktf.train.wire.bounded_http.BoundedHTTPServer`). :class:`SelectorServer` owns
 the listener, the selector and a :class:`~sparktf.train.wire.limits.ConnectionTable`
-(connections in all and per peer, a deadline to complete a message); each wake-up it first
-reads what arrived (a client whose message is waiting completes it before a flood's burst can
+(connections in all and per peer, a deadline to complete a message), and keeps the bytes of
+incomplete messages, all connections together, under ``max_buffered_bytes``; each wake-up it
+first reads what arrived (a client whose message is waiting completes it before a flood's burst can
 displace it), then accepts a burst of new connections, then closes those past a deadline.
 A protocol says what to do with the bytes of a connection in :meth:`SelectorServer.on_data`:
 answer on this thread, or :meth:`SelectorServer.hand_over` the connection to a worker.
@@ -152,7 +153,49 @@ class SelectorServer:
         if not data:
             return False
         conn.buffer += data
+        if not self._within_buffer_limit(sock):
+            return False
         return self.on_data(sock, conn)
+
+    def buffered_bytes(self) -> int:
+        """The bytes held of messages not yet complete, all connections together."""
+        return sum(len(conn.buffer) for conn in list(self._connections.values()))
+
+    def _within_buffer_limit(self, sock: socket.socket) -> bool:
+        """Keeps :meth:`buffered_bytes` within ``limits.max_buffered_bytes``: over it, closes
+        the connections holding the most that have not completed a message (largest first),
+        then, if still over, ``sock``'s own. False: ``sock`` is to be closed."""
+        limit = self.limits.max_buffered_bytes
+        held = self.buffered_bytes()
+        if held <= limit:
+            return True
+        holders = [
+            (len(conn.buffer), held_by)
+            for held_by, conn in self._connections.items()
+            if conn.buffer and self.table.unfinished(held_by)
+        ]
+        holders.sort(key=lambda holder: holder[0], reverse=True)
+        for size, held_by in holders:
+            if held <= limit:
+                break
+            held -= size
+            self.rejects.reject(
+                self._connections[held_by].peer,
+                f"more than {limit} bytes of incomplete messages held across connections: "
+                f"closed the connection that held the most ({size} bytes)",
+                kind="buffer limit",
+            )
+            if held_by is sock:
+                return False
+            self.close_connection(held_by)
+        if held > limit:  # all the others completed messages: this one is the excess
+            self.rejects.reject(
+                self._connections[sock].peer,
+                f"more than {limit} bytes of incomplete messages held across connections",
+                kind="buffer limit",
+            )
+            return False
+        return True
 
     def _accept_waiting(self) -> None:
         """Accepts the connections waiting (a burst at most, so that a flood cannot fill the

@@ -1,8 +1,10 @@
-"""The exported SavedModel as the driver sees it, without loading it.
+"""The export (a SavedModel written by a run's ``export``) as the driver sees it, without
+loading it.
 
-:func:`resolve_model` finds the version directory a path names, :func:`model_fingerprint`
-hashes it (the executors verify their local copies against it) and :func:`inspect_model`
-reads the signatures from ``saved_model.pb`` alone (the variables are not read).
+:func:`resolve_export` finds the version directory a path names, :func:`export_fingerprint`
+hashes it (the executors verify their local copies against it) and :func:`inspect_export`
+reads the signatures from ``saved_model.pb`` alone (the variables are not read):
+:class:`ExportInfo`.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from typing import Any
 from sparktf import storage
 
 __all__ = [
-    "ModelInfo",
+    "ExportInfo",
     "ModelNotFoundError",
     "Signature",
     "TensorSpec",
-    "inspect_model",
-    "model_fingerprint",
-    "resolve_model",
+    "export_fingerprint",
+    "inspect_export",
+    "resolve_export",
 ]
 
 # TensorFlow DataType enum values (tensorflow/core/framework/types.proto) -> numpy names.
@@ -84,11 +86,11 @@ class Signature:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelInfo:
-    """What the driver knows about a SavedModel without loading it.
+class ExportInfo:
+    """What the driver knows about an export (a SavedModel) without loading it.
 
     ``uri``: the version directory; ``version``: its name when numeric, else ``None``;
-    ``fingerprint``: :func:`model_fingerprint` of the directory, which names the executors'
+    ``fingerprint``: :func:`export_fingerprint` of the directory, which names the executors'
     local copies and verifies them.
     """
 
@@ -98,19 +100,22 @@ class ModelInfo:
     signatures: Mapping[str, Signature]
 
 
-def resolve_model(model: str | os.PathLike) -> str:
-    """The SavedModel directory that ``model`` names.
+def resolve_export(export: str | os.PathLike) -> str:
+    """The SavedModel directory that ``export`` names.
 
-    ``model`` is a local path, ``file://`` or ``hdfs://`` URI of a version directory (holding
-    ``saved_model.pb``), of ``MODEL_DIR/export`` (the highest numbered version is used) or of
-    ``MODEL_DIR`` itself (then ``MODEL_DIR/export``).
+    ``export`` is a local path, ``file://``, ``hdfs://`` or ``s3://`` URI of a version
+    directory (holding ``saved_model.pb``), of ``MODEL_DIR/export`` (the highest numbered
+    version is used) or of ``MODEL_DIR`` itself (then ``MODEL_DIR/export``).
 
-    Raises :class:`ModelNotFoundError` naming the path when there is none.
+    Raises :class:`ModelNotFoundError` naming the path when there is none, and
+    :class:`~sparktf.storage.NotCommittedError` for an S3 version directory whose publish did
+    not finish.
     """
-    path = os.fspath(model)
+    path = os.fspath(export)
     if not storage.exists(path):
         raise ModelNotFoundError(f"model {path} does not exist")
     if storage.exists(storage.join(path, "saved_model.pb")):
+        storage.require_committed(path)
         return path
     versions = []
     if storage.isdir(path):
@@ -119,17 +124,18 @@ def resolve_model(model: str | os.PathLike) -> str:
             if name.isdigit() and storage.exists(storage.join(entry, "saved_model.pb")):
                 versions.append((int(name), entry))
     if versions:
+        storage.require_committed(max(versions)[1])
         return max(versions)[1]
-    export = storage.join(path, "export")
-    if storage.isdir(export):
-        return resolve_model(export)
+    exports = storage.join(path, "export")
+    if storage.isdir(exports):
+        return resolve_export(exports)
     raise ModelNotFoundError(
         f"model {path} holds no SavedModel: expected saved_model.pb in it, or numbered version "
         "directories holding one (MODEL_DIR/export/<version>/), or MODEL_DIR/export"
     )
 
 
-def model_fingerprint(uri: str, *, graph: bytes | None = None) -> str:
+def export_fingerprint(uri: str, *, graph: bytes | None = None) -> str:
     """SHA-256 over a SavedModel directory (local or ``hdfs://``): the bytes of
     ``saved_model.pb`` and ``variables/variables.index`` (the index holds the offset, size
     and CRC32C of every variable, which TensorFlow checks when it reads one) and the
@@ -151,15 +157,15 @@ def model_fingerprint(uri: str, *, graph: bytes | None = None) -> str:
     return digest.hexdigest()
 
 
-def inspect_model(model: str | os.PathLike) -> ModelInfo:
-    """Resolves ``model`` (:func:`resolve_model`) and reads its signatures from
+def inspect_export(export: str | os.PathLike) -> ExportInfo:
+    """Resolves ``export`` (:func:`resolve_export`) and reads its signatures from
     ``saved_model.pb`` (no variables). Raises :class:`ModelNotFoundError` when there is no
-    model or its ``saved_model.pb`` is not a SavedModel."""
-    uri = resolve_model(model)  # before importing TensorFlow: a missing model fails fast
+    SavedModel or its ``saved_model.pb`` is not one."""
+    uri = resolve_export(export)  # before importing TensorFlow: a missing one fails fast
     from tensorflow.core.protobuf import saved_model_pb2  # imports TensorFlow (driver only)
 
     graph = storage.read_bytes(storage.join(uri, "saved_model.pb"))
-    fingerprint = model_fingerprint(uri, graph=graph)
+    fingerprint = export_fingerprint(uri, graph=graph)
     proto = saved_model_pb2.SavedModel()
     try:
         proto.ParseFromString(graph)
@@ -186,7 +192,7 @@ def inspect_model(model: str | os.PathLike) -> ModelInfo:
         if not name.startswith("__")
     }
     name = posixpath.basename(storage.parse(uri).path)
-    return ModelInfo(
+    return ExportInfo(
         uri=uri,
         version=int(name) if name.isdigit() else None,
         fingerprint=fingerprint,
