@@ -163,6 +163,7 @@ def test_ps_fed_by_spark_from_a_connect_client(server, mnist_data, tmp_path):
     assert_nothing_left()
 
 
+@pytest.mark.full  # not in CI (pyproject.toml): the example runs in test_ml and the README's test
 def test_a_pipeline_fits_saves_loads_and_transforms_from_a_connect_client(server, tmp_path):
     """The Pipeline example (StringIndexer-free: integer labels; VectorAssembler,
     StandardScaler, TFEstimator) as a Connect client: fit, save, load, transform."""

@@ -92,7 +92,15 @@ def random_order(spark, tables) -> float:
     return accuracy
 
 
-@pytest.mark.parametrize("strategy", ["allreduce", "ps"])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "allreduce",
+        # not in CI (pyproject.toml): the feed's order is the strategies' own; ps fed by Spark
+        # trains in test_train
+        pytest.param("ps", marks=pytest.mark.full),
+    ],
+)
 def test_a_table_sorted_by_label_trains_as_well_as_random_order(
     spark, tables, random_order, strategy
 ):
