@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,19 +29,13 @@ from pathlib import Path
 import pytest
 
 from sparktf.ports import free_port
-from tests import durations, tiers
+from tests import durations, terminate, tiers
 from tests.helpers import drop_py4j_connection
 
 ROOT = Path(__file__).resolve().parent.parent
 HDFS_SH = ROOT / "scripts" / "hdfs.sh"
 S3_SH = ROOT / "scripts" / "s3.sh"
 
-
-def _terminate(signum, frame):  # SIGTERM (e.g. from `timeout`) runs the fixtures' teardown
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-signal.signal(signal.SIGTERM, _terminate)
 
 _SPAWNS = tiers.SpawnWatch()
 _TIER = pytest.StashKey[str]()
@@ -78,6 +71,11 @@ def _own_places(tmp_path_factory):
         tempfile.tempdir = None
         for place in places:
             shutil.rmtree(place, ignore_errors=True)
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.is_registered(terminate):  # SIGTERM's teardown
+        config.pluginmanager.register(terminate, "tests.terminate")
 
 
 def pytest_addoption(parser):

@@ -588,3 +588,62 @@ def test_a_killed_worker_and_feeder_leave_no_directory_after_the_next_run(
     assert result.final_step == 4
     assert_nothing_left()
     assert sorted(during & _scratch_dirs()) == []
+
+
+# ----------------------------------------------------------------------------- SIGTERM
+
+_FIXTURE_HELD = """
+import os, time
+from pathlib import Path
+
+import pytest
+
+MARKS = Path(os.environ["MARKS"])
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    (MARKS / f"up-{os.getpid()}").write_text("")
+    yield
+    time.sleep(1)  # a cluster's stop
+    (MARKS / f"down-{os.getpid()}").write_text("")
+
+
+def test_one(cluster):
+    time.sleep(120)
+
+
+def test_two(cluster):
+    time.sleep(120)
+"""
+
+
+def test_sigterm_to_the_controller_tears_down_every_workers_fixtures(tmp_path):
+    """``kill PID`` of a pytest run with two test processes (as CI stops an over-time run):
+    each worker's session fixture (a cluster in the suite) ends its teardown, and the run
+    exits with pytest's code for an interrupted session."""
+    (tmp_path / "test_held.py").write_text(_FIXTURE_HELD)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.terminate", "-n", "2",
+         "--dist", "each", "-p", "no:cacheprovider", str(tmp_path / "test_held.py")],
+        cwd=tmp_path,
+        env=dict(os.environ, MARKS=str(marks), PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marks.glob("up-*"))) < 2:
+            assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+            time.sleep(0.1)
+        run.send_signal(signal.SIGTERM)
+        output = run.communicate(timeout=90)[0].decode()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    ups = sorted(p.name[3:] for p in marks.glob("up-*"))
+    assert sorted(p.name[5:] for p in marks.glob("down-*")) == ups, output
+    assert run.returncode == 2, output  # pytest.ExitCode.INTERRUPTED
