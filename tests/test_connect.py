@@ -196,6 +196,7 @@ def test_a_pipeline_fits_saves_loads_and_transforms_from_a_connect_client(server
     assert_nothing_left()
 
 
+@pytest.mark.full  # not in CI (pyproject.toml): run(train_fn) runs in test_function_run
 def test_a_training_function_runs_from_a_connect_client(server, mnist_data, tmp_path):
     """``sparktf.train.run(train_fn)`` (the custom-loop example) as a Connect client: the
     function ships pickled from the client to both executors, reports each epoch with a

@@ -1,9 +1,11 @@
 """The README as written: every command of its Running jobs, Training and Spark ML sections
 and every Python example (From Python, Batch inference, Spark ML) runs here, on the test HDFS
 with ``--steps 2``-style limits, so the README and the code cannot drift apart: a command
-added to those sections is run here too. The two commands of its first section are the
-quickstart (its training and summary run in :func:`test_quickstart_trains_a_model_that_learned`,
-which also checks that the model learned) and ``scripts/test.sh`` (this suite).
+added to those sections is run here too (the Training commands in the full suite; CI parses
+them into whole runs: ``pytest -m full``, docs/development.md). The two commands of its
+first section are the quickstart (its training and summary run in
+:func:`test_quickstart_trains_a_model_that_learned`, which also checks that the model
+learned) and ``scripts/test.sh`` (this suite).
 
 The commands are read from the README itself. What the test changes, and only that:
 ``hdfs://127.0.0.1:8020`` and ``hdfs://nn:8020`` become a fresh directory of the test HDFS (one
@@ -124,28 +126,81 @@ def _run(command: list[str], tmp_path: Path, index: int) -> dict | None:
     return json.loads(result_file.read_text()) if result_file else None
 
 
+def _training_commands(text: str) -> list[list[str]]:
+    """The Training section's commands but the embedded default, which is the quickstart's
+    training: it runs as written, to the end, in test_quickstart_trains_a_model_that_learned."""
+    training = [c for _, b in section_blocks(text, "Training") for c in shell_commands(b)]
+    assert QUICKSTART_TRAINING in training
+    training.remove(QUICKSTART_TRAINING)
+    return training
+
+
+def test_readme_training_commands_are_complete_runs_as_written():
+    """Each Training command, as written, parses into a whole run with its job's flags and
+    defaults (conf/jobs/): a flag the job lacks or a setting it requires (a model directory)
+    fails here, in seconds. Both strategies and both input modes are among them. (They run,
+    two steps each, in test_readme_training_commands_run_as_written.)"""
+    from sparktf import cli
+    from sparktf.jobs import train as train_job
+    from sparktf.jobs.catalog import JOBS
+
+    seen = set()
+    for command in _training_commands(README.read_text()):
+        job = JOBS[Path(command[1]).stem]
+        assert job.module == "train", command
+        options = dict(job.options)
+        parser = train_job.parser(job.description, options["section"], options.get("default_model"))
+        args = cli.parse(parser, command[2:], own_logging=False)
+        train, scaling, run = train_job.configs(args)  # a usage error names what is missing
+        assert run.model_dir and train.data, command
+        assert train_job.executors_needed(options["section"], command[2:]), command
+        seen.add((scaling.strategy, train.input_mode))
+    assert {("allreduce", "files"), ("ps", "spark")} <= seen, seen
+
+
 @pytest.mark.e2e
-@pytest.mark.timeout(2700)  # eight applications: 13 minutes beside YARN's, 19-32 in busy runs
+# not in CI (pyproject.toml): the test above parses these commands, and their jobs,
+# strategies and input modes train in CI (the Running jobs chain, test_train)
+@pytest.mark.full
+@pytest.mark.timeout(1800)
+def test_readme_training_commands_run_as_written(spark, hdfs, tmp_path):
+    """The Training section's commands, each its own Spark application, two steps, two at a
+    time, on the datasets they name (CIFAR-format and PTB, made first)."""
+    write_cifar10(tmp_path / "raw", n_train=160, n_test=64, archive=True)
+    archive = tmp_path / "raw" / "cifar-10-binary.tar.gz"
+    prefix = hdfs.fresh("readme-train")
+    convert("cifar10", str(tmp_path / "raw"), f"{prefix}/datasets/cifar10", spark=spark)
+    write_raw("ptb", tmp_path / "raw-ptb", n_train=6000, n_test=600)
+    convert("ptb", str(tmp_path / "raw-ptb"), f"{prefix}/datasets/ptb", spark=spark)
+    training = _training_commands(README.read_text())
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        trained = [
+            (command, pool.submit(_run, _localise(command, prefix, archive), tmp_path, i))
+            for i, command in enumerate(training, start=100)
+        ]
+        seen = set()
+        for command, future in trained:
+            result = future.result()
+            assert result["final_step"] == 2, command
+            seen.add((result["strategy"], result["input_mode"]))
+    assert {("allreduce", "files"), ("ps", "spark")} <= seen
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(2700)  # five applications and two trainings in the session
 def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
-    """Every command runs as written, each its own Spark application; commands that do not
-    read each other's output run two at a time (the Running jobs chain beside the Training
-    commands and the Spark ML example): 228-237 s here against 268 s one at a time."""
+    """The Running jobs chain and the Spark ML example run as written, each its own Spark
+    application, the example beside the chain; then the Python blocks on what they made.
+    (The Training commands: the two tests above.)"""
     text = README.read_text()
     write_cifar10(tmp_path / "raw", n_train=160, n_test=64, archive=True)
     archive = tmp_path / "raw" / "cifar-10-binary.tar.gz"
-    # Training: the datasets it names (CIFAR-format and PTB), made first.
+    # From Python: the CIFAR-format dataset it names, made first.
     train_prefix = hdfs.fresh("readme-train")
     convert("cifar10", str(tmp_path / "raw"), f"{train_prefix}/datasets/cifar10", spark=spark)
-    write_raw("ptb", tmp_path / "raw-ptb", n_train=6000, n_test=600)
-    convert("ptb", str(tmp_path / "raw-ptb"), f"{train_prefix}/datasets/ptb", spark=spark)
 
     jobs_prefix = hdfs.fresh("readme-jobs")
     chain = [c for _, b in section_blocks(text, "Running jobs") for c in shell_commands(b)]
-    training = [c for _, b in section_blocks(text, "Training") for c in shell_commands(b)]
-    # The embedded default, as written, is the quickstart's training: it runs (to the end,
-    # not 2 steps) in test_quickstart_trains_a_model_that_learned.
-    assert QUICKSTART_TRAINING in training
-    training.remove(QUICKSTART_TRAINING)
     (bash, python) = [body for _, body in section_blocks(text, ML_SECTION)]
 
     def running_jobs() -> list:  # convert -> train -> predict -> evaluate, each on the last
@@ -161,18 +216,9 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         jobs_done = pool.submit(running_jobs)
-        trained = [
-            (command, pool.submit(_run, _localise(command, train_prefix, archive), tmp_path, i))
-            for i, command in enumerate(training, start=100)
-        ]
         examples = [pool.submit(ml_example, command) for command in shell_commands(bash)]
         for result in jobs_done.result():
             assert result is None or result["final_step"] == 2
-        seen = set()
-        for command, future in trained:
-            result = future.result()
-            assert result["final_step"] == 2, command
-            seen.add((result["strategy"], result["input_mode"]))
         for future in examples:
             future.result()
 
@@ -191,9 +237,6 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     written = spark.read.parquet(f"{jobs_prefix}/predictions/resnet20-top3")
     assert written.count() == 64
     assert {"id", "label", "prediction", "probability"} <= set(written.columns)
-
-    # Training: both strategies and both input modes among the commands.
-    assert {("allreduce", "files"), ("ps", "spark")} <= seen
 
     # From Python: fit and predict on this session, on the CIFAR-format data made above.
     (block,) = [body for _, body in section_blocks(text, PYTHON_SECTION)]
