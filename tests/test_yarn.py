@@ -212,17 +212,12 @@ def test_an_executor_yarn_cannot_hold_fails_at_once_with_the_numbers(yarn, mnist
     assert set(yarn.apps()) == before  # nothing was submitted
 
 
-@pytest.mark.timeout(1500)  # packing the whole stack once takes minutes on 2 cores
-def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, spark, tmp_path):
-    """--ship-env: the executors' Python is the packed venv unpacked in each container
-    (spark.pyspark.python=./environment/bin/python), for training (ps, the workers reading
-    files) and then prediction; the archive goes to HDFS once and YARN localizes it from
-    there. Spark's transport is protected (the profile's settings; YARN made the
-    application's secret). A YARN application costs minutes of this machine's two cores, so
-    this is the one training on YARN: the strategies and input modes train on the local and
-    standalone masters (tests/test_train.py, tests/test_standalone.py), where they are not
-    YARN's business."""
-    model_dir = hdfs.fresh("yarn-ship-env")
+def _train_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path, *spark_options) -> tuple[str, dict]:
+    """ps with 2 workers reading files, 3 steps, on YARN: the model directory and the
+    application, checked as a user would (result, export, final state, containers) and with
+    Spark's transport protected (the profile's settings; YARN made the application's
+    secret)."""
+    model_dir = hdfs.fresh("yarn-train")
     result_file = tmp_path / "result.json"
     events = tmp_path / "events"
     events.mkdir()
@@ -231,9 +226,9 @@ def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, spark,
         *("--strategy", "ps", "--num-workers", "2", "--num-ps", "1", "--input-mode", "files"),
         *("--data", mnist_hdfs, "--model-dir", model_dir, "--steps", "3"),
         *("--batch-size", "20", "--result-json", str(result_file)),
-        spark_options=("--ship-env", *event_log_conf(events)),
-        # packing the stack comes first (unless another test packed it): 9 minutes were not
-        # enough once, on a machine busy with other tests
+        spark_options=(*spark_options, *event_log_conf(events)),
+        # packing the stack comes first with --ship-env (unless another test packed it): 9
+        # minutes were not enough once, on a machine busy with other tests
         timeout=900,
     )
     assert run.returncode == 0, explain(run)
@@ -245,22 +240,51 @@ def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, spark,
     assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
     # chief + 2 workers in executors (conf/jobs/train_mnist.json keeps the ps on the driver)
     assert len(yarn.containers(app["id"])) == 1 + 3
-    # Each TensorFlow process in a container logged its interpreter: the environment there.
-    pythons = re.findall(
+    return model_dir, app | {"stderr": run.stderr}
+
+
+def _pythons(yarn, app_id: str) -> list[str]:
+    """The interpreter each TensorFlow process in a container logged."""
+    return re.findall(
         r"role \S+ in .* \(python (\S+)\)",
         "".join(
             f.read_text(errors="replace")
-            for d in yarn.container_logs(app["id"])
+            for d in yarn.container_logs(app_id)
             for f in d.glob("stderr*")
         ),
     )
+
+
+def test_ps_from_files_trains_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path):
+    """A training on YARN as a user with the stack installed on every node runs it: the
+    containers run this venv's Python. (A YARN application costs minutes of this machine's
+    two cores, so this is CI's one training on YARN: the strategies and input modes train on
+    the local and standalone masters, tests/test_train.py and tests/test_standalone.py, where
+    they are not YARN's business.)"""
+    _, app = _train_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path)
+    pythons = _pythons(yarn, app["id"])
+    assert len(pythons) == 3 and all(p.startswith(str(ROOT / ".venv")) for p in pythons), pythons
+
+
+@pytest.mark.full  # not in CI (pyproject.toml): test_ps_from_files_trains_on_yarn trains on
+# YARN, and the shipped environment trains and predicts across hosts in test_multihost and
+# goes to S3 once in test_s3_spark; unpacking it in five containers cost 10-15 minutes of CI
+@pytest.mark.timeout(1500)  # packing the whole stack once takes minutes on 2 cores
+def test_shipped_environment_trains_then_predicts(yarn, hdfs, mnist_hdfs, spark, tmp_path):
+    """--ship-env: the executors' Python is the packed venv unpacked in each container
+    (spark.pyspark.python=./environment/bin/python), for training (ps, the workers reading
+    files) and then prediction; the archive goes to HDFS once and YARN localizes it from
+    there."""
+    model_dir, app = _train_on_yarn(yarn, hdfs, mnist_hdfs, tmp_path, "--ship-env")
+    # Each TensorFlow process in a container logged its interpreter: the environment there.
+    pythons = _pythons(yarn, app["id"])
     assert len(pythons) == 3, pythons
     for python in pythons:
         assert re.search(r"/container_[^/]+/environment/bin/python3?(\.\d+)?$", python), python
         assert not python.startswith(str(ROOT / ".venv"))
     # (sparktf submit's own log is on stderr; the driver's, through spark-submit, on stdout)
-    shared = [line for line in run.stderr.splitlines() if "copying the environment to" in line]
-    assert len(shared) == 1 and f"{hdfs.uri}/user/" in shared[0], run.stderr[-2000:]
+    shared = [line for line in app["stderr"].splitlines() if "copying the environment to" in line]
+    assert len(shared) == 1 and f"{hdfs.uri}/user/" in shared[0], app["stderr"][-2000:]
 
     output = hdfs.fresh("yarn-ship-env-predictions")
     run, app = yarn.submit(
