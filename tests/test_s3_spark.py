@@ -128,6 +128,7 @@ def test_fit_from_s3_parquet_into_an_s3_model_dir_with_only_what_s3_sh_prints(
     not any(Path(ROOT, ".local", "hadoop").glob("s3a-*/hadoop-aws-*.jar")),
     reason="no S3A connector: scripts/setup.sh fetches it",
 )
+@pytest.mark.timeout(1200)  # four applications, a killed one and its rerun: 413-607 s here
 def test_submit_convert_train_evaluate_predict_all_on_s3(tmp_path, monkeypatch):
     """scripts/submit.sh as the README runs it, every path on S3: convert (a small
     MNIST-format input), train (all-reduce, files input), evaluate, predict; no command
