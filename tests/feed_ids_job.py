@@ -23,6 +23,11 @@ if str(REPO) not in sys.path:
 
 
 def record_ids(config):
+    """A custom loop whose step returns the ids it trained on; each process appends them,
+    step by step, to a file of its own (per attempt), and reports a checkpoint (its step)
+    every ``every`` steps; ``report()`` returning True (an elastic run growing) ends the
+    attempt there. ``feature``: the column trained on (``x``); ``die``: the attempt 0 worker
+    1 kills itself at that step (tests/test_feed_epochs.py)."""
     import numpy as np
     import tensorflow as tf
 
@@ -34,7 +39,8 @@ def record_ids(config):
     if ctx.restored_dir:
         with open(os.path.join(ctx.restored_dir, "step.json")) as f:
             step = json.load(f)["step"]
-    data = ctx.dataset(batch_size=config["batch"], columns=["id", "x"])
+    feature = config.get("feature", "x")
+    data = ctx.dataset(batch_size=config["batch"], columns=["id", feature])
     iterator = iter(strategy.experimental_distribute_dataset(data))
     with strategy.scope():
         w = tf.Variable(0.0)
@@ -43,7 +49,7 @@ def record_ids(config):
     def train_step(batch):
         def replica(b):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((w * b["x"] - 1.0) ** 2)
+                loss = tf.reduce_mean((w * tf.cast(b[feature], tf.float32) - 1.0) ** 2)
             w.assign_sub(0.01 * tape.gradient(loss, w))
             return b["id"]
 
@@ -57,6 +63,8 @@ def record_ids(config):
             out.write(json.dumps([step, np.concatenate([i.numpy() for i in ids]).tolist()]))
             out.write("\n")
             out.flush()
+            if config.get("die") == step and ctx.attempt == 0 and ctx.rank == 1:
+                os.kill(os.getpid(), 9)
             if step % config["every"] == 0:
                 saved = os.path.join(ctx.local_dir, f"step-{step}")
                 os.makedirs(saved, exist_ok=True)

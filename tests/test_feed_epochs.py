@@ -15,6 +15,7 @@ import pytest
 
 from sparktf.train import FailureConfig, RunConfig, ScalingConfig, run
 from tests import helpers
+from tests.feed_ids_job import record_ids
 
 pytestmark = pytest.mark.integration
 
@@ -30,55 +31,6 @@ def sorted_table(spark, rows: int = ROWS, parts: int = 7):
 
     df = spark.range(rows, numPartitions=1).withColumn("x", F.col("id").cast("float") / rows)
     return df.withColumn("k", F.col("id") * F.col("id")).repartitionByRange(parts, "k").drop("k")
-
-
-def record_ids(config):
-    """A custom loop whose step returns the ids it trained on; each process appends them,
-    step by step, to a file of its own (per attempt), and reports a checkpoint (its step)
-    every ``every`` steps. ``die``: the attempt 0 worker 1 kills itself at that step."""
-    import tensorflow as tf
-
-    from sparktf.train import get_context, report
-
-    ctx = get_context()
-    strategy = ctx.strategy
-    step = 0
-    if ctx.restored_dir:
-        with open(os.path.join(ctx.restored_dir, "step.json")) as f:
-            step = json.load(f)["step"]
-    feature = config.get("feature", "x")
-    data = ctx.dataset(batch_size=config["batch"], columns=["id", feature])
-    iterator = iter(strategy.experimental_distribute_dataset(data))
-    with strategy.scope():
-        w = tf.Variable(0.0)
-
-    @tf.function
-    def train_step(batch):
-        def replica(b):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((w * tf.cast(b[feature], tf.float32) - 1.0) ** 2)
-            w.assign_sub(0.01 * tape.gradient(loss, w))
-            return b["id"]
-
-        return strategy.run(replica, args=(batch,))
-
-    path = Path(config["out"]) / f"ids-a{ctx.attempt}-r{ctx.rank}.jsonl"
-    with open(path, "a") as out:
-        while step < config["steps"]:
-            ids = strategy.experimental_local_results(train_step(next(iterator)))
-            step += 1
-            out.write(json.dumps([step, np.concatenate([i.numpy() for i in ids]).tolist()]))
-            out.write("\n")
-            out.flush()
-            if config.get("die") == step and ctx.attempt == 0 and ctx.rank == 1:
-                os.kill(os.getpid(), 9)
-            if step % config["every"] == 0:
-                saved = os.path.join(ctx.local_dir, f"step-{step}")
-                os.makedirs(saved, exist_ok=True)
-                with open(os.path.join(saved, "step.json"), "w") as f:
-                    json.dump({"step": step}, f)
-                report({"step": step}, checkpoint=saved)
-    return {"step": step}
 
 
 def read_steps(out: Path, attempt: int, rank: int) -> dict[int, list[int]]:
@@ -116,7 +68,7 @@ def test_every_id_once_per_epoch_in_the_same_order_for_the_same_seed(spark, tmp_
         result = run(record_ids, ScalingConfig(num_workers=2),
                      RunConfig(model_dir=str(tmp_path / attempt / "model")),
                      config=config, data=df, spark=spark)  # fmt: skip
-        assert result.value == {"step": EPOCHS * STEPS_PER_EPOCH}
+        assert result.value == {"step": EPOCHS * STEPS_PER_EPOCH, "workers": 2}
         out = Path(config["out"])
         per_process = [read_steps(out, 0, rank) for rank in (0, 1)]
         assert_every_row_once_per_epoch(per_process, EPOCHS * STEPS_PER_EPOCH)
@@ -190,7 +142,7 @@ def test_the_files_input_resumes_at_the_record_its_checkpoint_was(spark, mnist_d
         model_dir = RunConfig(model_dir=str(tmp_path / name / "model"), failure=failure)
         result = run(record_ids, ScalingConfig(num_workers=2), model_dir, config=config,
                      data=data, spark=spark)  # fmt: skip
-        assert result.value == {"step": 19}
+        assert result.value == {"step": 19, "workers": 2}
         out = Path(config["out"])
         if name == "broken":
             (restart,) = result.restarts
