@@ -21,6 +21,7 @@ import pytest
 
 from sparktf import storage
 from sparktf.datasets.synthetic import write_cifar10
+from sparktf.train.process import milestones
 from tests import helpers
 from tests.conftest import descendants
 from tests.helpers import assert_nothing_left
@@ -336,6 +337,11 @@ def test_allreduce_files_on_hdfs_checkpoints_events_and_export(spark, mnist_hdfs
     assert result.export_dir == storage.join(model_dir, "export", "6")
     assert {"loss", "accuracy", "learning_rate"} <= set(result.metrics)
     assert result.time_to_first_step_s and result.time_to_first_step_s < result.elapsed_s
+    # where the time to the first step went: the chief's milestones, in order
+    startup = result.startup_s
+    assert list(startup) == list(milestones.ORDER), startup
+    assert 0 < startup["launched"] and list(startup.values()) == sorted(startup.values())
+    assert startup["first_step"] == pytest.approx(result.time_to_first_step_s, abs=0.01)
     tags = _events(model_dir)
     assert {"loss", "accuracy", "learning_rate", "examples_per_sec"} <= set(tags)
     assert any(t.startswith("weights/") for t in tags)

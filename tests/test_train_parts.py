@@ -47,6 +47,11 @@ def _result(**changes) -> ProcessResult:
         eval_metrics={"loss": 0.6, "accuracy": 0.7},
         eval_history=[{"step": 6, "loss": 0.9}, {"step": 12, "loss": 0.6, "accuracy": 0.7}],
         best_export="hdfs://nn:8020/m/export_best/12",
+        startup={
+            "launched": 1_699_999_990.5,
+            "joined": 1_699_999_993.0,
+            "first_step": 1_700_000_000.25,
+        },
     )
     return ProcessResult(**{**values, **changes})
 
@@ -60,6 +65,7 @@ def test_process_result_survives_the_control_channel_json():
     assert all(type(e["step"]) is int for e in back.eval_history)
     # the control server keeps a done event's progress as the node's latest state
     assert wire["progress"]["step"] == 12
+    assert list(back.startup) == ["launched", "joined", "first_step"]  # in the order reached
 
 
 def test_process_result_of_a_process_that_fed_nothing_and_evaluated_nothing():

@@ -108,6 +108,7 @@ class ProcessResult:
     eval_history: list[dict[str, Any]] = field(default_factory=list)
     best_export: str | None = None
     input_timing: dict[str, Any] = field(default_factory=dict)
+    startup: dict[str, float] = field(default_factory=dict)  # process.milestones: time.time()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON object (only dicts, lists, strings, numbers and None)."""
@@ -169,6 +170,7 @@ class ProcessResult:
             eval_history=[_evaluation(e) for e in data.get("eval_history") or []],
             best_export=_optional(str, data.get("best_export")),
             input_timing=_float_map(data.get("input_timing")),
+            startup=_float_map(data.get("startup")),
         )
 
 
@@ -224,6 +226,11 @@ class TrainResult:
     # most), "cause", "found" (the cause with its numbers), "advice", "evidence"}
     input_wait: dict[str, float] = field(default_factory=dict)
     input_diagnosis: dict[str, Any] | None = None
+    # where the time to the first step went: the chief's start-up milestones
+    # (sparktf.train.process.milestones) in seconds from the call, in order ({} for
+    # run(train_fn)): "launched", "joined", "tensorflow_imported", "strategy_ready",
+    # "model_built", "first_step"
+    startup_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The result as plain data (JSON-able)."""

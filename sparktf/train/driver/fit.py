@@ -178,6 +178,7 @@ def _run(
         feed_epochs=outcome.feed_epochs,
         input_wait=input_wait,
         input_diagnosis=diagnosis,
+        startup_s={k: round(when - started_wall, 3) for k, when in result.startup.items()},
     )
     attempts.record_outcome(out)
     _log_done(plan, out)
@@ -218,3 +219,8 @@ def _log_done(plan: RunPlan, out: TrainResult) -> None:
         out.elapsed_s,
         f", exported {out.export_dir}" if out.export_dir else "",
     )
+    if out.startup_s:  # where the time to the first step went, the chief's milestones
+        log.info(
+            "start-up (s from the call): %s",
+            ", ".join(f"{k} {v:.2f}" for k, v in out.startup_s.items()),
+        )

@@ -20,7 +20,7 @@ from typing import Any
 
 from sparktf.train.artifacts import ModelDir
 from sparktf.train.plan import Role, RunPlan
-from sparktf.train.process import warmstart
+from sparktf.train.process import milestones, warmstart
 from sparktf.train.process.steps import AllReduceStep, ParameterServerStep
 
 __all__ = ["Built", "build_training", "make_strategy"]
@@ -60,11 +60,14 @@ def build_training(
 
     from sparktf import models
 
+    milestones.mark("tensorflow_imported")  # unless imported before the role came (CPU)
+
     if plan.scaling.threads_per_worker:
         # Only intra-op: distributed runtimes need several inter-op threads (a
         # parameter-server step with one inter-op thread deadlocks).
         tf.config.threading.set_intra_op_parallelism_threads(plan.scaling.threads_per_worker)
     strategy, coordinator = make_strategy(tf, plan, role)
+    milestones.mark("strategy_ready")
     with_strategy()
     with strategy.scope():
         with models.precision_policy(task.config["precision"]):
@@ -91,6 +94,7 @@ def build_training(
         start_step,
         plan.target_steps,
     )
+    milestones.mark("model_built")
     return Built(model, optimizer, global_step, stepper, start_step, restored)
 
 

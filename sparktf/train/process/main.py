@@ -35,6 +35,7 @@ import traceback
 
 from sparktf import exit_hooks
 from sparktf.train.plan import ProcessSpec, Role
+from sparktf.train.process import milestones  # its import marks the start ("launched")
 from sparktf.train.wire.control import ControlClient
 
 __all__ = [
@@ -177,12 +178,14 @@ def main(argv: list[str]) -> None:
 
     try:
         role = Role.from_dict(control.hello(spec.startup_timeout_s))
+        milestones.mark("joined")
         log.info("role %s in %s (python %s)", role.name, json.dumps(role.cluster), sys.executable)
         _set_process_name(role.name)
         control.start_heartbeat(on_abort)
         _configure_process(spec, role)
         if preload is not None:
             preload.join()
+            milestones.mark("tensorflow_imported")
         if not role.trains:
             serve(role, control)
         elif spec.plan.function is not None:  # sparktf.train.run: the user's function

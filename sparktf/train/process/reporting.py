@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparktf.train.plan import Role, RunPlan
+from sparktf.train.process import milestones
 from sparktf.train.process.steps import to_floats
 
 __all__ = ["Meter", "Reporter"]
@@ -47,6 +48,7 @@ class Meter:
     def first_step_done(self) -> None:
         """Starts the rates' clock at the end of the first step (it traces the function)."""
         self.first_step_wall = time.time()
+        milestones.mark("first_step")
         self._window_start = self._rate_start = time.monotonic()
         self._window_examples, self._rate_examples = 0, self.examples
 

@@ -35,7 +35,7 @@ from sparktf.train.artifacts import ModelDir, latest_checkpoint
 from sparktf.train.errors import TrainingError
 from sparktf.train.feed.order import Position
 from sparktf.train.plan import ProcessSpec, Role, eval_metrics
-from sparktf.train.process import inputs
+from sparktf.train.process import inputs, milestones
 from sparktf.train.process.build import Built, build_training
 from sparktf.train.process.evaluation import BestMetric, EvaluationTracker, Evaluator
 from sparktf.train.process.reporting import Reporter
@@ -303,4 +303,5 @@ class Trainer:
             eval_history=history,
             best_export=best_export,
             input_timing=self.timing,
+            startup=milestones.reached(),
         )
