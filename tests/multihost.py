@@ -23,10 +23,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests import helpers
-from tests.conftest import ROOT
+
+ROOT = Path(__file__).resolve().parent.parent  # not conftest's: bench/wire.py runs these hosts
 
 SCRIPT = ROOT / "scripts" / "netcluster.sh"
 HOSTS = ("nn", "master", "w1", "w2", "drv", "out")
+
+
+def hosts_with(workers: int) -> tuple[str, ...]:
+    """:data:`HOSTS` with ``workers`` worker hosts (w1, w2, ...) in place of two."""
+    return ("nn", "master", *(f"w{i}" for i in range(1, workers + 1)), "drv", "out")
+
+
 STANDALONE = [ROOT / "scripts" / "submit.sh", "--profile", "standalone"]
 SUBMIT = [*STANDALONE, "--executor-cores", "1", "--executor-memory", "1g"]  # one slot each
 # the jobs other than training: two such executors (one on each worker host), not the 12 of
@@ -75,20 +83,30 @@ def new_name() -> str:
 
 
 @contextmanager
-def started(*, kerberos: bool = False, cores: int = 1, memory: str = "2g") -> Iterator[MultiHost]:
-    """A new cluster of :data:`HOSTS`: HDFS (Kerberized with ``kerberos``) on nn, a Spark
-    standalone master on master, a worker of ``cores`` and ``memory`` on w1 and on w2;
-    stopped and removed on exit. Skips the test where namespaces cannot be made."""
-    import pytest
-
+def started(
+    *,
+    kerberos: bool = False,
+    cores: int = 1,
+    memory: str = "2g",
+    workers: int = 2,
+    hdfs: bool = True,
+) -> Iterator[MultiHost]:
+    """A new cluster of :data:`HOSTS` (with ``workers`` worker hosts): HDFS (Kerberized with
+    ``kerberos``; none without ``hdfs``) on nn, a Spark standalone master on master, a worker
+    of ``cores`` and ``memory`` on each worker host; stopped and removed on exit. Skips the
+    test where namespaces cannot be made (raises outside pytest)."""
     why = namespaces_usable() or disk_short()
     if why:
+        if "pytest" not in sys.modules:
+            raise RuntimeError(f"multi-host runs {why}")
+        import pytest
+
         pytest.skip(f"multi-host tests {why}")
     name = new_name()
     # not under /tmp: each host has its own /tmp, and the shared files live here
     state = Path("/run") / f"sparktf-test-{name}"
     out = helpers.run_command(
-        [SCRIPT, "start", *HOSTS, "--name", name],
+        [SCRIPT, "start", *hosts_with(workers), "--name", name],
         env={**os.environ, "SPARKTF_NETCLUSTER_DIR": str(state)},
         timeout=60,
     )
@@ -96,7 +114,8 @@ def started(*, kerberos: bool = False, cores: int = 1, memory: str = "2g") -> It
     made = MultiHost(name, state, dict(line.split("=", 1) for line in out.stdout.split()))
     try:
         made.mount_disks()
-        made.start_hdfs(kerberos=kerberos)
+        if hdfs:
+            made.start_hdfs(kerberos=kerberos)
         made.start_spark(cores=cores, memory=memory)
         yield made
     finally:
@@ -109,6 +128,8 @@ class MultiHost:
 
     def __init__(self, name: str, state: Path, hosts: dict[str, str]):
         self.name, self.state, self.hosts = name, state, hosts
+        self.workers = [host for host in hosts if re.fullmatch(r"w\d+", host)]
+        self.hdfs: dict[str, str] = {}
         self.shared = state / name / "shared"
         self.shared.mkdir(mode=0o700)
         self.disks = DISKS / f"sparktf-test-{name}"  # the hosts' /tmp
@@ -125,7 +146,7 @@ class MultiHost:
         (netcluster.sh gives it one in memory): a shipped environment is unpacked there, a
         few GB on each host, as on the disks of a real cluster's nodes."""
         self.disks.mkdir(mode=0o700)
-        for host in HOSTS:
+        for host in self.hosts:
             disk = self.disks / host
             disk.mkdir()
             disk.chmod(0o1777)  # as /tmp (inside a directory of root's alone)
@@ -204,7 +225,7 @@ class MultiHost:
         # /tmp/spark), as a site installs Spark on every node: the driver's venv can then be
         # hidden from it (:meth:`hidden`).
         own = {**daemon_env, "SPARK_HOME": WORKER_SPARK}
-        for worker in ("w1", "w2"):
+        for worker in self.workers:
             address = self.hosts[worker]
             self.spawn(
                 worker, "sh", "-c", 'mkdir "$1" && mount --bind "$0" "$1" && shift && exec "$@"',
@@ -215,7 +236,7 @@ class MultiHost:
                 env={**own, "SPARK_LOCAL_IP": address, "PYSPARK_PYTHON": sys.executable},
                 log=f"{worker}.log",
             )  # fmt: skip
-        self._await_workers(2)
+        self._await_workers(len(self.workers))
         return self.master_url
 
     def _await_workers(self, count: int, timeout_s: float = 120) -> None:
@@ -255,11 +276,11 @@ class MultiHost:
         return {
             "SPARKTF_SPARK_MASTER": self.master_url,
             "SPARKTF_SPARK_SECRET_FILE": str(self.shared / "secret.conf"),
-            "HADOOP_CONF_DIR": str(self.shared / "hadoop"),
             "SPARK_LOCAL_IP": self.hosts["drv"],
             "SPARKTF_HOME": "/tmp/sparktf-home",
             "PYSPARK_PYTHON": sys.executable,
             **{k: v for k, v in self.hdfs.items() if k.startswith(("KRB5_", "SPARKTF_HDFS_"))},
+            **({"HADOOP_CONF_DIR": str(self.shared / "hadoop")} if self.hdfs else {}),
         }
 
     def stop(self) -> None:
