@@ -42,12 +42,12 @@ sparktf's from the call of ``fit`` (everything it does first: the plan, the clus
 TensorFlow processes) to the end of the chief's first step. ``startup_overhead_s``: per
 round, sparktf's time to first step minus that round's baseline's (recorded). The start-up
 goals come from rounds of their own, first thing in the session (``startup_rounds``:
-``--startup-rounds``, default 5, of one-step runs, the baseline then each configuration; with
-``--budget`` at least 2 and as many more as fit in 40 % of it): the cold first round, and
-the warm median of the others with every throughput round's first step (warm runs too),
-each against the same round's baseline, with where sparktf's seconds went (``phases_s``:
-from the chief's milestones, ``TrainResult.startup_s``: Spark's tasks and the process
-start, the wait for the others,
+``--startup-rounds``, default 5, of one-step runs, the baseline then each configuration;
+with ``--budget`` at least 2, more while they fit in 40 % of what is left of it): the cold
+first round, and the warm median of the others with every throughput round's first step
+(warm runs too), each against the same round's baseline, with where sparktf's seconds went
+(``phases_s``: from the chief's milestones, ``TrainResult.startup_s``: Spark's tasks and
+the process start, the wait for the others,
 TensorFlow's import, the strategy, the model, the first step). ``--rounds`` rounds (with
 ``--budget``: as many as fit, at least 2; bench/common.py), round robin (baseline, then each
 configuration), medians count. Goals: allreduce/files >= 0.9x, allreduce/spark >= 0.8x,
@@ -74,7 +74,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,7 +102,7 @@ GOALS = {
 # sparktf's time to first step over the baseline's, by input mode (the worse strategy)
 OVERHEAD_GOALS_S = {"files": 3.0, "spark": 5.0}
 MIN_STARTUP_ROUNDS = 2  # the cold one and a warm one
-STARTUP_SHARE = 0.4  # of --budget, for the start-up rounds
+STARTUP_SHARE = 0.4  # of what is left of --budget, for the start-up rounds
 GPU_RATIO_GOAL = 0.9
 GPU_BF16_RATE_GOAL = 30_000.0
 
@@ -281,28 +280,23 @@ def phases(startup_s: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def startup_rounds(spark, where: dict, configs: list[str], args, tmp: str) -> dict:
+def startup_rounds(
+    spark, where: dict, configs: list[str], args, tmp: str
+) -> tuple[dict, dict[str, list[float]]]:
     """Time to first step in rounds of its own (``--startup-rounds``), before anything else
     has run in the session: one-step runs, round robin (the baseline, then each
     configuration). The first round is the cold one a user's first run meets (the session's
-    first TensorFlow processes, Python workers and imports); the warm figure is the median of
-    the others. Reports each configuration's overhead over the same round's baseline (cold
-    and warm median), and where its seconds went (:func:`phases`: cold, and the warm
-    medians). With ``--budget``: at least :data:`MIN_STARTUP_ROUNDS`, then another round
-    only while the phase's time plus its longest round fits in :data:`STARTUP_SHARE` of the
-    budget (the throughput rounds' own first steps, warm runs too, join the warm figure:
-    ``main``)."""
+    first TensorFlow processes, Python workers and imports); the others are warm. Returns
+    the report (each configuration's overhead over the same round's baseline, cold and the
+    warm median, and where its seconds went: :func:`phases`, cold and the warm medians) and
+    each configuration's overheads, round by round (``main`` adds the throughput rounds' to
+    the warm ones for the goal). With ``--budget``: :class:`common.RoundBudget` with
+    :data:`STARTUP_SHARE` of what is left, at least :data:`MIN_STARTUP_ROUNDS`."""
     first, overheads, breakdowns = common.Rounds(), common.Rounds(), {}
-    began, longest = time.monotonic(), 0.0
-    for r in range(args.startup_rounds):
-        spent = time.monotonic() - began
-        if (
-            r >= MIN_STARTUP_ROUNDS
-            and args.budget
-            and spent + longest > STARTUP_SHARE * args.budget
-        ):
-            break
-        round_began = time.monotonic()
+    rounds = common.RoundBudget(
+        args.startup_rounds, args.budget, min_rounds=MIN_STARTUP_ROUNDS, share=STARTUP_SHARE
+    )
+    for r in rounds:
         base = baseline(where["local"], args.batch_size, 1, args.threads, args.gpus, args.precision)
         first.add("baseline_keras_fit", base["time_to_first_step_s"])
         for name in configs:
@@ -320,38 +314,32 @@ def startup_rounds(spark, where: dict, configs: list[str], args, tmp: str) -> di
                 "start-up round %d %s: first step after %.2f s (%+.2f s over the baseline): %s",
                 r, name, seconds, overheads.values[name][-1], breakdowns[name][-1],
             )  # fmt: skip
-        longest = max(longest, time.monotonic() - round_began)
-    warm = {
-        name: statistics.median(values[1:]) if len(values) > 1 else None
-        for name, values in overheads.values.items()
-    }
-    return {
-        "rounds": len(first.values["baseline_keras_fit"]),
-        "rounds_max": args.startup_rounds,
+
+    def warm_median(values: list) -> float | None:
+        return round(statistics.median(values[1:]), 2) if len(values) > 1 else None
+
+    report = {
+        **rounds.report(),
         "time_to_first_step_s": first.report(2),
         "overhead_s": {
             name: {
                 "cold": round(values[0], 2),
-                "warm_median": None if warm[name] is None else round(warm[name], 2),
+                "warm_median": warm_median(values),
                 "rounds": [round(v, 2) for v in values],
             }
             for name, values in overheads.values.items()
         },
         "phases_s": {
             name: {
-                "cold": rounds[0],
+                "cold": each[0],
                 "warm_median": {
-                    key: round(statistics.median(r[key] for r in rounds[1:] if key in r), 2)
-                    for key in rounds[0]
-                }
-                if len(rounds) > 1
-                else {},
+                    key: warm_median([r[key] for r in each if key in r]) for key in each[0]
+                },
             }
-            for name, rounds in breakdowns.items()
+            for name, each in breakdowns.items()
         },
-        "warm": warm,
-        "overheads": overheads.values,
     }
+    return report, overheads.values
 
 
 def publish_to_s3(local: str, remote: str) -> None:
@@ -477,10 +465,9 @@ def main(argv=None) -> int:
                 startup["copy_to_s3"] = round(seconds, 2)
                 result["data_s3"] = where["s3"]
             with tempfile.TemporaryDirectory(prefix="sparktf-bench-train-") as tmp:
-                started_up = startup_rounds(spark, where, configs, args, tmp)
-                result["startup_rounds"] = {
-                    k: v for k, v in started_up.items() if k not in ("warm", "overheads")
-                }
+                result["startup_rounds"], startup_overheads = startup_rounds(
+                    spark, where, configs, args, tmp
+                )
                 rounds = common.RoundBudget.from_args(args)
                 for r in rounds:
                     base = baseline(
@@ -559,7 +546,7 @@ def main(argv=None) -> int:
                 # a warm run, against its round's baseline): the median of all of them
                 warm = {
                     name: statistics.median(values[1:] + overheads.values.get(name, []))
-                    for name, values in started_up["overheads"].items()
+                    for name, values in startup_overheads.items()
                 }
                 result["startup_rounds"]["warm_median_s"] = {
                     k: round(v, 2) for k, v in warm.items()

@@ -51,7 +51,6 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import common
 
@@ -115,10 +114,7 @@ def kind_of(pid: int, cache: dict[int, str]) -> str:
     """What process ``pid`` is: ``tf`` (a TensorFlow process of the run), ``jvm``, ``worker``
     (Spark's Python workers), ``python`` (the driver's Python), ``other``."""
     if pid not in cache:
-        try:
-            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            line = ""
+        line = multihost.command_line(pid)
         if TF_PROCESS in line:
             cache[pid] = "tf"
         elif "java" in line.split(" ", 1)[0]:
@@ -278,7 +274,7 @@ def _endpoint(text: str) -> tuple[str, str]:
 
 
 def _same_host(a: str, b: str) -> bool:
-    return a == b or a.startswith("127.") or b.startswith("127.") or "::1" in (a, b)
+    return a == b or multihost.loopback(a) or multihost.loopback(b)
 
 
 # ---------------------------------------------------------------------- the runs

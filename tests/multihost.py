@@ -368,13 +368,14 @@ def listeners(cluster: MultiHost, host: str) -> list[dict]:
                 "address": match.group(1).strip("[]"),
                 "port": int(match.group(2)),
                 "pids": pids,
-                "commands": [_command_line(pid) for pid in pids],
+                "commands": [command_line(pid) for pid in pids],
             }
         )
     return found
 
 
-def _command_line(pid: int) -> str:
+def command_line(pid: int) -> str:
+    """Process ``pid``'s command line, its arguments joined by spaces ("" once it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
@@ -415,7 +416,8 @@ class Prober:
         ]
 
 
-def _loopback(address: str) -> bool:
+def loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback address (IPv4, IPv6 or IPv4-mapped)."""
     return address.startswith(("127.", "::1", "::ffff:127."))
 
 
@@ -441,7 +443,7 @@ def probe_run(
                         continue
                     seen[key] = listener
                     on_new(listener)
-                    if not _loopback(listener["address"]):
+                    if not loopback(listener["address"]):
                         prober.offer(listener, cluster.hosts[host])
             time.sleep(0.3)
     finally:
