@@ -33,8 +33,8 @@ STANDALONE, SUBMIT, SUBMIT_TWO = multihost.STANDALONE, multihost.SUBMIT, multiho
 
 @pytest.fixture(scope="module")
 def cluster():
-    # 8 task slots per worker host; HDFS Kerberized, its services' principals of its host name
-    with multihost.started(kerberos=True, cores=8, memory="6g") as made:
+    # 4 task slots per worker host; HDFS Kerberized, its services' principals of its host name
+    with multihost.started(kerberos=True, cores=4, memory="4g") as made:
         yield made
 
 
@@ -43,11 +43,9 @@ def mnist(cluster):
     return multihost.convert_mnist(cluster, SUBMIT_TWO)
 
 
-def test_sixteen_processes_on_two_hosts_train_in_the_shipped_environment_then_predict(
-    cluster, mnist
-):
-    """16 all-reduce processes fed by Spark: one executor of 8 task slots on each worker
-    host, 8 processes in each, each fed by the tasks of its own host. They train and export
+def test_eight_processes_on_two_hosts_train_in_the_shipped_environment_then_predict(cluster, mnist):
+    """8 all-reduce processes fed by Spark: one executor of 4 task slots on each worker
+    host, 4 processes in each, each fed by the tasks of its own host. They train and export
     to HDFS, every process ends, and the export predicts the test split.
 
     The training ships the driver's environment (``--ship-env``) and the worker hosts do not
@@ -62,23 +60,23 @@ def test_sixteen_processes_on_two_hosts_train_in_the_shipped_environment_then_pr
         for host in ("w1", "w2"):  # what the executors would run without the archive
             assert cluster.run(host, "test", "-e", sys.executable).returncode == 1
         multihost.on_driver(
-            cluster, *STANDALONE, "--ship-env", "--executor-cores", "8",
+            cluster, *STANDALONE, "--ship-env", "--executor-cores", "4",
             "--executor-memory", "2g", "--conf", "spark.task.cpus=1", "jobs/train_mnist.py",
-            "--strategy", "allreduce", "--num-workers", "16", "--input-mode", "spark",
+            "--strategy", "allreduce", "--num-workers", "8", "--input-mode", "spark",
             "--data", mnist, "--steps", "2", "--batch-size", "32",
-            "--model-dir", f"{uri}/models/mnist-16", "--result-json", "/tmp/result-16.json",
+            "--model-dir", f"{uri}/models/mnist-8", "--result-json", "/tmp/result-8.json",
             env=home,
         )  # fmt: skip
         pythons = {host: multihost.executor_pythons(cluster, host) for host in ("w1", "w2")}
-    summary = json.loads(cluster.run("drv", "cat", "/tmp/result-16.json").stdout)
+    summary = json.loads(cluster.run("drv", "cat", "/tmp/result-8.json").stdout)
     assert (summary["final_step"], summary["strategy"]) == (2, "allreduce")
     fed = summary["fed_rows"]  # every process fed by Spark's tasks of its own host
-    assert len(fed) == 16 and all(rows > 0 for rows in fed.values()), fed
+    assert len(fed) == 8 and all(rows > 0 for rows in fed.values()), fed
     assert summary["export_dir"].startswith(uri)
     processes = summary["processes"]
-    assert len(processes) == 16
+    assert len(processes) == 8
     by_host = Counter(where["host"] for where in processes.values())
-    assert by_host == {cluster.hosts["w1"]: 8, cluster.hosts["w2"]: 8}, by_host
+    assert by_host == {cluster.hosts["w1"]: 4, cluster.hosts["w2"]: 4}, by_host
     assert len({where["executor"] for where in processes.values()}) == 2
     for host in ("w1", "w2"):  # no TensorFlow process outlives the run
         tf = [l for l in multihost.listeners(cluster, host) if multihost.TF_PROCESS in str(l)]
@@ -91,7 +89,7 @@ def test_sixteen_processes_on_two_hosts_train_in_the_shipped_environment_then_pr
     assert multihost.count_rows(cluster, f"{uri}/predictions/mnist") == 16
     # each TensorFlow process ran the interpreter of the archive its executor unpacked
     for host, found in pythons.items():
-        assert len(found) == 8, (host, found)
+        assert len(found) == 4, (host, found)
         unpacked = r"/tmp/work/app-[^/]+/\d+/(\./)?environment/bin/python3?[.\d]*"
         assert all(re.fullmatch(unpacked, python) for python in found), found
     # no keytab and no ticket cache reached the worker hosts: the executors ran on the token

@@ -1,9 +1,9 @@
 """The README as written: every command of its Running jobs, Training and Spark ML sections
 and every Python example (From Python, Batch inference, Spark ML) runs here, on the test HDFS
 with ``--steps 2``-style limits, so the README and the code cannot drift apart: a command
-added to those sections is run here too (the Training commands in the full suite; CI parses
-them into whole runs: ``pytest -m full``, docs/development.md). The two commands of its
-first section are the quickstart (its training and summary run in
+added to those sections is run here too (the Training commands and the Spark ML example's in
+the full suite; CI parses them into whole runs: ``pytest -m full``, docs/development.md).
+The two commands of its first section are the quickstart (its training and summary run in
 :func:`test_quickstart_trains_a_model_that_learned`, which also checks that the model
 learned) and ``scripts/test.sh`` (this suite).
 
@@ -21,6 +21,8 @@ and benchmark.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -209,18 +211,16 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
             for index, command in enumerate(chain)
         ]
 
-    def ml_example(command: list[str]) -> None:
-        command = [arg.replace(".local/tabular", str(tmp_path / "tabular")) for arg in command]
-        run = helpers.run_command(command, cwd=ROOT, timeout=600)
-        assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-4000:]}"
-
-    # One application at a time: beside the chain's training, the example's two TensorFlow
-    # processes (with the rest of the suite on two cores) once starved a chief's coordination
-    # heartbeats ("tasks are unhealthy (stopped sending heartbeats)") in a fresh-clone run.
     for result in running_jobs():
         assert result is None or result["final_step"] == 2
+    # The Spark ML example's command parses into a whole run with the example's own flags;
+    # its run() trains on this session in test_ml (test_tabular_pipeline_example_trains_...),
+    # and the command as written, its own application, runs in the full suite
+    # (test_readme_ml_example_runs_as_written).
     for command in shell_commands(bash):
-        ml_example(command)
+        with _example(ROOT / command[1]) as example:
+            args = example.parser().parse_args(command[2:])
+        assert args.demo_rows and args.csv and args.model_dir and args.output, command
 
     # Running jobs: what each command left for the next.
     assert storage.exists(f"{jobs_prefix}/models/resnet20/export")
@@ -249,12 +249,8 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     assert fitted["scored"].count() == 64
     assert {"id", "label", "prediction"} <= set(fitted["scored"].columns)
 
-    # Spark ML: the example command (its scratch directory moved into the test's), then the
-    # Python block on a small 3-class table with the columns it names.
+    # Spark ML: the Python block on a small 3-class table with the columns it names.
     ml_prefix = hdfs.fresh("readme-ml")
-    assert (
-        spark.read.parquet(storage.spark_uri(str(tmp_path / "tabular" / "predictions"))).count() > 0
-    )
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 240)
     points = rng.normal(size=(240, 4)) + 4.0 * np.eye(3, 4)[labels]
@@ -288,6 +284,36 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
         *(a for a in ran if a.startswith("--")),
         "--overwrite",
     }, (printed, ran)
+
+
+@contextlib.contextmanager
+def _example(path: Path):
+    """The example script ``path`` imported (its directory first on ``sys.path``, as when
+    it runs), removed again after."""
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"readme_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+@pytest.mark.e2e
+# not in CI (pyproject.toml): the README's test parses this command with the example's flags
+# and test_ml trains the example's run() on the session; its own application cost CI minutes
+@pytest.mark.full
+def test_readme_ml_example_runs_as_written(tmp_path):
+    """The Spark ML section's command, as written, its own application (its scratch directory
+    moved into the test's): it writes predictions of the held-out rows."""
+    (bash, _) = [body for _, body in section_blocks(README.read_text(), ML_SECTION)]
+    for command in shell_commands(bash):
+        command = [arg.replace(".local/tabular", str(tmp_path / "tabular")) for arg in command]
+        run = helpers.run_command(command, cwd=ROOT, timeout=600)
+        assert run.returncode == 0, f"{shlex.join(command)}\n{run.stderr[-4000:]}"
+    predictions = storage.spark_uri(str(tmp_path / "tabular" / "predictions"))
+    assert [f for f in storage.walk_files(predictions) if f.endswith(".parquet")]
 
 
 def _train_result(export: str) -> dict:

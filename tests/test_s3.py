@@ -305,6 +305,36 @@ def test_a_commit_that_dies_is_refused_by_readers_and_cleaned_by_the_rerun(s3, m
 
 
 @store
+def test_an_export_version_that_died_before_its_graph_is_refused_not_skipped(s3, monkeypatch):
+    """The newest version of MODEL_DIR/export dies in its commit before saved_model.pb is
+    copied (the copies run in parallel, in any order): predict's resolver refuses it, naming
+    the marker, rather than calling the model directory empty or taking an older version."""
+    from sparktf.inference.saved_model import resolve_export
+
+    model_dir = s3.fresh("export-died") + "/model"
+    with storage.publish(f"{model_dir}/export/1") as tmp:
+        storage.write_text(f"{tmp}/saved_model.pb", "graph")
+
+    copy_to = backend.S3Object.copy_to
+
+    def dies_at_the_graph(self, source, target, size):
+        if target.endswith("/export/2/saved_model.pb"):  # put in place, not staged
+            raise KeyboardInterrupt("kill -9")  # the process dies before this copy
+        return copy_to(self, source, target, size)
+
+    monkeypatch.setattr(backend.S3Object, "copy_to", dies_at_the_graph)
+    monkeypatch.setattr(publishing, "_COPY_THREADS", 1)  # in key order: fingerprint.pb first
+    with pytest.raises(KeyboardInterrupt), storage.publish(f"{model_dir}/export/2") as tmp:
+        storage.write_text(f"{tmp}/fingerprint.pb", "print")
+        storage.write_text(f"{tmp}/saved_model.pb", "graph")
+    assert storage.exists(f"{model_dir}/export/2/fingerprint.pb")
+    assert not storage.exists(f"{model_dir}/export/2/saved_model.pb")
+    for given in (model_dir, f"{model_dir}/export"):
+        with pytest.raises(storage.NotCommittedError, match=storage.COMMIT_MARKER):
+            resolve_export(given)
+
+
+@store
 def test_a_killed_writer_leaves_parts_that_the_next_publish_aborts(s3):
     target = s3.fresh("orphan") + "/export"
     tmp = storage.temp_sibling(target)

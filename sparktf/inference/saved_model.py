@@ -121,11 +121,14 @@ def resolve_export(export: str | os.PathLike) -> str:
     if storage.isdir(path):
         for entry in storage.listdir(path):
             name = posixpath.basename(storage.parse(entry).path)
-            if name.isdigit() and storage.exists(storage.join(entry, "saved_model.pb")):
+            if name.isdigit():
                 versions.append((int(name), entry))
-    if versions:
-        storage.require_committed(max(versions)[1])
-        return max(versions)[1]
+    for _, entry in sorted(versions, reverse=True):
+        # The newest version first: on S3 one whose publish died is refused, naming its
+        # marker, whatever of it was copied (saved_model.pb or not) before it died.
+        storage.require_committed(entry)
+        if storage.exists(storage.join(entry, "saved_model.pb")):
+            return entry
     exports = storage.join(path, "export")
     if storage.isdir(exports):
         return resolve_export(exports)
