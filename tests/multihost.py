@@ -439,7 +439,11 @@ def probe_run(
             for host in hosts:
                 for listener in listeners(cluster, host):
                     key = (host, listener["address"], listener["port"])
-                    if key in seen or _is_daemon(listener):
+                    if key in seen:
+                        if not any(seen[key]["commands"]):  # first seen without its owner
+                            seen[key].update(pids=listener["pids"], commands=listener["commands"])
+                        continue
+                    if _is_daemon(listener):
                         continue
                     seen[key] = listener
                     on_new(listener)

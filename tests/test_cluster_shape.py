@@ -64,35 +64,57 @@ def test_two_and_four_processes_on_three_executors_of_two_slots(mnist_data, tmp_
 
 
 def test_a_run_waits_for_slots_busy_with_another_job(spark, mnist_data, tmp_path, caplog):
-    """Another job of the session holds both task slots for a few seconds when ``fit`` starts
-    2 all-reduce workers: the run waits for them, saying so, and trains; the other job ends
-    with its own result."""
+    """Another job of the session holds both task slots when ``fit`` starts 2 all-reduce
+    workers: the run waits for them, saying so, and trains once they are free (the other job
+    lets them go when the run says it waits: no race with a busy machine's clock); the other
+    job ends with its own result."""
     import threading
     import time
 
     from sparktf.train import RunConfig, ScalingConfig, TrainConfig, fit
 
-    def busy(_):
-        time.sleep(8)
+    started, release = tmp_path / "started", tmp_path / "release"
+    started.mkdir()
+
+    def busy(index, _):  # in the executors: this machine's files
+        (started / str(index)).touch()
+        deadline = time.monotonic() + 120
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
         yield 1
+
+    class ReleaseOnWait(logging.Handler):
+        def emit(self, record):
+            if "waiting for 2 free task slots" in record.getMessage():
+                release.touch()
 
     other: list[int] = []
     worker = threading.Thread(
         target=lambda: other.append(
-            spark.sparkContext.parallelize(range(2), 2).mapPartitions(busy).sum()
+            spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(busy).sum()
         )
     )
     worker.start()
-    time.sleep(2)  # its two tasks are running
-    with caplog.at_level(logging.INFO, logger="sparktf.train.driver.gang"):
-        result = fit(
-            TrainConfig(
-                model="mnist_softmax", data=str(mnist_data / "data"), steps=2, batch_size=8
-            ),
-            ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
-            RunConfig(model_dir=str(tmp_path / "model")),
-            spark=spark,
-        )
+    gang_log = logging.getLogger("sparktf.train.driver.gang")
+    handler = ReleaseOnWait()
+    gang_log.addHandler(handler)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(started.iterdir())) < 2:  # both slots taken
+            assert time.monotonic() < deadline, "the other job's tasks did not start"
+            time.sleep(0.2)
+        with caplog.at_level(logging.INFO, logger="sparktf.train.driver.gang"):
+            result = fit(
+                TrainConfig(
+                    model="mnist_softmax", data=str(mnist_data / "data"), steps=2, batch_size=8
+                ),
+                ScalingConfig(strategy="allreduce", num_workers=2, threads_per_worker=1),
+                RunConfig(model_dir=str(tmp_path / "model")),
+                spark=spark,
+            )
+    finally:
+        gang_log.removeHandler(handler)
+        release.touch()
     worker.join(60)
     assert other == [2] and result.final_step == 2
     waited = [

@@ -471,6 +471,49 @@ def test_every_book_optimizer_builds_and_changes_the_weights(name: str) -> None:
         assert not np.array_equal(old, new.numpy()), f"{name} left {new.path} unchanged"
 
 
+def test_an_optimizer_decaying_in_its_update_steps_as_the_decay_in_the_loss(tmp_path) -> None:
+    """What ps runs (optim.decay_on_servers, checked under the strategy in
+    test_train_step_runs_under_distribution_strategies): the weight decay's gradient added in
+    the optimizer's update rather than through the loss. Two momentum steps from the same
+    weights land on the same weights, and the optimizer checkpoints the same variables."""
+    from sparktf.models import optim
+
+    task = models.get_task("mnist_mlp", hidden_units=8, weight_decay=0.05, learning_rate=0.1,
+                           optimizer={"name": "momentum"})  # fmt: skip
+    batch = task.example_batch(4)
+    in_loss, in_update = task.build_model(), task.build_model()
+    in_update.set_weights(in_loss.get_weights())
+    start = in_loss.get_weights()
+    plain = task.make_optimizer(steps_per_epoch=10, model=in_loss)
+    pairs = [(w, w.regularizer) for w in in_update.trainable_weights if w.regularizer]
+    assert len(pairs) == 2  # the two kernels
+    decaying = optim.build_optimizer(
+        task.config["optimizer"], 0.1, in_update.trainable_variables, decay=pairs
+    )
+    assert optim.decay_on_servers(in_update, decaying) == pairs
+    assert optim.decay_on_servers(in_loss, plain) is None  # outside ps: in the loss
+
+    def step(model, optimizer, decay_in_loss):
+        with tf.GradientTape() as tape:
+            _, per_example, _ = task.forward(model, batch, training=True)
+            loss = tf.reduce_mean(per_example)
+            if decay_in_loss:
+                loss += optim.regularization_loss(model)
+        optim.apply_gradients(optimizer, loss, tape, model.trainable_variables)
+
+    for _ in range(2):
+        step(in_loss, plain, True)
+        step(in_update, decaying, False)
+    for a, b in zip(in_loss.get_weights(), in_update.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(in_update.get_weights()[0], start[0])  # the steps moved it
+    names = [
+        sorted(name for name, _ in tf.train.list_variables(tf.train.Checkpoint(o=o).save(d)))
+        for o, d in ((plain, str(tmp_path / "plain")), (decaying, str(tmp_path / "decaying")))
+    ]
+    assert names[0] == names[1]
+
+
 def test_optimizer_and_schedule_configs_are_checked() -> None:
     cases = [
         ({"optimizer": {"name": "lamb"}}, "unknown optimizer 'lamb'"),
@@ -945,14 +988,18 @@ _PS_SCRIPT = (
     + _CASES
     + textwrap.dedent(
         """
-    for name, overrides in cases[:2]:  # the GAN's two optimizers are covered by Mirrored
-        task = models.get_task(name, **overrides)
+    def on_ps(task):  # the model and optimizer on the ps, a batch, the workers' iterator
         with strategy.scope():
             model = task.build_model()
             optimizer = task.make_optimizer(steps_per_epoch=10, model=model)
         batch = {k: v.numpy() for k, v in task.example_batch(4).items()}
         iterator = iter(coordinator.create_per_worker_dataset(
             lambda _=None: tf.data.Dataset.from_tensors(batch).repeat()))
+        return model, optimizer, batch, iterator
+
+    for name, overrides in cases[:2]:  # the GAN's two optimizers are covered by Mirrored
+        task = models.get_task(name, **overrides)
+        model, optimizer, batch, iterator = on_ps(task)
 
         @tf.function
         def step(it):
@@ -968,6 +1015,48 @@ _PS_SCRIPT = (
             states = model._state.variables[0][0].read_all()
             assert any(np.any(s) for s in states), "workers must hold their own LSTM state"
         print(name, {k: round(float(v), 4) for k, v in metrics.items()})
+
+    # Weight decay under ps is computed on the parameter server (optim.decay_on_servers): two
+    # steps (momentum carries the first's decay into the second) give the weights and the
+    # regularization loss of the same two steps without a strategy.
+    decayed = dict(hidden_units=8, weight_decay=0.05, learning_rate=0.1,
+                   optimizer={"name": "momentum"})
+    task = models.get_task("mnist_mlp", **decayed)
+    model, optimizer, batch, iterator = on_ps(task)
+    local_task = models.get_task("mnist_mlp", **decayed)
+    local = local_task.build_model()
+    local.set_weights([w.numpy() for w in model.weights])
+    local_optimizer = local_task.make_optimizer(steps_per_epoch=10, model=local)
+
+    @tf.function
+    def decay_step(it):
+        return strategy.run(task.train_step, args=(model, optimizer, next(it), 4))
+
+    from sparktf.models.optim import decay_on_servers
+
+    @tf.function
+    def decay_there(it):
+        def replica(_):
+            pairs = decay_on_servers(model, optimizer)
+            return tf.constant(len(pairs or ()))
+        return strategy.run(replica, args=(next(it),))
+
+    there = coordinator.schedule(decay_there, args=(iterator,))
+    coordinator.join()
+    assert int(there.fetch()) == 2  # the step takes the path: two kernels, on the ps
+    assert all("/job:ps/" in w.value.device for w in model.trainable_weights)
+
+    local_step = tf.function(lambda: local_task.train_step(local, local_optimizer, batch, 4))
+    for _ in range(2):
+        remote = coordinator.schedule(decay_step, args=(iterator,))
+        coordinator.join()
+        reference = local_step()
+        got = float(remote.fetch()["regularization_loss"])
+        assert got > 0 and np.isclose(got, float(reference["regularization_loss"]), rtol=1e-5)
+    assert len(model.losses) == 2  # the two kernels' decay, and nothing of the model's own
+    for remote_w, local_w in zip(model.weights, local.weights):
+        np.testing.assert_allclose(remote_w.numpy(), local_w.numpy(), rtol=1e-5, atol=1e-7)
+    print("weight decay on the parameter server ok")
 
     # Moving averages (kept on the parameter server) with a bf16 model, one step at a time.
     task = models.get_task("mnist_mlp", hidden_units=8, moving_average_decay=0.5,

@@ -145,7 +145,10 @@ def test_ps_from_files_across_hosts_and_an_outsider_reaches_nothing(cluster, mni
     tensorflow = [a for a in answers if any(multihost.TF_PROCESS in c for c in a["commands"])]
     others = [a for a in answers if a not in tensorflow]
     # the documented exception: TensorFlow's gRPC servers of ps:0, chief:0 and worker:0
-    assert sorted(a["host"] for a in tensorflow) == ["drv", "w1", "w2"], tensorflow
+    assert sorted(a["host"] for a in tensorflow) == ["drv", "w1", "w2"], (
+        tensorflow,
+        [(where(a), a["pids"], a["outcome"]) for a in others],
+    )
     answered = [
         (where(a), a["outcome"], a["sample"])
         for a in others

@@ -20,7 +20,12 @@ import tensorflow as tf
 from sparktf.errors import SparktfValueError
 from sparktf.models.export import Endpoint
 from sparktf.models.layers import ScaleImage, count_params
-from sparktf.models.optim import apply_gradients, current_learning_rate, regularization_loss
+from sparktf.models.optim import (
+    apply_gradients,
+    current_learning_rate,
+    decay_on_servers,
+    regularization_loss,
+)
 from sparktf.models.task import Batch, Metrics, ModelTask, RegistryModel
 
 __all__ = ["ClassifierTask", "check_regularisation"]
@@ -55,6 +60,10 @@ class ClassifierTask(ModelTask):
 
     kind: ClassVar[str] = "classifier"
     shared_defaults: ClassVar[Mapping[str, Any]] = {"weight_decay": 0.0, "label_smoothing": 0.0}
+    # The model's losses are its kernels' weight decay alone (the book's families): under
+    # ParameterServerStrategy the decay is then computed where the variables are
+    # (optim.decay_on_servers). A user's model may add losses of its own: not for it.
+    losses_are_decay: ClassVar[bool] = True
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -129,13 +138,14 @@ class ClassifierTask(ModelTask):
     def train_step(
         self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
     ) -> Metrics:
+        decay = decay_on_servers(model, optimizer)  # the optimizer adds its gradient
         with tf.GradientTape() as tape:
             logits, per_example, correct = self.forward(
                 model, batch, training=True, label_smoothing=float(self.config["label_smoothing"])
             )
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-            reg = regularization_loss(model)
-            total = loss + reg
+            reg = regularization_loss(model, decay)
+            total = loss if decay is not None else loss + reg
         apply_gradients(
             optimizer, total, tape, model.trainable_variables, self.config.get("clip_norm")
         )

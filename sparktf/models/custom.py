@@ -318,6 +318,7 @@ class CustomTask(SeveralOutputs, KindMixin, NamedInputs, ClassifierTask):
     description: ClassVar[str] = "a user's Keras model (sparktf.models.register)"
     spec: ClassVar[CustomModel | None] = None
     defaults: ClassVar[Mapping[str, Any]] = {}
+    losses_are_decay: ClassVar[bool] = False  # its layers may add losses of their own
 
     # -- config ---------------------------------------------------------------------------
 

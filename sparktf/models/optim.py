@@ -261,6 +261,7 @@ def build_optimizer(
     *,
     moving_average_decay: float | None = None,
     loss_scale: bool = False,
+    decay: Decay = (),
 ) -> keras.optimizers.Optimizer:
     """A Keras optimizer from ``{"name": <one of OPTIMIZERS>, **keras_kwargs}``.
 
@@ -280,7 +281,11 @@ def build_optimizer(
     kwargs = {**_SPEC_DEFAULTS.get(name, {}), **kwargs}
     if moving_average_decay is not None:
         kwargs.update(use_ema=True, ema_momentum=float(moving_average_decay))
-    optimizer = OPTIMIZERS[name](learning_rate=learning_rate, **kwargs)
+    if decay and not loss_scale:  # (variable, regularizer): see decay_on_servers
+        optimizer = _decaying(OPTIMIZERS[name])(learning_rate=learning_rate, **kwargs)
+        optimizer.decay_on_servers = _DecayOnServers(decay)
+    else:
+        optimizer = OPTIMIZERS[name](learning_rate=learning_rate, **kwargs)
     if loss_scale:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     if variables is not None:
@@ -292,15 +297,25 @@ def optimizer_from_config(
     config: Mapping[str, Any],
     steps_per_epoch: int,
     variables: Sequence[tf.Variable] | None = None,
+    decay_on_servers: bool = False,
 ) -> keras.optimizers.Optimizer:
     """The optimizer a model config declares: ``optimizer`` spec, learning-rate schedule,
-    ``moving_average_decay`` and (``precision == "fp16"``) loss scaling."""
+    ``moving_average_decay`` and (``precision == "fp16"``) loss scaling. With
+    ``decay_on_servers`` (the model's losses are its weights' decay alone) and under
+    ``ParameterServerStrategy`` its updates add the decay's gradient (:func:`decay_on_servers`)."""
+    loss_scale = config.get("precision") == "fp16"
+    decay = (
+        _decay_wanted(variables, config.get("clip_norm"), loss_scale)
+        if decay_on_servers and variables is not None
+        else []
+    )
     return build_optimizer(
         config["optimizer"],
         learning_rate_schedule(config, steps_per_epoch),
         variables,
         moving_average_decay=config.get("moving_average_decay"),
-        loss_scale=config.get("precision") == "fp16",
+        loss_scale=loss_scale,
+        decay=decay,
     )
 
 
@@ -317,9 +332,80 @@ def current_learning_rate(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
 # --------------------------------------------------------------------------- gradients
 
 
-def regularization_loss(model: keras.Model) -> tf.Tensor:
-    """Sum of ``model.losses`` (weight decay), scaled by ``1 / num_replicas_in_sync``."""
-    losses = model.losses
+Decay = Sequence[tuple[Any, Any]]  # (variable, its regularizer)
+
+
+def decay_on_servers(model: keras.Model, optimizer: Any) -> Decay | None:
+    """The weight decay of ``model`` as (variable, regularizer) pairs when ``optimizer``
+    adds its gradient where the variables live (:func:`build_optimizer` with ``decay``,
+    under ``ParameterServerStrategy``); else None: the decay is then part of the loss.
+
+    Under that strategy every read of a variable in a worker's step is a transfer from its
+    parameter server: the decay's ``model.losses`` read every kernel a second time, which
+    doubled what the workers pulled a step (bench/README.md, "Bytes on the wire"). So the
+    step computes the decay's value there (:func:`regularization_loss`: one number crosses)
+    and leaves it out of its loss, and the optimizer's update, which runs on the variable's
+    device, adds the decay's gradient to the worker's. The same sum, in another place.
+    """
+    holder = getattr(optimizer, "decay_on_servers", None)
+    return holder.pairs if isinstance(holder, _DecayOnServers) else None
+
+
+class _DecayOnServers:
+    """The pairs an optimizer decays (a plain object: neither Keras nor TensorFlow tracks
+    it, so the optimizer's checkpoint is what it was)."""
+
+    def __init__(self, pairs: Decay) -> None:
+        self.pairs = list(pairs)
+        self.of = {id(getattr(v, "value", v)): regularizer for v, regularizer in self.pairs}
+
+
+def _decay_wanted(variables: Sequence[Any], clip_norm: float | None, loss_scale: bool) -> Decay:
+    """The (variable, regularizer) pairs the optimizer should decay on the parameter
+    servers: under ``ParameterServerStrategy`` only, and not with clipping or loss scaling
+    (they need the whole gradient where it is computed)."""
+    if clip_norm or loss_scale:
+        return []
+    if not isinstance(tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy):
+        return []
+    return [(v, v.regularizer) for v in variables if getattr(v, "regularizer", None) is not None]
+
+
+_DECAYING: dict[type, type] = {}
+
+
+def _decaying(base: type) -> type:
+    """``base`` (a Keras optimizer class) whose update adds the weight decay's gradient of
+    the variables in its ``decay_on_servers`` (the update runs on each variable's device)."""
+    if base not in _DECAYING:
+
+        def update_step(self, gradient, variable, learning_rate):
+            regularizer = self.decay_on_servers.of.get(id(variable))
+            if regularizer is not None:
+                with tf.GradientTape() as tape:
+                    tape.watch(variable)
+                    term = tf.cast(regularizer(variable), tf.float32)
+                gradient = gradient + tf.cast(tape.gradient(term, variable), gradient.dtype)
+            return base.update_step(self, gradient, variable, learning_rate)
+
+        _DECAYING[base] = type(base.__name__, (base,), {"update_step": update_step})
+    return _DECAYING[base]
+
+
+def _device_of(variable: Any) -> str:
+    return getattr(variable, "value", variable).device
+
+
+def regularization_loss(model: keras.Model, decay: Decay | None = None) -> tf.Tensor:
+    """Sum of ``model.losses`` (weight decay), scaled by ``1 / num_replicas_in_sync``; with
+    ``decay`` (:func:`decay_on_servers`) each term computed on its variable's device."""
+    if decay is None:
+        losses = model.losses
+    else:
+        losses = []
+        for variable, regularizer in decay:
+            with tf.device(_device_of(variable)):
+                losses.append(regularizer(variable))
     if not losses:
         return tf.constant(0.0)
     return tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in losses]))

@@ -173,6 +173,9 @@ class ModelTask:
     description: ClassVar[str] = ""
     defaults: ClassVar[Mapping[str, Any]] = {}
     presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    # Whether the model's losses are its weights' regularizers alone, which the optimizer
+    # may then apply where the variables live (optim.decay_on_servers; the classifiers).
+    losses_are_decay: ClassVar[bool] = False
     # Keys every family has, under its own defaults; a subclass adds its own (merged along
     # the class hierarchy when a class defines ``defaults``).
     shared_defaults: ClassVar[Mapping[str, Any]] = {
@@ -274,7 +277,7 @@ class ModelTask:
         through :func:`sparktf.models.optim.apply_gradients`).
         """
         variables = model.trainable_variables if model is not None else None
-        return optimizer_from_config(self.config, steps_per_epoch, variables)
+        return optimizer_from_config(self.config, steps_per_epoch, variables, self.losses_are_decay)
 
     def train_step(
         self, model: keras.Model, optimizer: Any, batch: Batch, global_batch_size: int
