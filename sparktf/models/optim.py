@@ -8,7 +8,8 @@
   ``adam``, ``ftrl``, ``momentum``, ``rmsprop``, ``sgd`` (:data:`OPTIMIZERS`), checked
   up front (:func:`check_optimizer_spec`) and built with an exponential moving average of
   the weights and fp16 loss scaling when the config asks (:func:`optimizer_from_config`).
-* Weight decay (:func:`regularization_loss`) and gradient clipping across replicas
+* Weight decay (:func:`regularization_loss`; under ``ParameterServerStrategy`` computed
+  where the variables live, :func:`decay_on_servers`) and gradient clipping across replicas
   (:func:`clip_by_global_norm_across_replicas`, :func:`apply_gradients`, which also scales
   the loss for a :class:`keras.optimizers.LossScaleOptimizer`).
 * The moving averages as exportable weights (:func:`weights_for_export`) and the Keras
@@ -45,6 +46,7 @@ __all__ = [
     "check_schedule",
     "clip_by_global_norm_across_replicas",
     "current_learning_rate",
+    "decay_on_servers",
     "inner_optimizer",
     "learning_rate_schedule",
     "loss_scale",
