@@ -5,12 +5,16 @@ executors' cached copy of a model."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -242,3 +246,19 @@ def tiny_plan(scaling, **fields):
         feed_passes=None,
     )
     return dataclasses.replace(plan, **fields)
+
+
+@contextlib.contextmanager
+def imported_example(path: Path, name: str) -> Iterator[ModuleType]:
+    """An example script imported as the module ``name``, its directory on ``sys.path`` as
+    when it runs as a script (it imports ``examples/_common.py``); both removed again after."""
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.path.remove(str(path.parent))

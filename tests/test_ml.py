@@ -11,7 +11,6 @@ training starts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -40,25 +39,10 @@ def build(input_shape, num_classes, hidden_units=16):
 """
 
 
-def _imported(path: Path, name: str):
-    """An example script imported as the module ``name``, its directory on ``sys.path`` as
-    when it runs as a script (it imports ``examples/_common.py``); both removed again after
-    the tests."""
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
-        sys.path.remove(str(path.parent))
-
-
 @pytest.fixture(scope="module")
 def example():
-    yield from _imported(EXAMPLE, "tabular_pipeline_example")
+    with helpers.imported_example(EXAMPLE, "tabular_pipeline_example") as module:
+        yield module
 
 
 @pytest.fixture(scope="module")
@@ -436,7 +420,8 @@ REGRESSION_EXAMPLE = REPO / "examples" / "regression_pipeline.py"
 
 @pytest.fixture(scope="module")
 def regression_example():
-    yield from _imported(REGRESSION_EXAMPLE, "regression_example")
+    with helpers.imported_example(REGRESSION_EXAMPLE, "regression_example") as module:
+        yield module
 
 
 def test_regression_example_tunes_a_learning_rate_and_reaches_the_noise(
@@ -483,7 +468,8 @@ def test_regression_example_tunes_a_learning_rate_and_reaches_the_noise(
 
 @pytest.fixture(scope="module")
 def wide_and_deep_example():
-    yield from _imported(WIDE_AND_DEEP_EXAMPLE, "wide_and_deep_example")
+    with helpers.imported_example(WIDE_AND_DEEP_EXAMPLE, "wide_and_deep_example") as module:
+        yield module
 
 
 def test_wide_and_deep_example_trains_on_numbers_and_strings_without_a_copy(

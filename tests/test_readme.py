@@ -21,8 +21,6 @@ and benchmark.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -218,7 +216,7 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
     # and the command as written, its own application, runs in the full suite
     # (test_readme_ml_example_runs_as_written).
     for command in shell_commands(bash):
-        with _example(ROOT / command[1]) as example:
+        with helpers.imported_example(ROOT / command[1], "readme_ml_example") as example:
             args = example.parser().parse_args(command[2:])
         assert args.demo_rows and args.csv and args.model_dir and args.output, command
 
@@ -284,20 +282,6 @@ def test_readme_commands_run_as_written(spark, hdfs, tmp_path):
         *(a for a in ran if a.startswith("--")),
         "--overwrite",
     }, (printed, ran)
-
-
-@contextlib.contextmanager
-def _example(path: Path):
-    """The example script ``path`` imported (its directory first on ``sys.path``, as when
-    it runs), removed again after."""
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"readme_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(path.parent))
 
 
 @pytest.mark.e2e

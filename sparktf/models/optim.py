@@ -359,7 +359,7 @@ class _DecayOnServers:
 
     def __init__(self, pairs: Decay) -> None:
         self.pairs = list(pairs)
-        self.of = {id(getattr(v, "value", v)): regularizer for v, regularizer in self.pairs}
+        self.of = {id(_tf_variable(v)): regularizer for v, regularizer in self.pairs}
 
 
 def _decay_wanted(variables: Sequence[Any], clip_norm: float | None, loss_scale: bool) -> Decay:
@@ -394,8 +394,9 @@ def _decaying(base: type) -> type:
     return _DECAYING[base]
 
 
-def _device_of(variable: Any) -> str:
-    return getattr(variable, "value", variable).device
+def _tf_variable(variable: Any) -> tf.Variable:
+    """The TensorFlow variable of a Keras one (what the optimizer's update is given)."""
+    return getattr(variable, "value", variable)
 
 
 def regularization_loss(model: keras.Model, decay: Decay | None = None) -> tf.Tensor:
@@ -406,7 +407,7 @@ def regularization_loss(model: keras.Model, decay: Decay | None = None) -> tf.Te
     else:
         losses = []
         for variable, regularizer in decay:
-            with tf.device(_device_of(variable)):
+            with tf.device(_tf_variable(variable).device):
                 losses.append(regularizer(variable))
     if not losses:
         return tf.constant(0.0)
