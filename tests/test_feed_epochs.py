@@ -317,3 +317,82 @@ def test_fit_from_files_goes_on_at_the_record_its_last_run_ended(spark, mnist_hd
     first, second = ([p for p in recorded["rerun"] if len(p) == n] for n in (9, 11))
     joined = {tuple(i for b in a + b_ for i in b) for a in first for b_ in second}
     assert whole <= joined
+
+
+def test_fit_from_files_drains_its_pass_when_the_workers_change(spark, mnist_data, tmp_path):
+    """fit with the files input, 2 processes of 6 records a step (a shard of 50 records
+    each): 13 steps, 28 records into the second pass; then a rerun on the same model
+    directory with 1 process. It first trains the rest of that pass, none of it twice
+    (44 records: 3 steps of 12, 8 left over), then the next pass of the one-shard split."""
+    import keras
+
+    from sparktf import models
+    from sparktf.datasets import readers
+    from sparktf.train import TrainConfig, fit
+
+    data = str(mnist_data / "data")
+    out = tmp_path / "ids"
+    out.mkdir()
+
+    def build(inputs, num_classes):
+        x = _recording_layer(str(out))(inputs)
+        x = keras.layers.Rescaling(1 / 100)(keras.layers.Reshape((1,))(x))
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+    models.register("recording_resize", build, inputs=["id"], num_classes=10, batch_size=12)
+    run_config = RunConfig.from_dict(
+        {"model_dir": str(tmp_path / "model"), "evaluation": {"split": "none"}}
+    )
+    for workers, steps in ((2, 13), (1, 18)):
+        train = TrainConfig(model="recording_resize", data=data,
+                            input_mode="files", steps=steps, seed=3)  # fmt: skip
+        result = fit(train, ScalingConfig(num_workers=workers), run_config, spark=spark)
+        assert result.final_step == steps
+    recorded = _recorded(out)
+    first = [[i for b in p for i in b] for p in recorded if len(p) == 13]
+    (second,) = [[i for b in p for i in b] for p in recorded if len(p) == 5]
+    assert len(first) == 2 and all(len(stream) == 78 for stream in first)
+    in_pass = [i for stream in first for i in stream[50:]]  # pass 1 before the resize
+    drained, after = second[:36], second[36:]
+    ids = {i for b in readers.tfrecord_dataset(data, split="train", batch_size=50)
+           for i in b["id"].numpy().tolist()}  # fmt: skip
+    assert len(set(in_pass + drained)) == 56 + 36 and set(in_pass + drained) <= ids
+    assert len(set(after)) == 24  # pass 2 of the new split
+    helpers.assert_nothing_left()
+
+
+def test_a_function_s_dataset_drains_its_pass_when_the_workers_change(mnist_data, tmp_path):
+    """``ctx.dataset`` of ``run(train_fn, data=DIR)``, global batch 12: two processes' streams
+    13 steps in (6 records a step each, 28 into their second pass), then one process placed
+    where their checkpoint recorded: its first 3 steps are the rest of that pass, none of it
+    twice (8 records left over), then the next pass of its one-shard split."""
+    from sparktf.datasets import readers
+    from sparktf.train.feed.order import FilesPosition
+    from sparktf.train.process.context import TrainContext
+
+    data = str(mnist_data / "data")
+
+    def context(rank: int, world_size: int, feed=None, step=0) -> TrainContext:
+        return TrainContext(rank=rank, world_size=world_size, role="worker",
+                            is_chief=rank == 0, strategy=None, model_dir=str(tmp_path),
+                            local_dir=str(tmp_path), restored_dir=None,
+                            export_dir=str(tmp_path / "export"), data=data,
+                            feed_start=feed, feed_start_step=step)  # fmt: skip
+
+    def records(ctx: TrainContext, n: int) -> list[int]:
+        out: list[int] = []
+        for batch in ctx.dataset(batch_size=12, columns=["id"]):
+            out += batch["id"].numpy().tolist()
+            if len(out) >= n:
+                return out[:n]
+        raise AssertionError("the stream ended")
+
+    first = [records(context(rank, 2), 13 * 6) for rank in (0, 1)]
+    place = FilesPosition(2, 6).advance(13, size=50).to_dict()  # what step 13's report keeps
+    second = records(context(0, 1, place, 13), 36 + 24)
+    in_pass = [i for stream in first for i in stream[50:]]  # pass 1 before the resize
+    ids = {i for b in readers.tfrecord_dataset(data, split="train", batch_size=50)
+           for i in b["id"].numpy().tolist()}  # fmt: skip
+    drained, after = second[:36], second[36:]
+    assert len(set(in_pass + drained)) == 56 + 36 and set(in_pass + drained) <= ids
+    assert after == records(context(0, 1, FilesPosition(1, 12, 2, 0, 2).to_dict(), 13), 24)

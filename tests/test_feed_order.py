@@ -9,6 +9,7 @@ import pytest
 from sparktf.train.feed.order import (
     FilesPosition,
     Position,
+    Segment,
     epoch_rows,
     left_over,
     permutation_spec,
@@ -65,12 +66,89 @@ def test_the_files_input_goes_on_at_the_same_record_of_each_shard_for_the_same_s
     assert FilesPosition.from_dict({"epoch": 1, "cursor": 32}, 2, 8, step=7).start(50) == 56
 
 
-def test_another_shape_starts_the_chief_s_pass_afresh_in_the_new_split():
-    place = FilesPosition(2, 8, base_epoch=0, steps=13, epoch=2).to_dict()
-    shrunk = FilesPosition.from_dict(place, shards=1, batch=16, step=13)
-    assert shrunk == FilesPosition(1, 16, base_epoch=2, steps=0, epoch=2)
-    assert shrunk.start(100) == 200  # shard of 100 records: pass 2 from its beginning
-    assert shrunk.advance(3, size=100) == FilesPosition(1, 16, 2, 3, epoch=2)
-    assert shrunk.advance(7, size=100).epoch == 3  # 200 + 112 records
+def test_another_shape_drains_the_chief_s_pass_then_starts_the_next_in_the_new_split():
+    place = FilesPosition(2, 8, base_epoch=0, steps=13, epoch=2).to_dict()  # 104 records in
+    sizes = {(2, 0): 50, (2, 1): 46}.__getitem__
+    shrunk = FilesPosition.from_dict(
+        place, shards=1, batch=16, step=13, sizes=lambda n, i: sizes((n, i))
+    )
+    # shard 0 is 4 records into its pass 2, shard 1 12 records into it: the rest of pass 2
+    assert shrunk.pending == (Segment(2, 0, 104, 150), Segment(2, 1, 104, 138))
+    assert (shrunk.base_epoch, shrunk.steps, shrunk.epoch) == (3, 0, 2)
+    assert shrunk.drain_steps == 80 // 16 and shrunk.left_over == 0
+    assert shrunk.start(100) == 300  # after the drain: pass 3 of the new split
+    assert shrunk.advance(5, size=100) == FilesPosition(1, 16, 3, 0, epoch=3)
+    assert shrunk.advance(7, size=100) == FilesPosition(1, 16, 3, 2, epoch=3)
+    again = FilesPosition.from_dict(shrunk.to_dict(), 1, 16, step=13)  # same shape: no sizes
+    assert again == shrunk
     with pytest.raises(ValueError):
         shrunk.advance(-1, size=100)
+    with pytest.raises(ValueError, match="sizes"):
+        FilesPosition.from_dict(place, shards=3, batch=8, step=13)
+
+
+def _stream(shards: int, shard: int, rows: int, start: int, count: int) -> list[int]:
+    """Records ``start`` to ``start + count`` of a shard's endless stream: shard ``shard``
+    holds the ids ``i % shards == shard``, each pass in an order of its own."""
+    import random
+
+    mine = [i for i in range(rows) if i % shards == shard]
+    out = []
+    for n in range(start, start + count):
+        p, k = divmod(n, len(mine))
+        order = list(mine)
+        random.Random(shards * 1000 + shard * 100 + p).shuffle(order)
+        out.append(order[k])
+    return out
+
+
+def _attempt(position: FilesPosition, rows: int, steps: int) -> list[list[int]]:
+    """The records each step of an attempt from ``position`` trains (all its processes)."""
+    n, b = position.shards, position.batch
+    size = lambda i: len(range(i, rows, n))  # noqa: E731
+    drained = [
+        [r for s in position.deal(j) for r in _stream(s.shards, s.shard, rows, s.start, s.records)]
+        for j in range(n)
+    ]
+    out = []
+    for k in range(steps):
+        taken = []
+        for j in range(n):
+            if k < position.drain_steps:
+                taken += drained[j][k * b : (k + 1) * b]
+            else:
+                at = position.start(size(j)) + (k - position.drain_steps) * b
+                taken += _stream(n, j, rows, at, b)
+        out.append(taken)
+    return out
+
+
+@pytest.mark.parametrize("shapes", [((2, 6), (3, 4)), ((3, 4), (2, 6)), ((2, 6), (3, 4), (1, 12))])
+def test_a_resize_mid_pass_trains_every_record_of_the_pass_once(shapes):
+    """101 records, a global batch of 12, shards of unequal sizes: 9 steps, then attempts
+    of other shapes (a resize mid-pass; with three shapes, another after 2 steps of the
+    drain). The chief's pass is every record once, less fewer than one global batch, and
+    the step after it starts the next pass of the last split."""
+    rows, batch, before = 101, 12, 9
+    sizes = lambda n, i: len(range(i, rows, n))  # noqa: E731
+    position = FilesPosition.from_dict(None, *shapes[0], step=0)
+    trained: list[list[int]] = []
+    for index, shape in enumerate(shapes):
+        if index:
+            position = FilesPosition.from_dict(position.to_dict(), *shape, step=0, sizes=sizes)
+        steps = before if index == 0 else (2 if index < len(shapes) - 1 else 12)
+        trained += _attempt(position, rows, steps)
+        position = position.advance(steps, size=sizes(position.shards, 0))
+    n, b = shapes[0]
+    # the chief's pass (1): what each old shard's stream trained of it before the resize
+    in_pass = [
+        r for j in range(n) for r in _stream(n, j, rows, sizes(n, j), before * b - sizes(n, j))
+    ]
+    drain_steps = (rows - len(in_pass)) // batch
+    drained = [r for step in trained[before : before + drain_steps] for r in step]
+    assert sorted(in_pass + drained) == sorted(set(in_pass + drained))  # none twice
+    assert rows - batch < len(in_pass) + len(drained) <= rows  # none skipped beyond the rest
+    n, b = shapes[-1]
+    assert trained[before + drain_steps] == [
+        r for j in range(n) for r in _stream(n, j, rows, 2 * sizes(n, j), b)
+    ]  # then pass 2 of the last split, from its beginning

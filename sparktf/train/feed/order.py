@@ -31,8 +31,14 @@ record. A checkpoint records, for the shape the attempt ran with (``shards`` rea
 ``batch`` records a step), the pass the attempt started at (``base_epoch``) and the steps
 trained since: shard ``i`` stands at record ``base_epoch * size_i + steps * batch``. A restart
 with the same shape goes on from exactly there. With another shape (a resize, or another
-batch) the shards hold other files: the next attempt starts the pass the chief's shard was in
-(``epoch``), in the new split, from its beginning.
+batch) the shards hold other files, so the attempt first *drains* the pass the chief's shard
+was in (``epoch``, ``E``): the rest of each old shard's stream up to the end of its pass
+``E`` (:class:`Segment`, ``pending``), laid end to end and dealt to the new processes in
+equal runs of whole steps (:meth:`FilesPosition.deal`); the fewer than one global batch
+left over are not trained. Then every process starts pass ``E + 1`` of the new split from
+its beginning. A checkpoint during the drain records what of it is still pending (each
+process's rest, in process order), so a restart, or another resize, deals that again: no
+record of the pass is trained twice, none skipped beyond that remainder.
 
 No Spark and no TensorFlow here: the driver, the feeding tasks and the TensorFlow processes
 share it.
@@ -41,6 +47,7 @@ share it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -48,6 +55,7 @@ __all__ = [
     "FilesPosition",
     "Position",
     "PermutationSpec",
+    "Segment",
     "epoch_rows",
     "left_over",
     "permutation_spec",
@@ -109,37 +117,96 @@ class Position:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """Records ``[start, stop)`` of the endless stream of shard ``shard`` of a split into
+    ``shards`` shards."""
+
+    shards: int
+    shard: int
+    start: int
+    stop: int
+
+    @property
+    def records(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
 class FilesPosition:
     """Where the files input of a run stands (see the module): the shape it was read with,
-    the pass its attempt started at, the steps trained since, and the chief's pass."""
+    the pass its attempt started at, the steps trained since, the chief's pass, and the
+    records of an earlier shape still to drain before the stream (``steps`` is 0 while
+    any are pending)."""
 
     shards: int
     batch: int  # records each shard gives a step
     base_epoch: int = 0
     steps: int = 0
     epoch: int = 0
+    pending: tuple[Segment, ...] = ()
+
+    @property
+    def drain_steps(self) -> int:
+        """The steps the pending records fill (whole global batches)."""
+        return sum(s.records for s in self.pending) // (self.shards * self.batch)
+
+    @property
+    def left_over(self) -> int:
+        """The pending records past the last whole global batch: not trained."""
+        total = sum(s.records for s in self.pending)
+        return total - self.drain_steps * self.shards * self.batch
+
+    def deal(self, index: int) -> list[Segment]:
+        """Process ``index``'s part of the drain, in order: records ``[index * n, (index +
+        1) * n)`` of the pending segments laid end to end, ``n`` the drain's steps times
+        ``batch``."""
+        n = self.drain_steps * self.batch
+        return _cut(self.pending, index * n, (index + 1) * n)
 
     def start(self, size: int) -> int:
-        """The record of a shard of ``size`` records a pass that its stream goes on from."""
+        """The record of a shard of ``size`` records a pass that its stream goes on from
+        (after the drain)."""
         return self.base_epoch * size + self.steps * self.batch
 
     def advance(self, steps: int, size: int) -> FilesPosition:
         """The position ``steps`` steps later; ``size``: the chief's shard's records a pass."""
         if steps < 0:
             raise ValueError(f"cannot go back {-steps} steps")
+        if self.pending:
+            drain = self.drain_steps
+            if steps < drain:
+                rest = _trimmed(self.pending, self.shards, self.batch, steps * self.batch)
+                return FilesPosition(self.shards, self.batch, self.base_epoch, 0, self.epoch, rest)
+            steps -= drain
         later = self.steps + steps
         epoch = (self.base_epoch * size + later * self.batch) // size if size else 0
         return FilesPosition(self.shards, self.batch, self.base_epoch, later, epoch)
 
-    def for_shape(self, shards: int, batch: int) -> FilesPosition:
+    def for_shape(self, shards: int, batch: int, sizes: Callable[[int, int], int]) -> FilesPosition:
         """This position for an attempt of ``shards`` readers of ``batch`` records a step:
-        itself for the same shape, else the start of the chief's pass."""
+        itself for the same shape; else the drain of the chief's pass ``epoch`` (what is
+        pending, or the rest of every shard up to the end of that pass), then the next pass.
+        ``sizes(n, i)``: the records a pass of shard ``i`` of a split into ``n`` holds."""
         if (shards, batch) == (self.shards, self.batch):
             return self
-        return FilesPosition(shards, batch, self.epoch, 0, self.epoch)
+        pending = self.pending
+        if not pending:
+            later = [
+                Segment(self.shards, i, self.start(size), (self.epoch + 1) * size)
+                for i, size in ((i, sizes(self.shards, i)) for i in range(self.shards))
+            ]
+            pending = tuple(s for s in later if s.records > 0)
+        return FilesPosition(shards, batch, self.epoch + 1, 0, self.epoch, pending)
 
-    def to_dict(self) -> dict[str, int]:
-        return {
+    def without_pending(self) -> FilesPosition:
+        """This position with nothing to drain: the chief's pass from its beginning (a
+        stream that cannot be read in spans: the language model's token streams)."""
+        if not self.pending:
+            return self
+        return FilesPosition(self.shards, self.batch, self.epoch, 0, self.epoch)
+
+    def to_dict(self) -> dict:
+        out: dict = {
             "input": "files",
             "shards": self.shards,
             "batch": self.batch,
@@ -147,16 +214,52 @@ class FilesPosition:
             "steps": self.steps,
             "epoch": self.epoch,
         }
+        if self.pending:
+            out["pending"] = [[s.shards, s.shard, s.start, s.stop] for s in self.pending]
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict | None, shards: int, batch: int, step: int) -> FilesPosition:
+    def from_dict(
+        cls,
+        data: dict | None,
+        shards: int,
+        batch: int,
+        step: int,
+        sizes: Callable[[int, int], int] | None = None,
+    ) -> FilesPosition:
         """The position a checkpoint recorded (:meth:`to_dict`) for an attempt of this
-        shape; a checkpoint without one (an older sparktf, or the other input mode) is
-        placed by its ``step``, as if read with this shape all along."""
+        shape (``sizes``: as for :meth:`for_shape`, asked only for another shape); a
+        checkpoint without one (an older sparktf, or the other input mode) is placed by its
+        ``step``, as if read with this shape all along."""
         if not data or data.get("input") != "files":
             return cls(shards, batch, steps=step)
         keys = ("shards", "batch", "base_epoch", "steps", "epoch")
-        return cls(*(int(data[k]) for k in keys)).for_shape(shards, batch)
+        pending = tuple(Segment(*(int(v) for v in s)) for s in data.get("pending", ()))
+        recorded = cls(*(int(data[k]) for k in keys), pending=pending)
+        return recorded.for_shape(shards, batch, sizes or _no_sizes)
+
+
+def _no_sizes(shards: int, index: int) -> int:
+    raise ValueError("another shape needs the sizes of the recorded shards")
+
+
+def _cut(segments: tuple[Segment, ...], begin: int, end: int) -> list[Segment]:
+    """Records ``[begin, end)`` of ``segments`` laid end to end, as segments."""
+    out, at = [], 0
+    for s in segments:
+        lo, hi = max(begin, at), min(end, at + s.records)
+        if lo < hi:
+            out.append(Segment(s.shards, s.shard, s.start + lo - at, s.start + hi - at))
+        at += s.records
+    return out
+
+
+def _trimmed(pending, shards: int, batch: int, done: int) -> tuple[Segment, ...]:
+    """What is left of a drain dealt to ``shards`` processes after each took ``done``
+    records of its part: each process's rest, in process order."""
+    position = FilesPosition(shards, batch, pending=pending)
+    n = position.drain_steps * batch
+    return tuple(s for i in range(shards) for s in _cut(pending, i * n + done, (i + 1) * n))
 
 
 @dataclass(frozen=True)

@@ -172,14 +172,15 @@ class TrainContext:
                 f"{shards} processes that each take their part of it"
             )
         fmt = "tfrecord" if "tfrecord" in info.get("formats", ()) else "parquet"
-        start = 0
+        start, drain = 0, None
         if repeat and self.files is None:  # the training stream: it goes on where it was
             where = (self.feed_start, self.feed_start_step)  # the attempt's, from its report
             self.files = inputs.FilesFeed.for_attempt(
                 *where, self.data, split, fmt, shards, index, batch_size // shards
             )
             start = self.files.start
-            if start:
+            drain = self.files.drain(seed if shuffle else None, f"dataset({split!r})")
+            if start and drain is None:
                 log.info(
                     "dataset(%r): shard %d of %d goes on from its record %d (%s)",
                     split,
@@ -203,6 +204,8 @@ class TrainContext:
             dataset = readers.tfrecord_dataset(self.data, verify_checksums=True, **options)
         else:
             dataset = readers.parquet_dataset(self.data, **options)
+        if drain is not None:  # a resize's drain first: records, then the global batches
+            dataset = drain.concatenate(dataset.unbatch()).batch(batch_size, drop_remainder=True)
         return self._select(self._timed(dataset), columns, label)
 
     def _timed(self, dataset):

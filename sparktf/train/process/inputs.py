@@ -97,9 +97,15 @@ class FilesFeed:
         the dataset ``data``, from ``feed_start`` (the position the checkpoint of step
         ``start_step`` recorded, a :class:`~sparktf.train.feed.order.FilesPosition` as a
         dict; None: from the start)."""
+        from sparktf.datasets import readers
         from sparktf.train.feed.order import FilesPosition
 
-        start = FilesPosition.from_dict(feed_start, shards, batch, start_step)
+        def sizes(num_shards: int, index: int) -> int:  # of the recorded split, on a resize
+            return readers.shard_records(
+                data, fmt, split=split, num_shards=num_shards, shard_index=index
+            )
+
+        start = FilesPosition.from_dict(feed_start, shards, batch, start_step, sizes)
         return cls(data, split, fmt, shard, start, start_step)
 
     def size(self, shard: int) -> int:
@@ -120,6 +126,31 @@ class FilesFeed:
     def start(self) -> int:
         """The record of this process's shard its stream starts from."""
         return self.position.start(self.size(self.shard))
+
+    def drain(self, seed: int | None, log_as: str):
+        """This process's part of the drain of an earlier shape's pass (a resize: see
+        :mod:`sparktf.train.feed.order`), as a ``tf.data.Dataset`` of records, or None when
+        nothing is pending. ``seed``: the run's (each old shard ``i`` read with ``seed + 1000
+        * i``), None unshuffled."""
+        position = self.position
+        if not position.pending:
+            return None
+        segments = position.deal(self.shard)
+        log.info(
+            "%s: shard %d of %d first finishes pass %d of the earlier split of %d shards: "
+            "%d records, %d steps (%d records of the pass, less than a global batch, "
+            "left over), then pass %d from its beginning",
+            log_as,
+            self.shard,
+            position.shards,
+            position.epoch,
+            position.pending[0].shards,
+            sum(s.records for s in segments),
+            position.drain_steps,
+            position.left_over,
+            position.base_epoch,
+        )
+        return drain_records(self.data, self.split, self.fmt, segments, seed)
 
     def at(self, step: int) -> dict[str, int]:
         """Where the files input stands after global step ``step`` (the chief's shard
@@ -311,7 +342,8 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         ).open()
         exit_hooks.on_exit(lambda: reader.close("failed"))
         return Source(reader.batches(batch_size), finite=True, close_fn=reader.close, reader=reader)
-    seed = plan.train.seed + 1000 * shard if plan.train.shuffle else None
+    base_seed = plan.train.seed if plan.train.shuffle else None
+    seed = None if base_seed is None else base_seed + 1000 * shard
     fmt = plan.train.file_format
     feed = FilesFeed.for_attempt(
         plan.feed_start,
@@ -323,7 +355,12 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         shard,
         batch_size,
     )
-    if feed.start:
+    drain = None
+    if "tokens" in plan.data.names and seed is None:  # the language model's token streams
+        feed.position = feed.position.without_pending()
+    else:
+        drain = feed.drain(base_seed, "files input")
+    if feed.start and drain is None:
         log.info(
             "files input: shard %d of %d goes on from its record %d (%s)",
             shard,
@@ -331,10 +368,43 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
             feed.start,
             feed.position,
         )
-    batches = file_batches(plan.data, fmt, batch_size, num_shards, shard, seed, feed.start)
+    batches = file_batches(
+        plan.data, fmt, batch_size, num_shards, shard, seed, feed.start, drain=drain
+    )
     # Endless (epochs repeat; an empty shard is an error): all-reduce workers need not agree
     # every step that none has run out, which would cost a collective and a sync per step.
     return Source(batches, finite=False, reader=feed)
+
+
+def drain_records(data_dir: str, split: str, fmt: str, segments, seed: int | None):
+    """The records of ``segments`` (:class:`~sparktf.train.feed.order.Segment`: spans of the
+    streams of an earlier split's shards, shard ``i`` shuffled with ``seed + 1000 * i``; None:
+    unshuffled) one after another, as a ``tf.data.Dataset`` of records."""
+    from sparktf.datasets import readers
+
+    records = None
+    for segment in segments:
+        options = dict(
+            batch_size=min(segment.records, DRAIN_READ_BATCH),
+            split=split,
+            num_shards=segment.shards,
+            shard_index=segment.shard,
+            shuffle=seed is not None,
+            seed=None if seed is None else seed + 1000 * segment.shard,
+            repeat=True,
+            drop_remainder=True,
+            start=segment.start,
+        )
+        if fmt == "tfrecord":
+            part = readers.tfrecord_dataset(data_dir, verify_checksums=True, **options)
+        else:
+            part = readers.parquet_dataset(data_dir, **options)
+        part = part.unbatch().take(segment.records)
+        records = part if records is None else records.concatenate(part)
+    return records
+
+
+DRAIN_READ_BATCH = 1024  # records a batch when a drain reads an earlier split's shard
 
 
 def file_batches(
@@ -345,9 +415,11 @@ def file_batches(
     shard: int,
     seed: int | None,
     start: int = 0,
+    drain=None,
 ) -> Iterator[dict[str, Any]]:
     """Endless exact batches of this shard, from :mod:`sparktf.datasets.readers`, from record
-    ``start`` of its stream on."""
+    ``start`` of its stream on; after the records of ``drain`` (a ``tf.data.Dataset`` of
+    records, :meth:`FilesFeed.drain`), when there is one, in whole batches."""
     import tensorflow as tf
 
     from sparktf.datasets import readers
@@ -372,6 +444,8 @@ def file_batches(
         dataset = readers.tfrecord_dataset(data.data, verify_checksums=True, **options)
     else:
         dataset = readers.parquet_dataset(data.data, **options)
+    if drain is not None:
+        dataset = drain.batch(batch_size, drop_remainder=True).concatenate(dataset)
     batches = iter(dataset)
     while True:
         try:
