@@ -4,6 +4,10 @@ place in its shards' streams."""
 
 from __future__ import annotations
 
+import functools
+import random
+from collections import Counter
+
 import pytest
 
 from sparktf.train.feed.order import (
@@ -90,16 +94,15 @@ def test_another_shape_drains_the_chief_s_pass_then_starts_the_next_in_the_new_s
 def _stream(shards: int, shard: int, rows: int, start: int, count: int) -> list[int]:
     """Records ``start`` to ``start + count`` of a shard's endless stream: shard ``shard``
     holds the ids ``i % shards == shard``, each pass in an order of its own."""
-    import random
+    size = len(range(shard, rows, shards))
+    return [_pass(shards, shard, rows, n // size)[n % size] for n in range(start, start + count)]
 
-    mine = [i for i in range(rows) if i % shards == shard]
-    out = []
-    for n in range(start, start + count):
-        p, k = divmod(n, len(mine))
-        order = list(mine)
-        random.Random(shards * 1000 + shard * 100 + p).shuffle(order)
-        out.append(order[k])
-    return out
+
+@functools.cache
+def _pass(shards: int, shard: int, rows: int, index: int) -> list[int]:
+    order = list(range(shard, rows, shards))
+    random.Random(shards * 1000 + shard * 100 + index).shuffle(order)
+    return order
 
 
 def _attempt(position: FilesPosition, rows: int, steps: int) -> list[list[int]]:
@@ -123,32 +126,39 @@ def _attempt(position: FilesPosition, rows: int, steps: int) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("shapes", [((2, 6), (3, 4)), ((3, 4), (2, 6)), ((2, 6), (3, 4), (1, 12))])
-def test_a_resize_mid_pass_trains_every_record_of_the_pass_once(shapes):
-    """101 records, a global batch of 12, shards of unequal sizes: 9 steps, then attempts
-    of other shapes (a resize mid-pass; with three shapes, another after 2 steps of the
-    drain). The chief's pass is every record once, less fewer than one global batch, and
-    the step after it starts the next pass of the last split."""
-    rows, batch, before = 101, 12, 9
+@pytest.mark.parametrize(
+    ("shapes", "before"),
+    [
+        (((2, 6), (3, 4)), 9),
+        (((3, 4), (2, 6)), 9),
+        (((2, 6), (3, 4), (1, 12)), 9),  # a second resize in the middle of the drain
+        (((2, 1), (1, 2)), 101),  # shard 1 (50 records) one into pass 2, shard 0 (51) not
+    ],
+)
+def test_a_resize_mid_pass_trains_every_record_of_the_pass_once(shapes, before):
+    """101 records, shards of unequal sizes: ``before`` steps, then attempts of other
+    shapes. When the drain ends every record has been trained as often as every other,
+    except fewer than one global batch left over, once less; the next step starts the next
+    pass of the last split from its beginning."""
+    rows = 101
+    batch = shapes[0][0] * shapes[0][1]
     sizes = lambda n, i: len(range(i, rows, n))  # noqa: E731
     position = FilesPosition.from_dict(None, *shapes[0], step=0)
     trained: list[list[int]] = []
+    drained = 0  # the steps of the drain, over the attempts after the first
     for index, shape in enumerate(shapes):
         if index:
             position = FilesPosition.from_dict(position.to_dict(), *shape, step=0, sizes=sizes)
-        steps = before if index == 0 else (2 if index < len(shapes) - 1 else 12)
+        steps = before if index == 0 else (2 if index < len(shapes) - 1 else 99)
+        drained += min(steps, position.drain_steps)
         trained += _attempt(position, rows, steps)
         position = position.advance(steps, size=sizes(position.shards, 0))
-    n, b = shapes[0]
-    # the chief's pass (1): what each old shard's stream trained of it before the resize
-    in_pass = [
-        r for j in range(n) for r in _stream(n, j, rows, sizes(n, j), before * b - sizes(n, j))
-    ]
-    drain_steps = (rows - len(in_pass)) // batch
-    drained = [r for step in trained[before : before + drain_steps] for r in step]
-    assert sorted(in_pass + drained) == sorted(set(in_pass + drained))  # none twice
-    assert rows - batch < len(in_pass) + len(drained) <= rows  # none skipped beyond the rest
+    counts = Counter(r for step in trained[: before + drained] for r in step)
+    times = max(counts.values())
+    short = [r for r in range(rows) if counts[r] != times]
+    assert all(counts[r] == times - 1 for r in short), counts  # none twice more, none skipped
+    assert len(short) < batch  # only what cannot fill a last global batch
     n, b = shapes[-1]
-    assert trained[before + drain_steps] == [
-        r for j in range(n) for r in _stream(n, j, rows, 2 * sizes(n, j), b)
-    ]  # then pass 2 of the last split, from its beginning
+    assert trained[before + drained] == [
+        r for j in range(n) for r in _stream(n, j, rows, times * sizes(n, j), b)
+    ]  # then the next pass of the last split, from its beginning

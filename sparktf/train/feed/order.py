@@ -31,14 +31,16 @@ record. A checkpoint records, for the shape the attempt ran with (``shards`` rea
 ``batch`` records a step), the pass the attempt started at (``base_epoch``) and the steps
 trained since: shard ``i`` stands at record ``base_epoch * size_i + steps * batch``. A restart
 with the same shape goes on from exactly there. With another shape (a resize, or another
-batch) the shards hold other files, so the attempt first *drains* the pass the chief's shard
-was in (``epoch``, ``E``): the rest of each old shard's stream up to the end of its pass
-``E`` (:class:`Segment`, ``pending``), laid end to end and dealt to the new processes in
-equal runs of whole steps (:meth:`FilesPosition.deal`); the fewer than one global batch
-left over are not trained. Then every process starts pass ``E + 1`` of the new split from
-its beginning. A checkpoint during the drain records what of it is still pending (each
-process's rest, in process order), so a restart, or another resize, deals that again: no
-record of the pass is trained twice, none skipped beyond that remainder.
+batch) the shards hold other files, so the attempt first *drains* the pass in progress
+(``E``: the last pass any old shard has begun; shards of unequal sizes drift apart by their
+difference each pass): the rest of each old shard's stream up to the end of its pass ``E``
+(:class:`Segment`, ``pending``), laid end to end and dealt to the new processes in equal
+runs of whole steps (:meth:`FilesPosition.deal`); the fewer than one global batch left over
+are not trained. Then every process starts pass ``E + 1`` of the new split from its
+beginning: every record has been trained ``E + 1`` times, those left over ``E``. A
+checkpoint during the drain records what of it is still pending (each process's rest, in
+process order), so a restart, or another resize, deals that again: no record of the pass is
+trained twice, none skipped beyond that remainder.
 
 No Spark and no TensorFlow here: the driver, the feeding tasks and the TensorFlow processes
 share it.
@@ -184,19 +186,20 @@ class FilesPosition:
 
     def for_shape(self, shards: int, batch: int, sizes: Callable[[int, int], int]) -> FilesPosition:
         """This position for an attempt of ``shards`` readers of ``batch`` records a step:
-        itself for the same shape; else the drain of the chief's pass ``epoch`` (what is
-        pending, or the rest of every shard up to the end of that pass), then the next pass.
-        ``sizes(n, i)``: the records a pass of shard ``i`` of a split into ``n`` holds."""
+        itself for the same shape; else a drain (what is pending, or the rest of every
+        shard's stream up to the end of the last pass any shard has begun), then the next
+        pass. ``sizes(n, i)``: the records a pass of shard ``i`` of a split into ``n``
+        holds."""
         if (shards, batch) == (self.shards, self.batch):
             return self
-        pending = self.pending
-        if not pending:
-            later = [
-                Segment(self.shards, i, self.start(size), (self.epoch + 1) * size)
-                for i, size in ((i, sizes(self.shards, i)) for i in range(self.shards))
-            ]
-            pending = tuple(s for s in later if s.records > 0)
-        return FilesPosition(shards, batch, self.epoch + 1, 0, self.epoch, pending)
+        if self.pending:  # a drain not finished: the new shape takes what is left of it
+            return FilesPosition(shards, batch, self.base_epoch, 0, self.epoch, self.pending)
+        sized = [(i, sizes(self.shards, i)) for i in range(self.shards)]
+        # the last pass any shard has begun (shards of unequal sizes drift apart)
+        last = max((-(-self.start(size) // size) - 1 for _, size in sized if size), default=-1)
+        ends = [Segment(self.shards, i, self.start(size), (last + 1) * size) for i, size in sized]
+        pending = tuple(s for s in ends if s.records > 0)
+        return FilesPosition(shards, batch, last + 1, 0, max(last, 0), pending)
 
     def without_pending(self) -> FilesPosition:
         """This position with nothing to drain: the chief's pass from its beginning (a

@@ -456,7 +456,9 @@ def file_batches(
                 "use fewer workers or a dataset with more rows (or files)"
             ) from None
         except tf.errors.DataLossError as exc:  # TensorFlow's TFRecord reader: no file name
-            raise _locate_corruption(data.files[fmt], num_shards, shard, exc) from None
+            # a drain reads the shards of an earlier split: every file is a suspect
+            split = (1, 0) if drain is not None else (num_shards, shard)
+            raise _locate_corruption(data.files[fmt], *split, exc) from None
         yield {name: batch[name] for name in names}
 
 
