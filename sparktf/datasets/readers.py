@@ -16,8 +16,10 @@ Both readers take the same arguments and give the same batches (``id`` tells rec
   with ``id % num_shards == shard_index``). The shards are disjoint and together hold every
   record once per epoch.
 - ``shuffle``: part files in a new order each epoch and records through a buffer of
-  ``shuffle_buffer`` records that empties at the end of each epoch (a shard smaller than the
-  buffer is not read many times over first); ``seed`` makes it repeatable. ``repeat``:
+  ``shuffle_buffer`` records that empties at the end of each epoch (TFRecord: 4 files
+  interleaved into it; Parquet: windows of whole row groups, at least ``shuffle_buffer``
+  records and 4 row groups, permuted; a shard smaller than the buffer is not read many
+  times over first); ``seed`` makes it repeatable. ``repeat``:
   endless epochs; shuffled, pass ``p`` of the shard is shuffled with the seed ``seed + p``
   alone, so any pass can be built without the ones before it.
 - ``start`` (with ``repeat``; shuffled, with a ``seed``): the shard's endless stream from its
@@ -205,6 +207,10 @@ def _pass_seed(seed, index):
 SHUFFLE_CHUNK = 1024  # records per element handed to tf.data's record shuffle
 PARQUET_CHUNK_ROWS = 2048  # rows per element the Parquet generator hands to tf.data
 PARQUET_TAIL_BYTES = 64 << 10  # bytes read from a Parquet file's end: its footer, mostly
+# row groups a shuffled Parquet window mixes at least (the end of a pass empties it): files
+# often hold one row group of one key's rows (a table written sorted), and TFRecord's
+# readers interleave 4 files too
+MIX_ROW_GROUPS = 4
 
 
 def _local_records(
@@ -623,7 +629,8 @@ class _ParquetBatches:
                 index += 1
 
     def __call__(self) -> Iterator[dict[str, np.ndarray]]:
-        """Row-group columns in order (or windows of ``shuffle_buffer`` records, permuted),
+        """Row-group columns in order (or windows of at least ``shuffle_buffer`` records and
+        :data:`MIX_ROW_GROUPS` row groups, permuted),
         in slices of ``chunk`` rows, the first ``skip`` rows left out: views, not copies;
         ``rebatch`` cuts the batches."""
         chunk = -(-PARQUET_CHUNK_ROWS // self.batch_size) * self.batch_size
@@ -647,7 +654,8 @@ class _ParquetBatches:
             if cols is not None:
                 pending.append(cols)
                 held += len(cols["id"])
-            if pending and (cols is None or held >= self.shuffle_buffer):
+            full = held >= self.shuffle_buffer and len(pending) >= MIX_ROW_GROUPS
+            if pending and (cols is None or full):
                 yield self._permuted(pending, rng)
                 pending, held = [], 0
         if pending:
