@@ -54,6 +54,14 @@ def assert_every_row_once_per_epoch(per_process: list[dict[int, list[int]]], ste
         assert set(seen) <= set(range(ROWS))
 
 
+def train_ids(data: str) -> list[int]:
+    """The ids of the train split of the dataset ``data``, in file order."""
+    from sparktf.datasets import readers
+
+    batches = readers.tfrecord_dataset(data, split="train", batch_size=50)
+    return [i for b in batches for i in b["id"].numpy().tolist()]
+
+
 def _config(tmp_path):
     out = tmp_path / "ids"
     out.mkdir(parents=True, exist_ok=True)
@@ -159,8 +167,7 @@ def test_the_files_input_resumes_at_the_record_its_checkpoint_was(spark, mnist_d
     assert streams["broken"] == streams["whole"]  # step for step, the same records
     sizes = [readers.shard_records(data, "tfrecord", split="train", num_shards=2,
                                    shard_index=k) for k in (0, 1)]  # fmt: skip
-    ids = [i for b in readers.tfrecord_dataset(data, split="train", batch_size=50)
-           for i in b["id"].numpy().tolist()]  # fmt: skip
+    ids = train_ids(data)
     assert_every_record_once_per_pass(streams["whole"], sizes, ids)
     helpers.assert_nothing_left()
 
@@ -327,7 +334,6 @@ def test_fit_from_files_drains_its_pass_when_the_workers_change(spark, mnist_dat
     import keras
 
     from sparktf import models
-    from sparktf.datasets import readers
     from sparktf.train import TrainConfig, fit
 
     data = str(mnist_data / "data")
@@ -354,8 +360,7 @@ def test_fit_from_files_drains_its_pass_when_the_workers_change(spark, mnist_dat
     assert len(first) == 2 and all(len(stream) == 78 for stream in first)
     in_pass = [i for stream in first for i in stream[50:]]  # pass 1 before the resize
     drained, after = second[:36], second[36:]
-    ids = {i for b in readers.tfrecord_dataset(data, split="train", batch_size=50)
-           for i in b["id"].numpy().tolist()}  # fmt: skip
+    ids = set(train_ids(data))
     assert len(set(in_pass + drained)) == 56 + 36 and set(in_pass + drained) <= ids
     assert len(set(after)) == 24  # pass 2 of the new split
     helpers.assert_nothing_left()
@@ -366,7 +371,6 @@ def test_a_function_s_dataset_drains_its_pass_when_the_workers_change(mnist_data
     13 steps in (6 records a step each, 28 into their second pass), then one process placed
     where their checkpoint recorded: its first 3 steps are the rest of that pass, none of it
     twice (8 records left over), then the next pass of its one-shard split."""
-    from sparktf.datasets import readers
     from sparktf.train.feed.order import FilesPosition
     from sparktf.train.process.context import TrainContext
 
@@ -391,8 +395,7 @@ def test_a_function_s_dataset_drains_its_pass_when_the_workers_change(mnist_data
     place = FilesPosition(2, 6).advance(13, size=50).to_dict()  # what step 13's report keeps
     second = records(context(0, 1, place, 13), 36 + 24)
     in_pass = [i for stream in first for i in stream[50:]]  # pass 1 before the resize
-    ids = {i for b in readers.tfrecord_dataset(data, split="train", batch_size=50)
-           for i in b["id"].numpy().tolist()}  # fmt: skip
+    ids = set(train_ids(data))
     drained, after = second[:36], second[36:]
     assert len(set(in_pass + drained)) == 56 + 36 and set(in_pass + drained) <= ids
     assert after == records(context(0, 1, FilesPosition(1, 12, 2, 0, 2).to_dict(), 13), 24)

@@ -136,7 +136,7 @@ class Segment:
 @dataclass(frozen=True)
 class FilesPosition:
     """Where the files input of a run stands (see the module): the shape it was read with,
-    the pass its attempt started at, the steps trained since, the chief's pass, and the
+    the pass its attempt started at, the steps trained since, the pass in progress, and the
     records of an earlier shape still to drain before the stream (``steps`` is 0 while
     any are pending)."""
 
@@ -150,20 +150,20 @@ class FilesPosition:
     @property
     def drain_steps(self) -> int:
         """The steps the pending records fill (whole global batches)."""
-        return sum(s.records for s in self.pending) // (self.shards * self.batch)
+        step = self.shards * self.batch
+        return epoch_rows(sum(s.records for s in self.pending), 0, step) // step
 
     @property
     def left_over(self) -> int:
         """The pending records past the last whole global batch: not trained."""
-        total = sum(s.records for s in self.pending)
-        return total - self.drain_steps * self.shards * self.batch
+        return left_over(sum(s.records for s in self.pending), 0, self.shards * self.batch)
 
-    def deal(self, index: int) -> list[Segment]:
-        """Process ``index``'s part of the drain, in order: records ``[index * n, (index +
-        1) * n)`` of the pending segments laid end to end, ``n`` the drain's steps times
-        ``batch``."""
+    def deal(self, index: int, done: int = 0) -> list[Segment]:
+        """Process ``index``'s part of the drain, in order, past the ``done`` records of it
+        already trained: records ``[index * n + done, (index + 1) * n)`` of the pending
+        segments laid end to end, ``n`` the drain's steps times ``batch``."""
         n = self.drain_steps * self.batch
-        return _cut(self.pending, index * n, (index + 1) * n)
+        return _cut(self.pending, index * n + done, (index + 1) * n)
 
     def start(self, size: int) -> int:
         """The record of a shard of ``size`` records a pass that its stream goes on from
@@ -177,7 +177,9 @@ class FilesPosition:
         if self.pending:
             drain = self.drain_steps
             if steps < drain:
-                rest = _trimmed(self.pending, self.shards, self.batch, steps * self.batch)
+                # each process's rest, in process order: dealt again the same way
+                done = steps * self.batch
+                rest = tuple(s for i in range(self.shards) for s in self.deal(i, done))
                 return FilesPosition(self.shards, self.batch, self.base_epoch, 0, self.epoch, rest)
             steps -= drain
         later = self.steps + steps
@@ -202,7 +204,7 @@ class FilesPosition:
         return FilesPosition(shards, batch, last + 1, 0, max(last, 0), pending)
 
     def without_pending(self) -> FilesPosition:
-        """This position with nothing to drain: the chief's pass from its beginning (a
+        """This position with nothing to drain: the pass in progress from its beginning (a
         stream that cannot be read in spans: the language model's token streams)."""
         if not self.pending:
             return self
@@ -255,14 +257,6 @@ def _cut(segments: tuple[Segment, ...], begin: int, end: int) -> list[Segment]:
             out.append(Segment(s.shards, s.shard, s.start + lo - at, s.start + hi - at))
         at += s.records
     return out
-
-
-def _trimmed(pending, shards: int, batch: int, done: int) -> tuple[Segment, ...]:
-    """What is left of a drain dealt to ``shards`` processes after each took ``done``
-    records of its part: each process's rest, in process order."""
-    position = FilesPosition(shards, batch, pending=pending)
-    n = position.drain_steps * batch
-    return tuple(s for i in range(shards) for s in _cut(pending, i * n + done, (i + 1) * n))
 
 
 @dataclass(frozen=True)

@@ -195,15 +195,12 @@ class TrainContext:
             num_shards=shards,
             shard_index=index,
             shuffle=shuffle,
-            seed=seed + 1000 * index,
+            seed=inputs.shard_seed(seed, index),
             repeat=repeat,
             drop_remainder=True,
             start=start,
         )
-        if fmt == "tfrecord":
-            dataset = readers.tfrecord_dataset(self.data, verify_checksums=True, **options)
-        else:
-            dataset = readers.parquet_dataset(self.data, **options)
+        dataset = inputs.read_split(self.data, fmt, **options)
         if drain is not None:  # a resize's drain first: records, then the global batches
             dataset = drain.concatenate(dataset.unbatch()).batch(batch_size, drop_remainder=True)
         return self._select(self._timed(dataset), columns, label)

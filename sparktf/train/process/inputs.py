@@ -39,8 +39,11 @@ __all__ = [
     "Primed",
     "Source",
     "cpu_times",
+    "drain_records",
     "file_batches",
     "open_batches",
+    "read_split",
+    "shard_seed",
     "stream_layout",
 ]
 
@@ -97,13 +100,10 @@ class FilesFeed:
         the dataset ``data``, from ``feed_start`` (the position the checkpoint of step
         ``start_step`` recorded, a :class:`~sparktf.train.feed.order.FilesPosition` as a
         dict; None: from the start)."""
-        from sparktf.datasets import readers
         from sparktf.train.feed.order import FilesPosition
 
         def sizes(num_shards: int, index: int) -> int:  # of the recorded split, on a resize
-            return readers.shard_records(
-                data, fmt, split=split, num_shards=num_shards, shard_index=index
-            )
+            return _pass_records(data, fmt, split, num_shards, index)
 
         start = FilesPosition.from_dict(feed_start, shards, batch, start_step, sizes)
         return cls(data, split, fmt, shard, start, start_step)
@@ -111,14 +111,8 @@ class FilesFeed:
     def size(self, shard: int) -> int:
         """Records of one pass of shard ``shard`` (the manifest's counts)."""
         if shard not in self._sizes:
-            from sparktf.datasets import readers
-
-            self._sizes[shard] = readers.shard_records(
-                self.data,
-                self.fmt,
-                split=self.split,
-                num_shards=self.position.shards,
-                shard_index=shard,
+            self._sizes[shard] = _pass_records(
+                self.data, self.fmt, self.split, self.position.shards, shard
             )
         return self._sizes[shard]
 
@@ -343,7 +337,7 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         exit_hooks.on_exit(lambda: reader.close("failed"))
         return Source(reader.batches(batch_size), finite=True, close_fn=reader.close, reader=reader)
     base_seed = plan.train.seed if plan.train.shuffle else None
-    seed = None if base_seed is None else base_seed + 1000 * shard
+    seed = shard_seed(base_seed, shard)
     fmt = plan.train.file_format
     feed = FilesFeed.for_attempt(
         plan.feed_start,
@@ -356,7 +350,7 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
         batch_size,
     )
     drain = None
-    if "tokens" in plan.data.names and seed is None:  # the language model's token streams
+    if _token_streams(plan.data.names, seed):
         feed.position = feed.position.without_pending()
     else:
         drain = feed.drain(base_seed, "files input")
@@ -376,11 +370,38 @@ def open_batches(spec: ProcessSpec, role: Role, control, batch_size: int) -> Sou
     return Source(batches, finite=False, reader=feed)
 
 
+def read_split(data_dir: str, fmt: str, **options):
+    """A training input's reader of ``data_dir`` (``readers.tfrecord_dataset``, data
+    checksums verified, or ``readers.parquet_dataset``) with ``options``."""
+    from sparktf.datasets import readers
+
+    if fmt == "tfrecord":
+        return readers.tfrecord_dataset(data_dir, verify_checksums=True, **options)
+    return readers.parquet_dataset(data_dir, **options)
+
+
+def shard_seed(seed: int | None, shard: int) -> int | None:
+    """The seed the stream of shard ``shard`` is shuffled with (None: unshuffled)."""
+    return None if seed is None else seed + 1000 * shard
+
+
+def _token_streams(names, seed: int | None) -> bool:
+    """Whether the files input reads the language model's unshuffled token streams (a
+    layout of their own: :func:`stream_layout`)."""
+    return "tokens" in names and seed is None
+
+
+def _pass_records(data: str, fmt: str, split: str, num_shards: int, shard: int) -> int:
+    """Records of one pass of shard ``shard`` of ``num_shards`` (the manifest's counts)."""
+    from sparktf.datasets import readers
+
+    return readers.shard_records(data, fmt, split=split, num_shards=num_shards, shard_index=shard)
+
+
 def drain_records(data_dir: str, split: str, fmt: str, segments, seed: int | None):
     """The records of ``segments`` (:class:`~sparktf.train.feed.order.Segment`: spans of the
     streams of an earlier split's shards, shard ``i`` shuffled with ``seed + 1000 * i``; None:
     unshuffled) one after another, as a ``tf.data.Dataset`` of records."""
-    from sparktf.datasets import readers
 
     records = None
     for segment in segments:
@@ -390,16 +411,12 @@ def drain_records(data_dir: str, split: str, fmt: str, segments, seed: int | Non
             num_shards=segment.shards,
             shard_index=segment.shard,
             shuffle=seed is not None,
-            seed=None if seed is None else seed + 1000 * segment.shard,
+            seed=shard_seed(seed, segment.shard),
             repeat=True,
             drop_remainder=True,
             start=segment.start,
         )
-        if fmt == "tfrecord":
-            part = readers.tfrecord_dataset(data_dir, verify_checksums=True, **options)
-        else:
-            part = readers.parquet_dataset(data_dir, **options)
-        part = part.unbatch().take(segment.records)
+        part = read_split(data_dir, fmt, **options).unbatch().take(segment.records)
         records = part if records is None else records.concatenate(part)
     return records
 
@@ -422,10 +439,8 @@ def file_batches(
     records, :meth:`FilesFeed.drain`), when there is one, in whole batches."""
     import tensorflow as tf
 
-    from sparktf.datasets import readers
-
     names = data.names
-    if "tokens" in names and seed is None:
+    if _token_streams(names, seed):
         batches = _token_stream_batches(data, fmt, batch_size, num_shards, shard)
         yield from itertools.islice(batches, start // batch_size, None)
         return
@@ -440,10 +455,7 @@ def file_batches(
         drop_remainder=True,
         start=start,
     )
-    if fmt == "tfrecord":
-        dataset = readers.tfrecord_dataset(data.data, verify_checksums=True, **options)
-    else:
-        dataset = readers.parquet_dataset(data.data, **options)
+    dataset = read_split(data.data, fmt, **options)
     if drain is not None:
         dataset = drain.batch(batch_size, drop_remainder=True).concatenate(dataset)
     batches = iter(dataset)
